@@ -1,0 +1,3 @@
+//! barrier: no rank leaves before every rank has entered.
+
+pub mod dissemination;

@@ -1,0 +1,198 @@
+//! What an algorithm sees while it runs: who it is, its deadline, a transport, staging memory,
+//! and helpers that turn transport failures into errors naming the op, its sequence number and
+//! the peer.
+
+use std::time::{Duration, Instant};
+
+use crate::algos::staging::Staging;
+use crate::error::{Error, Result};
+use crate::kernels::Reducer;
+use crate::span::Span;
+use crate::transport::{ReqId, Transport, TransportError};
+
+/// The running context of one operation.
+#[derive(Debug)]
+pub struct OpCtx<'a> {
+    /// This rank.
+    pub rank: usize,
+    /// Number of ranks.
+    pub size: usize,
+    /// Operation name (for errors).
+    pub op: &'static str,
+    /// Sequence number (for errors).
+    pub seq: u64,
+    /// When the operation must have finished.
+    pub deadline: Instant,
+    /// The timeout the deadline came from (for errors).
+    pub timeout: Duration,
+    net: &'a mut dyn Transport,
+    /// Scratch memory.
+    pub staging: &'a mut Staging,
+}
+
+impl<'a> OpCtx<'a> {
+    /// A context for one operation.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        rank: usize,
+        size: usize,
+        op: &'static str,
+        seq: u64,
+        timeout: Duration,
+        net: &'a mut dyn Transport,
+        staging: &'a mut Staging,
+    ) -> OpCtx<'a> {
+        let deadline = Instant::now() + timeout;
+        OpCtx {
+            rank,
+            size,
+            op,
+            seq,
+            deadline,
+            timeout,
+            net,
+            staging,
+        }
+    }
+
+    /// Turns a transport failure into an engine error with this operation's context.
+    pub fn error(&self, e: TransportError) -> Error {
+        match e {
+            TransportError::PeerLost { peer, reason } => Error::PeerLost {
+                op: self.op.into(),
+                seq: self.seq,
+                rank: self.rank,
+                peer,
+                reason,
+            },
+            TransportError::SizeMismatch {
+                peer,
+                expected,
+                got,
+            } => Error::Mismatch {
+                op: self.op.into(),
+                seq: self.seq,
+                rank: self.rank,
+                peer,
+                detail: format!("this rank expected {expected} bytes, the peer sent {got}"),
+            },
+            TransportError::Aborted => Error::Aborted {
+                comm: String::new(),
+                reason: format!(
+                    "{} (seq {}) interrupted on rank {}",
+                    self.op, self.seq, self.rank
+                ),
+            },
+        }
+    }
+
+    /// Posts a send.
+    pub fn send(&mut self, peer: usize, data: Span) -> Result<ReqId> {
+        self.net.post_send(peer, data).map_err(|e| self.error(e))
+    }
+
+    /// Posts a receive of exactly `data.len()` bytes.
+    pub fn recv(&mut self, peer: usize, data: Span) -> Result<ReqId> {
+        self.net.post_recv(peer, data).map_err(|e| self.error(e))
+    }
+
+    /// Waits for one request, moving every other posted request forward meanwhile.
+    pub fn wait(&mut self, req: ReqId) -> Result<()> {
+        loop {
+            match self.net.test(req) {
+                Ok(true) => return Ok(()),
+                Ok(false) => {}
+                Err(e) => return Err(self.error(e)),
+            }
+            if Instant::now() >= self.deadline {
+                return Err(Error::Timeout {
+                    op: self.op.into(),
+                    seq: self.seq,
+                    rank: self.rank,
+                    peer: self.net.peer_of(req),
+                    timeout: self.timeout,
+                });
+            }
+            self.net
+                .progress(self.deadline, false)
+                .map_err(|e| self.error(e))?;
+        }
+    }
+
+    /// Waits for every request in `reqs` and empties it.
+    pub fn wait_all(&mut self, reqs: &mut Vec<ReqId>) -> Result<()> {
+        for req in reqs.drain(..) {
+            self.wait(req)?;
+        }
+        Ok(())
+    }
+
+    /// Sends `send` to `to` and receives `recv` from `from` concurrently.
+    pub fn sendrecv(&mut self, to: usize, send: Span, from: usize, recv: Span) -> Result<()> {
+        let r = self.recv(from, recv)?;
+        let s = self.send(to, send)?;
+        self.wait(r)?;
+        self.wait(s)
+    }
+}
+
+/// Splits `count` elements into `parts` contiguous ranges of near-equal size; returns
+/// `(offset, len)` in bytes for elements of `elem_bytes`.
+pub fn partition(count: usize, parts: usize, elem_bytes: usize) -> Vec<(usize, usize)> {
+    let base = count / parts;
+    let extra = count % parts;
+    let mut off = 0;
+    (0..parts)
+        .map(|i| {
+            let len = base + usize::from(i < extra);
+            let r = (off * elem_bytes, len * elem_bytes);
+            off += len;
+            r
+        })
+        .collect()
+}
+
+/// `(offset, len)` pieces of at most `chunk` bytes covering `len` bytes (none for 0 bytes).
+pub fn chunks(len: usize, chunk: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..len)
+        .step_by(chunk.max(1))
+        .map(move |o| (o, chunk.min(len - o)))
+}
+
+/// `dst ⊕= src` where `src` is a partial result (staging) and `dst` is separate memory.
+pub fn combine(red: &Reducer, dst: Span, src: Span) {
+    debug_assert!(!dst.overlaps(&src));
+    // SAFETY: `dst` and `src` are disjoint (one is staging owned by the progress thread) and the
+    // engine is the only user of both while the operation runs.
+    unsafe { dst.with_mut_slice(|d| src.with_slice(|s| red.combine(d, s))) }
+}
+
+/// `dst ⊕= prescale(src)` where `src` is a rank's raw input.
+pub fn combine_input(red: &Reducer, dst: Span, src: Span) {
+    debug_assert!(!dst.overlaps(&src));
+    // SAFETY: as in `combine`.
+    unsafe { dst.with_mut_slice(|d| src.with_slice(|s| red.combine_input(d, s))) }
+}
+
+/// `dst = prescale(src)`.
+pub fn load_input(red: &Reducer, dst: Span, src: Span) {
+    debug_assert!(!dst.overlaps(&src));
+    // SAFETY: as in `combine`.
+    unsafe { dst.with_mut_slice(|d| src.with_slice(|s| red.load_input(d, s))) }
+}
+
+/// Applies the per-input scaling in place.
+pub fn prescale(red: &Reducer, buf: Span) {
+    if red.needs_prescale() {
+        // SAFETY: the engine is the only user of `buf` while the operation runs.
+        unsafe { buf.with_mut_slice(|b| red.prescale_in_place(b)) }
+    }
+}
+
+/// Applies the final post-processing (integer average) in place.
+pub fn finish(red: &Reducer, buf: Span) {
+    if red.needs_finish() {
+        // SAFETY: the engine is the only user of `buf` while the operation runs.
+        unsafe { buf.with_mut_slice(|b| red.finish(b)) }
+    }
+}

@@ -1,0 +1,3 @@
+//! gather: every rank's input lands in block `rank` of the root's outputs.
+
+pub mod direct;

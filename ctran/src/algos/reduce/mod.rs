@@ -1,0 +1,3 @@
+//! reduce: the root ends with the reduction of every rank's buffer; other buffers are unchanged.
+
+pub mod tree;

@@ -1,0 +1,58 @@
+//! Binomial trees rooted at any rank, shared by the tree algorithms of several collectives.
+
+/// Position of `rank` in a binomial tree over `size` ranks rooted at `root`.
+#[derive(Debug, Clone)]
+pub struct BinomialTree {
+    /// Parent rank, `None` at the root.
+    pub parent: Option<usize>,
+    /// Children, largest subtree first.
+    pub children: Vec<usize>,
+}
+
+impl BinomialTree {
+    /// The tree seen from `rank`.
+    pub fn new(rank: usize, size: usize, root: usize) -> BinomialTree {
+        let vr = (rank + size - root) % size;
+        let real = |v: usize| (v + root) % size;
+        let parent = (vr != 0).then(|| real(vr - (vr & vr.wrapping_neg())));
+        let mut children = Vec::new();
+        let mut mask = 1;
+        while mask < size {
+            if vr & mask != 0 {
+                break;
+            }
+            if vr + mask < size {
+                children.push(real(vr + mask));
+            }
+            mask <<= 1;
+        }
+        children.reverse();
+        BinomialTree { parent, children }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_rank_but_root_has_one_parent_that_lists_it() {
+        for size in 1..=17 {
+            for root in 0..size {
+                let trees: Vec<_> = (0..size)
+                    .map(|r| BinomialTree::new(r, size, root))
+                    .collect();
+                assert!(trees[root].parent.is_none());
+                for r in (0..size).filter(|&r| r != root) {
+                    let p = trees[r].parent.expect("non-root has a parent");
+                    assert!(
+                        trees[p].children.contains(&r),
+                        "size {size} root {root} rank {r}"
+                    );
+                }
+                let edges: usize = trees.iter().map(|t| t.children.len()).sum();
+                assert_eq!(edges, size - 1);
+            }
+        }
+    }
+}

@@ -1,0 +1,599 @@
+//! A TCPStore client that talks to torch's servers (libuv and legacy) and to ours.
+
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use super::protocol::{Request, CHECK_READY, VALIDATION_MAGIC, WAIT_CANCELED, WAIT_STOP_WAITING};
+use crate::bootstrap::Store;
+use crate::error::{Error, Result};
+
+/// torch's client puts this in front of every user key (`TCPStore::keyPrefix_`); we do the same
+/// so that keys set from Python and from Rust are the same keys.
+const KEY_PREFIX: &str = "/";
+
+/// Idle connections kept for reuse; more are opened only while several threads use the client
+/// at once.
+const MAX_IDLE: usize = 4;
+
+/// How long to wait for the server to answer `CANCEL_WAIT` after a wait timed out.
+const CANCEL_GRACE: Duration = Duration::from_secs(30);
+
+/// One validated connection to the server.
+#[derive(Debug)]
+struct Conn {
+    stream: TcpStream,
+}
+
+/// An I/O failure or a reply that makes no sense; either way the connection is discarded.
+#[derive(Debug)]
+enum Failure {
+    Io(io::Error),
+    Protocol(String),
+}
+
+impl From<io::Error> for Failure {
+    fn from(e: io::Error) -> Self {
+        Failure::Io(e)
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Io(e) if e.kind() == io::ErrorKind::TimedOut => {
+                write!(f, "no reply before the deadline")
+            }
+            Failure::Io(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                write!(f, "server closed the connection")
+            }
+            Failure::Io(e) => write!(f, "{e}"),
+            Failure::Protocol(s) => write!(f, "protocol error: {s}"),
+        }
+    }
+}
+
+impl Conn {
+    fn send(&mut self, req: &Request, deadline: Instant) -> Result<(), Failure> {
+        let bytes = req.encode();
+        let mut sent = 0;
+        while sent < bytes.len() {
+            self.stream.set_write_timeout(Some(remaining(deadline)?))?;
+            match self.stream.write(&bytes[sent..]) {
+                Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero).into()),
+                Ok(n) => sent += n,
+                Err(e) if is_retry(&e) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    fn read_exact(&mut self, buf: &mut [u8], deadline: Instant) -> Result<(), Failure> {
+        let mut got = 0;
+        while got < buf.len() {
+            self.stream.set_read_timeout(Some(remaining(deadline)?))?;
+            match self.stream.read(&mut buf[got..]) {
+                Ok(0) => return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into()),
+                Ok(n) => got += n,
+                Err(e) if is_retry(&e) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    fn u8(&mut self, deadline: Instant) -> Result<u8, Failure> {
+        let mut b = [0u8; 1];
+        self.read_exact(&mut b, deadline)?;
+        Ok(b[0])
+    }
+
+    fn u32(&mut self, deadline: Instant) -> Result<u32, Failure> {
+        let mut b = [0u8; 4];
+        self.read_exact(&mut b, deadline)?;
+        Ok(u32::from_le_bytes(b))
+    }
+
+    fn i64(&mut self, deadline: Instant) -> Result<i64, Failure> {
+        let mut b = [0u8; 8];
+        self.read_exact(&mut b, deadline)?;
+        Ok(i64::from_le_bytes(b))
+    }
+
+    fn bytes(&mut self, deadline: Instant) -> Result<Vec<u8>, Failure> {
+        let len = self.i64(deadline)? as u64;
+        // Grow as bytes arrive instead of trusting the length for one allocation.
+        let mut out = Vec::with_capacity(len.min(1 << 20) as usize);
+        let mut left = len;
+        let mut chunk = vec![0u8; len.min(1 << 16) as usize];
+        while left > 0 {
+            let n = left.min(chunk.len() as u64) as usize;
+            self.read_exact(&mut chunk[..n], deadline)?;
+            out.extend_from_slice(&chunk[..n]);
+            left -= n as u64;
+        }
+        Ok(out)
+    }
+
+    /// Sends WAIT and waits up to `wait_deadline` for STOP_WAITING. On timeout, cancels the wait
+    /// the way torch does so that the connection stays usable. `Ok(false)` means timed out.
+    fn wait(&mut self, keys: Vec<Vec<u8>>, wait_deadline: Instant) -> Result<bool, Failure> {
+        // Sending gets its own deadline: a zero wait timeout still asks the server once.
+        self.send(&Request::Wait { keys }, Instant::now() + CANCEL_GRACE)?;
+        match self.u8(wait_deadline) {
+            Ok(WAIT_STOP_WAITING) => return Ok(true),
+            Ok(other) => return Err(Failure::Protocol(format!("WAIT answered {other}"))),
+            Err(Failure::Io(e)) if e.kind() == io::ErrorKind::TimedOut => {}
+            Err(e) => return Err(e),
+        }
+        let grace = Instant::now() + CANCEL_GRACE;
+        self.send(&Request::CancelWait, grace)?;
+        match self.u8(grace)? {
+            WAIT_CANCELED => Ok(false),
+            // The keys arrived while the cancel was in flight: the server answered the wait
+            // first and then the cancel. The wait succeeded.
+            WAIT_STOP_WAITING => match self.u8(grace)? {
+                WAIT_CANCELED => Ok(true),
+                other => Err(Failure::Protocol(format!("CANCEL_WAIT answered {other}"))),
+            },
+            other => Err(Failure::Protocol(format!("CANCEL_WAIT answered {other}"))),
+        }
+    }
+}
+
+fn is_retry(e: &io::Error) -> bool {
+    // SO_RCVTIMEO expiry shows up as WouldBlock on Linux; `remaining` turns a passed deadline
+    // into TimedOut on the next turn.
+    matches!(
+        e.kind(),
+        io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
+}
+
+fn remaining(deadline: Instant) -> Result<Duration, Failure> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(io::Error::from(io::ErrorKind::TimedOut).into());
+    }
+    // set_*_timeout rejects zero and rounds down to microseconds.
+    Ok(left.max(Duration::from_millis(1)))
+}
+
+/// A client of a `torch.distributed.TCPStore` server (torch's libuv or legacy server, or our
+/// [`TcpStoreServer`](super::TcpStoreServer)).
+///
+/// Keys are stored on the server with torch's `/` prefix, so `client.set("k", ..)` and Python's
+/// `store.set("k", ..)` name the same key. Every call has a deadline: `get`/`wait` take one,
+/// the others use the client's timeout. Thread-safe: each call borrows a connection from a
+/// small pool, so a thread blocked in `wait` does not hold up the others (torch's client, with
+/// one socket behind a mutex, would).
+#[derive(Debug)]
+pub struct TcpStoreClient {
+    host: String,
+    port: u16,
+    timeout: Duration,
+    local_ip: IpAddr,
+    idle: Mutex<Vec<Conn>>,
+}
+
+impl TcpStoreClient {
+    /// Connects to the server at `host:port`, retrying until `timeout` passes (the server may
+    /// start after the clients, as in every launcher). `timeout` is also the deadline of every
+    /// later call that does not take its own.
+    pub fn connect(host: &str, port: u16, timeout: Duration) -> Result<Self> {
+        let deadline = Instant::now() + timeout;
+        let mut delay = Duration::from_millis(10);
+        let mut last_err: String;
+        loop {
+            match open(host, port, deadline) {
+                Ok(conn) => {
+                    let local_ip = conn
+                        .stream
+                        .local_addr()
+                        .map(|a| a.ip().to_canonical())
+                        .map_err(|e| Error::io("TCP store client: local address", e))?;
+                    tracing::debug!(host, port, %local_ip, "TCP store client connected");
+                    return Ok(TcpStoreClient {
+                        host: host.to_owned(),
+                        port,
+                        timeout,
+                        local_ip,
+                        idle: Mutex::new(vec![conn]),
+                    });
+                }
+                Err(e) => last_err = e,
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            std::thread::sleep(delay.min(left));
+            delay = (delay * 2).min(Duration::from_millis(500));
+        }
+        Err(Error::Store {
+            op: "connect",
+            key: format!("{host}:{port}"),
+            reason: format!("no TCP store reachable within {timeout:?}: {last_err}"),
+        })
+    }
+
+    /// The server's host as given to [`connect`](Self::connect).
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    /// The server's port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The deadline of calls that do not take their own.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Runs `f` on a pooled connection (opening one if none is idle). A connection on which `f`
+    /// failed is closed: its stream position is unknown.
+    fn with_conn<T>(
+        &self,
+        op: &'static str,
+        key: &str,
+        deadline: Instant,
+        f: impl FnOnce(&mut Conn) -> Result<T, Failure>,
+    ) -> Result<T> {
+        let pooled = self
+            .idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop();
+        let mut conn =
+            match pooled {
+                Some(c) => c,
+                // Opening gets the client timeout, not the call's: a `wait` with a short timeout
+                // should time out waiting, not connecting.
+                None => open(&self.host, self.port, deadline.max(self.op_deadline())).map_err(
+                    |reason| Error::Store {
+                        op,
+                        key: key.to_owned(),
+                        reason: format!("cannot open another connection: {reason}"),
+                    },
+                )?,
+            };
+        match f(&mut conn) {
+            Ok(v) => {
+                let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+                if idle.len() < MAX_IDLE {
+                    idle.push(conn);
+                }
+                Ok(v)
+            }
+            Err(e) => Err(Error::Store {
+                op,
+                key: key.to_owned(),
+                reason: format!("{e} (TCP store {}:{})", self.host, self.port),
+            }),
+        }
+    }
+
+    fn op_deadline(&self) -> Instant {
+        Instant::now() + self.timeout
+    }
+
+    /// Waits for `keys`; `Ok(false)` on timeout.
+    fn wait_keys(&self, op: &'static str, keys: &[&str], timeout: Duration) -> Result<bool> {
+        let wire = keys.iter().map(|k| wire_key(k)).collect();
+        let deadline = Instant::now() + timeout;
+        self.with_conn(op, &keys.join(","), deadline, |c| c.wait(wire, deadline))
+    }
+
+    fn timed_out(op: &'static str, keys: &[&str], timeout: Duration) -> Error {
+        Error::Store {
+            op,
+            key: keys.join(","),
+            reason: format!("timed out after {timeout:?} waiting for the key(s) to be set"),
+        }
+    }
+
+    /// Round-trips a nonce; proves the server is alive and answering.
+    pub fn ping(&self) -> Result<()> {
+        let nonce = std::process::id();
+        self.with_conn("ping", "", self.op_deadline(), |c| {
+            let d = Instant::now() + self.timeout;
+            c.send(&Request::Ping { nonce }, d)?;
+            match c.u32(d)? {
+                n if n == nonce => Ok(()),
+                n => Err(Failure::Protocol(format!("PING {nonce} answered {n}"))),
+            }
+        })
+    }
+
+    /// Number of keys on the server (all of them, not only ours; torch's `num_keys`).
+    pub fn num_keys(&self) -> Result<i64> {
+        let d = self.op_deadline();
+        self.with_conn("num_keys", "", d, |c| {
+            c.send(&Request::GetNumKeys, d)?;
+            c.i64(d)
+        })
+    }
+
+    /// Appends `value` to the value of `key` (creating it).
+    pub fn append(&self, key: &str, value: &[u8]) -> Result<()> {
+        let d = self.op_deadline();
+        self.with_conn("append", key, d, |c| {
+            c.send(
+                &Request::Append {
+                    key: wire_key(key),
+                    value: value.to_vec(),
+                },
+                d,
+            )
+        })
+    }
+
+    /// Values of all `keys`, waiting (up to the client timeout) until they all exist, as torch's
+    /// `multi_get` does.
+    pub fn multi_get(&self, keys: &[&str]) -> Result<Vec<Vec<u8>>> {
+        if !self.wait_keys("multi_get", keys, self.timeout)? {
+            return Err(Self::timed_out("multi_get", keys, self.timeout));
+        }
+        let d = self.op_deadline();
+        self.with_conn("multi_get", &keys.join(","), d, |c| {
+            c.send(
+                &Request::MultiGet {
+                    keys: keys.iter().map(|k| wire_key(k)).collect(),
+                },
+                d,
+            )?;
+            keys.iter().map(|_| c.bytes(d)).collect()
+        })
+    }
+
+    /// Sets several keys in one request.
+    pub fn multi_set(&self, pairs: &[(&str, &[u8])]) -> Result<()> {
+        let names: Vec<&str> = pairs.iter().map(|(k, _)| *k).collect();
+        let d = self.op_deadline();
+        let pairs = pairs
+            .iter()
+            .map(|(k, v)| (wire_key(k), v.to_vec()))
+            .collect();
+        self.with_conn("multi_set", &names.join(","), d, |c| {
+            c.send(&Request::MultiSet { pairs }, d)
+        })
+    }
+
+    /// All keys on the server, with torch's `/` prefix removed where present.
+    pub fn list_keys(&self) -> Result<Vec<String>> {
+        let d = self.op_deadline();
+        self.with_conn("list_keys", "", d, |c| {
+            c.send(&Request::ListKeys, d)?;
+            let n = c.i64(d)?;
+            (0..n)
+                .map(|_| {
+                    let k = c.bytes(d)?;
+                    let k = String::from_utf8_lossy(&k).into_owned();
+                    Ok(k.strip_prefix(KEY_PREFIX).map(str::to_owned).unwrap_or(k))
+                })
+                .collect()
+        })
+    }
+
+    /// Pushes `value` onto the queue `key` (libuv servers only; torch's legacy server does not
+    /// implement queues and never answers, so this then fails at the client timeout).
+    pub fn queue_push(&self, key: &str, value: &[u8]) -> Result<()> {
+        let d = self.op_deadline();
+        self.with_conn("queue_push", key, d, |c| {
+            c.send(
+                &Request::QueuePush {
+                    key: wire_key(key),
+                    value: value.to_vec(),
+                },
+                d,
+            )
+        })
+    }
+
+    /// Pops the front of queue `key`. With `block`, waits up to `timeout` for an item; without,
+    /// returns `None` when the queue is empty.
+    pub fn queue_pop(&self, key: &str, block: bool, timeout: Duration) -> Result<Option<Vec<u8>>> {
+        if block && !self.wait_keys("queue_pop", &[key], timeout)? {
+            return Err(Self::timed_out("queue_pop", &[key], timeout));
+        }
+        let d = self.op_deadline();
+        self.with_conn("queue_pop", key, d, |c| {
+            c.send(&Request::QueuePop { key: wire_key(key) }, d)?;
+            if c.i64(d)? > 0 {
+                Ok(Some(c.bytes(d)?))
+            } else {
+                Ok(None)
+            }
+        })
+    }
+
+    /// Length of queue `key`.
+    pub fn queue_len(&self, key: &str) -> Result<i64> {
+        let d = self.op_deadline();
+        self.with_conn("queue_len", key, d, |c| {
+            c.send(&Request::QueueLen { key: wire_key(key) }, d)?;
+            c.i64(d)
+        })
+    }
+
+    /// Counts this caller in at barrier `key` and waits up to `timeout` until `world_size`
+    /// callers have arrived (torch's server-side `barrier`).
+    pub fn barrier(&self, key: &str, world_size: i64, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let done = self.with_conn("barrier", key, deadline, |c| {
+            c.send(
+                &Request::Barrier {
+                    key: wire_key(key),
+                    world_size,
+                },
+                self.op_deadline(),
+            )?;
+            match c.u8(deadline) {
+                Ok(WAIT_STOP_WAITING) => return Ok(true),
+                Ok(other) => return Err(Failure::Protocol(format!("BARRIER answered {other}"))),
+                Err(Failure::Io(e)) if e.kind() == io::ErrorKind::TimedOut => {}
+                Err(e) => return Err(e),
+            }
+            let grace = Instant::now() + CANCEL_GRACE;
+            c.send(&Request::CancelWait, grace)?;
+            match c.u8(grace)? {
+                WAIT_CANCELED => Ok(false),
+                WAIT_STOP_WAITING => match c.u8(grace)? {
+                    WAIT_CANCELED => Ok(true),
+                    other => Err(Failure::Protocol(format!("CANCEL_WAIT answered {other}"))),
+                },
+                other => Err(Failure::Protocol(format!("CANCEL_WAIT answered {other}"))),
+            }
+        })?;
+        if done {
+            Ok(())
+        } else {
+            Err(Self::timed_out("barrier", &[key], timeout))
+        }
+    }
+}
+
+fn wire_key(key: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(KEY_PREFIX.len() + key.len());
+    k.extend_from_slice(KEY_PREFIX.as_bytes());
+    k.extend_from_slice(key.as_bytes());
+    k
+}
+
+/// Opens and validates one connection: connect, `VALIDATE` with the magic, then `PING` to make
+/// sure a store (not some other service) answers. Errors are strings: the caller decides
+/// whether to retry.
+fn open(host: &str, port: u16, deadline: Instant) -> Result<Conn, String> {
+    let addrs: Vec<SocketAddr> = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve {host}:{port}: {e}"))?
+        .collect();
+    let mut last = format!("{host} resolved to no address");
+    for addr in addrs {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(format!("deadline passed; last error: {last}"));
+        }
+        let stream = match TcpStream::connect_timeout(&addr, left) {
+            Ok(s) => s,
+            Err(e) => {
+                last = format!("connect {addr}: {e}");
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let mut conn = Conn { stream };
+        let nonce = std::process::id();
+        let handshake = (|| {
+            conn.send(
+                &Request::Validate {
+                    magic: VALIDATION_MAGIC,
+                },
+                deadline,
+            )?;
+            conn.send(&Request::Ping { nonce }, deadline)?;
+            match conn.u32(deadline)? {
+                n if n == nonce => Ok(()),
+                n => Err(Failure::Protocol(format!("PING {nonce} answered {n}"))),
+            }
+        })();
+        match handshake {
+            Ok(()) => return Ok(conn),
+            Err(e) => last = format!("handshake with {addr}: {e}"),
+        }
+    }
+    Err(last)
+}
+
+impl Store for TcpStoreClient {
+    fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+        let d = self.op_deadline();
+        self.with_conn("set", key, d, |c| {
+            c.send(
+                &Request::Set {
+                    key: wire_key(key),
+                    value: value.to_vec(),
+                },
+                d,
+            )
+        })
+    }
+
+    fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
+        // torch's `get` is WAIT then GET: the server never blocks a GET.
+        if !self.wait_keys("get", &[key], timeout)? {
+            return Err(Self::timed_out("get", &[key], timeout));
+        }
+        let d = self.op_deadline();
+        self.with_conn("get", key, d, |c| {
+            c.send(&Request::Get { key: wire_key(key) }, d)?;
+            c.bytes(d)
+        })
+    }
+
+    fn add(&self, key: &str, delta: i64) -> Result<i64> {
+        let d = self.op_deadline();
+        self.with_conn("add", key, d, |c| {
+            c.send(
+                &Request::Add {
+                    key: wire_key(key),
+                    delta,
+                },
+                d,
+            )?;
+            c.i64(d)
+        })
+    }
+
+    fn compare_set(&self, key: &str, expected: &[u8], desired: &[u8]) -> Result<Vec<u8>> {
+        let d = self.op_deadline();
+        self.with_conn("compare_set", key, d, |c| {
+            c.send(
+                &Request::CompareSet {
+                    key: wire_key(key),
+                    expected: expected.to_vec(),
+                    desired: desired.to_vec(),
+                },
+                d,
+            )?;
+            c.bytes(d)
+        })
+    }
+
+    fn delete(&self, key: &str) -> Result<bool> {
+        let d = self.op_deadline();
+        self.with_conn("delete", key, d, |c| {
+            c.send(&Request::DeleteKey { key: wire_key(key) }, d)?;
+            Ok(c.i64(d)? == 1)
+        })
+    }
+
+    fn check(&self, keys: &[&str]) -> Result<bool> {
+        let d = self.op_deadline();
+        self.with_conn("check", &keys.join(","), d, |c| {
+            c.send(
+                &Request::Check {
+                    keys: keys.iter().map(|k| wire_key(k)).collect(),
+                },
+                d,
+            )?;
+            Ok(c.u8(d)? == CHECK_READY)
+        })
+    }
+
+    fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()> {
+        if self.wait_keys("wait", keys, timeout)? {
+            Ok(())
+        } else {
+            Err(Self::timed_out("wait", keys, timeout))
+        }
+    }
+
+    fn local_addr_hint(&self) -> Option<IpAddr> {
+        Some(self.local_ip)
+    }
+}

@@ -1,0 +1,280 @@
+//! The communicator: a group of ranks connected by transports, running operations in issue
+//! order on its own progress thread.
+
+pub mod config;
+mod executor;
+mod init;
+pub mod op;
+pub mod request;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_channel::Sender;
+
+use crate::algos::staging::Staging;
+use crate::bootstrap::Store;
+use crate::error::{Error, Result};
+use crate::transport::socket::{SocketTransport, Waker};
+pub use config::CommConfig;
+use executor::{Command, Executor, Task};
+pub use op::{Op, P2p};
+pub use request::{Request, RequestStatus};
+
+/// State shared by the communicator handle and its progress thread.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) name: String,
+    pub(crate) rank: usize,
+    pub(crate) size: usize,
+    failed: Mutex<Option<Error>>,
+}
+
+impl Shared {
+    /// The error that broke the communicator, if any, wrapped for new callers.
+    pub(crate) fn failure(&self) -> Option<Error> {
+        self.failed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Records the first fatal error; returns what later callers will see.
+    pub(crate) fn set_failed(&self, cause: Error) -> Error {
+        let mut f = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+        f.get_or_insert_with(|| match cause {
+            e @ Error::CommFailed { .. } => e,
+            e => Error::CommFailed {
+                comm: self.name.clone(),
+                cause: Box::new(e),
+            },
+        })
+        .clone()
+    }
+}
+
+/// Issue order: sequence numbers and the queue must advance together, also when several
+/// threads submit at once.
+#[derive(Debug)]
+struct Submitter {
+    tx: Sender<Command>,
+    coll_seq: u64,
+    p2p_seq: u64,
+}
+
+/// A communicator of the ctran engine.
+///
+/// Operations are submitted with [`Comm::submit`] and run in submission order; all ranks must
+/// submit collectives in the same order. The buffers of an operation must stay valid until its
+/// [`Request`] completes.
+#[derive(Debug)]
+pub struct Comm {
+    shared: Arc<Shared>,
+    config: CommConfig,
+    submitter: Mutex<Submitter>,
+    waker: Arc<Waker>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    finalized: AtomicBool,
+    ops_issued: AtomicU64,
+}
+
+impl Comm {
+    /// Creates the communicator: exchanges addresses through `store` (keys prefixed with the
+    /// communicator's name), connects every pair of ranks, and returns once all ranks have.
+    /// After it returns the store is no longer needed.
+    pub fn init(config: CommConfig, store: Arc<dyn Store>) -> Result<Comm> {
+        init::init_with_store(config, store)
+    }
+
+    fn start(config: CommConfig, transport: SocketTransport) -> Result<Comm> {
+        let shared = Arc::new(Shared {
+            name: config.name.clone(),
+            rank: config.rank,
+            size: config.size,
+            failed: Mutex::new(None),
+        });
+        let waker = Arc::clone(transport.waker());
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let exec = Executor::new(
+            Arc::clone(&shared),
+            Box::new(transport),
+            Arc::clone(&waker),
+            Staging::new(config.chunk_bytes),
+            rx,
+        );
+        let thread = std::thread::Builder::new()
+            .name(format!("ctran-{}-r{}", config.name, config.rank))
+            .spawn(move || exec.run())
+            .map_err(|e| Error::io("spawning the progress thread", e))?;
+        Ok(Comm {
+            shared,
+            config,
+            submitter: Mutex::new(Submitter {
+                tx,
+                coll_seq: 0,
+                p2p_seq: 0,
+            }),
+            waker,
+            thread: Mutex::new(Some(thread)),
+            finalized: AtomicBool::new(false),
+            ops_issued: AtomicU64::new(0),
+        })
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.shared.rank
+    }
+
+    /// Number of ranks.
+    pub fn size(&self) -> usize {
+        self.shared.size
+    }
+
+    /// Name given at creation.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// The configuration this communicator runs with.
+    pub fn config(&self) -> &CommConfig {
+        &self.config
+    }
+
+    /// The error that made this communicator unusable, if any.
+    pub fn failure(&self) -> Option<Error> {
+        self.shared.failure()
+    }
+
+    /// Queues `op`; it runs after every operation submitted before it. `timeout` overrides the
+    /// communicator's default. Errors (finalized or failed communicator) come back through the
+    /// returned request.
+    pub fn submit(&self, op: Op, timeout: Option<Duration>) -> Request {
+        let name = op.name();
+        if self.finalized.load(Ordering::Acquire) {
+            let err = Error::Finalized {
+                op: name.into(),
+                comm: self.shared.name.clone(),
+            };
+            return Request::failed(name, 0, err);
+        }
+        let mut sub = self.submitter.lock().unwrap_or_else(|p| p.into_inner());
+        let seq = if op.is_p2p() {
+            sub.p2p_seq += 1;
+            sub.p2p_seq
+        } else {
+            sub.coll_seq += 1;
+            sub.coll_seq
+        };
+        if let Some(err) = self.shared.failure() {
+            return Request::failed(name, seq, err);
+        }
+        let request = Request::new(name, seq);
+        let task = Task {
+            op,
+            seq,
+            timeout: timeout.unwrap_or(self.config.timeout),
+            request: request.clone(),
+        };
+        if sub.tx.send(Command::Run(task)).is_err() {
+            let err = Error::CommFailed {
+                comm: self.shared.name.clone(),
+                cause: Box::new(Error::NotSupported(
+                    "operations after the progress thread stopped".into(),
+                )),
+            };
+            return Request::failed(name, seq, err);
+        }
+        drop(sub);
+        self.ops_issued.fetch_add(1, Ordering::Relaxed);
+        self.waker.wake();
+        request
+    }
+
+    /// Submits `op` and waits for it.
+    pub fn run(&self, op: Op, timeout: Option<Duration>) -> Result<()> {
+        let t = timeout.unwrap_or(self.config.timeout);
+        // The engine enforces the deadline; the extra second only covers a wedged thread.
+        self.submit(op, Some(t))
+            .wait_timeout(t + Duration::from_secs(1), self.rank())
+    }
+
+    /// Creates a sub-communicator of the ranks in `ranks` (indices into this communicator),
+    /// named `name`. Every rank of this communicator must call it; ranks not joining pass an
+    /// empty list and get `None`. The new rank is the position of this rank in `ranks`.
+    pub fn split(
+        &self,
+        ranks: &[usize],
+        name: &str,
+        timeout: Option<Duration>,
+    ) -> Result<Option<Comm>> {
+        init::split(self, ranks, name, timeout.unwrap_or(self.config.timeout))
+    }
+
+    /// Waits for every queued operation, then closes connections. Further operations fail.
+    /// Idempotent.
+    pub fn finalize(&self) -> Result<()> {
+        if self.finalized.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let result = if self.shared.failure().is_none() {
+            // A barrier, so no rank closes its sockets while a peer still reads from them.
+            let req = self.submit_internal(Op::Barrier);
+            req.wait_timeout(self.config.timeout + Duration::from_secs(1), self.rank())
+        } else {
+            Ok(())
+        };
+        self.stop_thread();
+        result
+    }
+
+    fn submit_internal(&self, op: Op) -> Request {
+        self.finalized.store(false, Ordering::Release);
+        let r = self.submit(op, None);
+        self.finalized.store(true, Ordering::Release);
+        r
+    }
+
+    fn stop_thread(&self) {
+        let (reply_tx, reply_rx) = crossbeam_channel::bounded(1);
+        let sent = {
+            let sub = self.submitter.lock().unwrap_or_else(|p| p.into_inner());
+            sub.tx.send(Command::Shutdown(reply_tx)).is_ok()
+        };
+        self.waker.wake();
+        if sent {
+            let _ = reply_rx.recv_timeout(self.config.timeout + Duration::from_secs(1));
+        }
+        if let Some(t) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = t.join();
+        }
+    }
+
+    /// True after [`Comm::finalize`].
+    pub fn is_finalized(&self) -> bool {
+        self.finalized.load(Ordering::Acquire)
+    }
+
+    /// Marks the communicator failed with `reason`: queued and future operations fail, and peers
+    /// see this rank's connections close.
+    pub fn abort(&self, reason: &str) {
+        self.shared.set_failed(Error::Aborted {
+            comm: self.shared.name.clone(),
+            reason: reason.into(),
+        });
+        self.finalized.store(true, Ordering::Release);
+        self.stop_thread();
+    }
+}
+
+impl Drop for Comm {
+    fn drop(&mut self) {
+        // Dropping without finalize() is not an error: queued work still runs, then the
+        // connections close.
+        if self.thread.get_mut().map(|t| t.is_some()).unwrap_or(false) {
+            self.stop_thread();
+        }
+    }
+}

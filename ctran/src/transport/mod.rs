@@ -1,0 +1,97 @@
+//! Transports move bytes between two ranks. Every algorithm is written against [`Transport`]
+//! alone, so one algorithm runs over TCP, shared memory or RDMA alike.
+//!
+//! The model is two-sided and ordered, like NCCL's network plugin (`isend`/`irecv`/`test`):
+//! sends and receives posted to one peer are matched first-in first-out, and a message must be
+//! received into a buffer of exactly its size (a difference means the ranks disagree about the
+//! operation, and is reported as a mismatch). Because every rank runs operations in the same
+//! order and each algorithm posts in a deterministic order, FIFO matching needs no tags.
+//! Posting never blocks; [`Transport::progress`] moves bytes for every posted request at once,
+//! so algorithms can keep sends and receives to many peers in flight.
+
+pub mod socket;
+
+use std::fmt;
+use std::time::Instant;
+
+use crate::span::Span;
+
+/// Identifies a posted send or receive until [`Transport::test`] reports it finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ReqId(pub u64);
+
+/// Why a transport request failed. The layer above adds the op, its sequence number and rank.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TransportError {
+    /// The peer closed the connection or it broke.
+    PeerLost {
+        /// The peer.
+        peer: usize,
+        /// What the OS or the peer said.
+        reason: String,
+    },
+    /// The peer sent a message of another size than the receive posted for it.
+    SizeMismatch {
+        /// The peer.
+        peer: usize,
+        /// Bytes this rank expected.
+        expected: usize,
+        /// Bytes the peer sent.
+        got: usize,
+    },
+    /// The transport was aborted locally.
+    Aborted,
+}
+
+impl TransportError {
+    /// The peer involved, if any.
+    pub fn peer(&self) -> Option<usize> {
+        match self {
+            TransportError::PeerLost { peer, .. } | TransportError::SizeMismatch { peer, .. } => {
+                Some(*peer)
+            }
+            TransportError::Aborted => None,
+        }
+    }
+}
+
+impl fmt::Display for TransportError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TransportError::PeerLost { peer, reason } => write!(f, "peer {peer}: {reason}"),
+            TransportError::SizeMismatch {
+                peer,
+                expected,
+                got,
+            } => write!(
+                f,
+                "peer {peer} sent {got} bytes where {expected} bytes were expected"
+            ),
+            TransportError::Aborted => f.write_str("transport aborted"),
+        }
+    }
+}
+
+/// Moves bytes between this rank and its peers. Single-threaded: the communicator's progress
+/// thread owns it.
+pub trait Transport: Send + fmt::Debug {
+    /// Posts a send of `data` to `peer`. The memory must stay valid until the request finishes.
+    fn post_send(&mut self, peer: usize, data: Span) -> Result<ReqId, TransportError>;
+
+    /// Posts a receive of exactly `data.len()` bytes from `peer` into `data`.
+    fn post_recv(&mut self, peer: usize, data: Span) -> Result<ReqId, TransportError>;
+
+    /// `Ok(true)` once the request finished (and forgets it), `Ok(false)` while in flight, or the
+    /// error that failed it.
+    fn test(&mut self, req: ReqId) -> Result<bool, TransportError>;
+
+    /// The peer a pending request talks to (for error messages).
+    fn peer_of(&self, req: ReqId) -> Option<usize>;
+
+    /// Moves bytes for all posted requests. Returns when at least one request made progress or
+    /// finished, when `wake` is signalled (if polling for it), or at `until`.
+    fn progress(&mut self, until: Instant, watch_wake: bool) -> Result<(), TransportError>;
+
+    /// Fails every pending request and closes connections so peers notice quickly.
+    fn abort(&mut self);
+}
