@@ -406,7 +406,7 @@ fn many_torch_waiters_released_by_one_rust_set() {
         .map(|i| Py::spawn(PY_WAITER, &[port.clone(), i.to_string()]))
         .collect();
     let deadline = Instant::now() + STEP;
-    while c.check(&["arrived"]).unwrap() == false
+    while !c.check(&["arrived"]).unwrap()
         || c.get("arrived", T).unwrap() != n.to_string().as_bytes()
     {
         assert!(

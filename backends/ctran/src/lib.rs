@@ -1,1 +1,338 @@
-//! placeholder
+//! # torchcomms-ctran
+//!
+//! The `ctran` backend: the TorchComm API on the ctran engine. Linking this crate registers the
+//! backend under the name `ctran` (`use torchcomms_ctran as _;`).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ctran::bootstrap::{env, rendezvous};
+use ctran::{Comm, CommConfig, Op, P2p, Request, RequestStatus, Span};
+use torchcomms::{
+    Backend, BackendRegistration, CommOptions, Device, Error, InitArgs, OpOptions, P2POp, ReduceOp,
+    Result, Tensor, Work, WorkHandle, WorkStatus,
+};
+
+inventory::submit! {
+    BackendRegistration { name: "ctran", create: CtranBackend::create }
+}
+
+/// Version reported by `get_backend_version()`.
+pub const VERSION: &str = concat!("ctran ", env!("CARGO_PKG_VERSION"));
+
+/// A communicator of the ctran engine behind the TorchComm API.
+#[derive(Debug)]
+pub struct CtranBackend {
+    comm: Comm,
+    device: Device,
+    aborted: AtomicBool,
+}
+
+/// Work handle over an engine request.
+#[derive(Debug)]
+struct CtranWork {
+    request: Request,
+    rank: usize,
+}
+
+impl WorkHandle for CtranWork {
+    fn wait(&self, timeout: Duration) -> Result<()> {
+        self.request
+            .wait_timeout(timeout, self.rank)
+            .map_err(|e| match e {
+                ctran::Error::Timeout { op, peer: None, .. } => Error::WaitTimeout {
+                    op,
+                    rank: self.rank,
+                    timeout,
+                },
+                e => Error::Engine(e),
+            })
+    }
+
+    fn status(&self) -> WorkStatus {
+        match self.request.status() {
+            RequestStatus::Queued => WorkStatus::NotStarted,
+            RequestStatus::Started => WorkStatus::InProgress,
+            RequestStatus::Completed => WorkStatus::Completed,
+            RequestStatus::Failed => match self.request.error() {
+                Some(e) if e.is_timeout() => WorkStatus::TimedOut,
+                _ => WorkStatus::Error,
+            },
+        }
+    }
+
+    fn error(&self) -> Option<Error> {
+        self.request.error().map(Error::Engine)
+    }
+}
+
+fn owners<'a>(tensors: impl IntoIterator<Item = &'a Tensor>) -> ctran::comm::KeepAlive {
+    tensors
+        .into_iter()
+        .filter_map(|t| t.owner().cloned())
+        .collect()
+}
+
+fn spans(tensors: &[Tensor]) -> Vec<Span> {
+    tensors.iter().map(Tensor::span).collect()
+}
+
+impl CtranBackend {
+    /// Creates the communicator: rank and size from the options or the launcher's environment,
+    /// the store from the options or `MASTER_ADDR`/`MASTER_PORT` (released after init).
+    pub fn create(args: &InitArgs) -> Result<Box<dyn Backend>> {
+        if let Device::Cuda(_) = args.device {
+            return Err(Error::Engine(ctran::Error::NotSupported(
+                "CUDA tensors on the ctran backend in this build (use device=cpu)".into(),
+            )));
+        }
+        let o = &args.options;
+        let (rank, size) = match (o.rank, o.size) {
+            (Some(r), Some(s)) => (r, s),
+            _ => {
+                let info = env::discover()?.ok_or_else(|| {
+                    Error::invalid(
+                        "new_comm",
+                        "rank/size",
+                        "a launcher environment (TORCHCOMM_RANK/SIZE, RANK/WORLD_SIZE, OMPI_*, PMI_*, SLURM_*) or explicit rank and size",
+                        "none found",
+                    )
+                })?;
+                (o.rank.unwrap_or(info.rank), o.size.unwrap_or(info.size))
+            }
+        };
+        let mut config = CommConfig::from_env(&args.name, rank, size)?;
+        config.timeout = o.timeout;
+        let comm = match &o.store {
+            Some(store) => Comm::init(config, Arc::clone(store))?,
+            None => {
+                let boot = rendezvous::store_from_env(rank, size, o.timeout)?;
+                let comm = Comm::init(config, Arc::clone(boot.store()))?;
+                drop(boot);
+                comm
+            }
+        };
+        Ok(Box::new(CtranBackend {
+            comm,
+            device: args.device,
+            aborted: AtomicBool::new(false),
+        }))
+    }
+
+    fn issue(&self, op: Op, keep: ctran::comm::KeepAlive, opts: &OpOptions) -> Result<Work> {
+        let timeout = opts.timeout_or(self.comm.config().timeout);
+        let request = self.comm.submit_with(op, Some(timeout), keep);
+        let work = Work::new(
+            Box::new(CtranWork {
+                request,
+                rank: self.comm.rank(),
+            }),
+            timeout,
+        );
+        if !opts.async_op {
+            work.wait()?;
+        }
+        Ok(work)
+    }
+}
+
+impl Backend for CtranBackend {
+    fn backend_name(&self) -> &str {
+        "ctran"
+    }
+    fn version(&self) -> Result<String> {
+        Ok(VERSION.into())
+    }
+    fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+    fn size(&self) -> usize {
+        self.comm.size()
+    }
+    fn comm_name(&self) -> &str {
+        self.comm.name()
+    }
+    fn device(&self) -> Device {
+        self.device
+    }
+
+    fn all_reduce(&self, t: &Tensor, op: ReduceOp, opts: &OpOptions) -> Result<Work> {
+        self.issue(
+            Op::AllReduce {
+                buf: t.span(),
+                dtype: t.dtype(),
+                op,
+            },
+            owners([t]),
+            opts,
+        )
+    }
+
+    fn reduce(&self, t: &Tensor, root: usize, op: ReduceOp, opts: &OpOptions) -> Result<Work> {
+        self.issue(
+            Op::Reduce {
+                buf: t.span(),
+                dtype: t.dtype(),
+                op,
+                root,
+            },
+            owners([t]),
+            opts,
+        )
+    }
+
+    fn broadcast(&self, t: &Tensor, root: usize, opts: &OpOptions) -> Result<Work> {
+        self.issue(
+            Op::Broadcast {
+                buf: t.span(),
+                root,
+            },
+            owners([t]),
+            opts,
+        )
+    }
+
+    fn all_gather(&self, outputs: &[Tensor], input: &Tensor, opts: &OpOptions) -> Result<Work> {
+        let op = Op::AllGather {
+            input: input.span(),
+            outputs: spans(outputs),
+        };
+        self.issue(op, owners(outputs.iter().chain([input])), opts)
+    }
+
+    fn reduce_scatter(
+        &self,
+        output: &Tensor,
+        inputs: &[Tensor],
+        op: ReduceOp,
+        opts: &OpOptions,
+    ) -> Result<Work> {
+        let o = Op::ReduceScatter {
+            inputs: spans(inputs),
+            output: output.span(),
+            dtype: output.dtype(),
+            op,
+        };
+        self.issue(o, owners(inputs.iter().chain([output])), opts)
+    }
+
+    fn all_to_all(&self, outputs: &[Tensor], inputs: &[Tensor], opts: &OpOptions) -> Result<Work> {
+        let op = Op::AllToAll {
+            inputs: spans(inputs),
+            outputs: spans(outputs),
+        };
+        self.issue(op, owners(inputs.iter().chain(outputs)), opts)
+    }
+
+    fn scatter(
+        &self,
+        output: &Tensor,
+        inputs: &[Tensor],
+        root: usize,
+        opts: &OpOptions,
+    ) -> Result<Work> {
+        let op = Op::Scatter {
+            inputs: spans(inputs),
+            output: output.span(),
+            root,
+        };
+        self.issue(op, owners(inputs.iter().chain([output])), opts)
+    }
+
+    fn gather(
+        &self,
+        outputs: &[Tensor],
+        input: &Tensor,
+        root: usize,
+        opts: &OpOptions,
+    ) -> Result<Work> {
+        let op = Op::Gather {
+            input: input.span(),
+            outputs: spans(outputs),
+            root,
+        };
+        self.issue(op, owners(outputs.iter().chain([input])), opts)
+    }
+
+    fn barrier(&self, opts: &OpOptions) -> Result<Work> {
+        self.issue(Op::Barrier, Vec::new(), opts)
+    }
+
+    fn send(&self, t: &Tensor, peer: usize, opts: &OpOptions) -> Result<Work> {
+        self.issue(
+            Op::Send {
+                buf: t.span(),
+                peer,
+            },
+            owners([t]),
+            opts,
+        )
+    }
+
+    fn recv(&self, t: &Tensor, peer: usize, opts: &OpOptions) -> Result<Work> {
+        self.issue(
+            Op::Recv {
+                buf: t.span(),
+                peer,
+            },
+            owners([t]),
+            opts,
+        )
+    }
+
+    fn batch_p2p(&self, ops: &[P2POp], opts: &OpOptions) -> Result<Work> {
+        let p2p = ops
+            .iter()
+            .map(|o| match o {
+                P2POp::Send { tensor, peer } => P2p::Send {
+                    buf: tensor.span(),
+                    peer: *peer,
+                },
+                P2POp::Recv { tensor, peer } => P2p::Recv {
+                    buf: tensor.span(),
+                    peer: *peer,
+                },
+            })
+            .collect();
+        self.issue(
+            Op::Batch { ops: p2p },
+            owners(ops.iter().map(P2POp::tensor)),
+            opts,
+        )
+    }
+
+    fn split(
+        &self,
+        ranks: &[usize],
+        name: &str,
+        options: CommOptions,
+    ) -> Result<Option<Box<dyn Backend>>> {
+        let child = self.comm.split(ranks, name, Some(options.timeout))?;
+        Ok(child.map(|comm| {
+            Box::new(CtranBackend {
+                comm,
+                device: self.device,
+                aborted: AtomicBool::new(false),
+            }) as Box<dyn Backend>
+        }))
+    }
+
+    fn finalize(&self) -> Result<()> {
+        Ok(self.comm.finalize()?)
+    }
+
+    fn supports_abort(&self) -> bool {
+        true
+    }
+
+    fn abort(&self) -> Result<()> {
+        self.aborted.store(true, Ordering::Release);
+        self.comm.abort("abort() called");
+        Ok(())
+    }
+
+    fn is_aborted(&self) -> bool {
+        self.aborted.load(Ordering::Acquire)
+    }
+}

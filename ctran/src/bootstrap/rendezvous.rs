@@ -187,7 +187,12 @@ mod tests {
         );
         let addr = (MASTER_ADDR_VAR, "127.0.0.1".to_string());
         assert_eq!(
-            invalid_arg(store_from_lookup(env(&[addr.clone()]), 0, 2, short)),
+            invalid_arg(store_from_lookup(
+                env(std::slice::from_ref(&addr)),
+                0,
+                2,
+                short
+            )),
             MASTER_PORT_VAR
         );
         for bad in ["", "http", "70000", "0", "-5"] {

@@ -23,6 +23,8 @@ pub(crate) struct Task {
     pub(crate) seq: u64,
     pub(crate) timeout: Duration,
     pub(crate) request: Request,
+    /// Keeps the buffers' owners alive until the task is dropped (after it finished).
+    pub(crate) _keepalive: super::KeepAlive,
 }
 
 /// What the progress thread is asked to do.

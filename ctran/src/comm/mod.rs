@@ -23,6 +23,9 @@ use executor::{Command, Executor, Task};
 pub use op::{Op, P2p};
 pub use request::{Request, RequestStatus};
 
+/// Owners of an operation's buffers, dropped by the progress thread once the operation finished.
+pub type KeepAlive = Vec<Arc<dyn std::any::Any + Send + Sync>>;
+
 /// State shared by the communicator handle and its progress thread.
 #[derive(Debug)]
 pub(crate) struct Shared {
@@ -152,6 +155,12 @@ impl Comm {
     /// communicator's default. Errors (finalized or failed communicator) come back through the
     /// returned request.
     pub fn submit(&self, op: Op, timeout: Option<Duration>) -> Request {
+        self.submit_with(op, timeout, Vec::new())
+    }
+
+    /// Like [`Comm::submit`], and holds `keepalive` (the owners of the operation's buffers, a
+    /// tensor say) until the operation finished, even if the caller drops the request.
+    pub fn submit_with(&self, op: Op, timeout: Option<Duration>, keepalive: KeepAlive) -> Request {
         let name = op.name();
         if self.finalized.load(Ordering::Acquire) {
             let err = Error::Finalized {
@@ -177,6 +186,7 @@ impl Comm {
             seq,
             timeout: timeout.unwrap_or(self.config.timeout),
             request: request.clone(),
+            _keepalive: keepalive,
         };
         if sub.tx.send(Command::Run(task)).is_err() {
             let err = Error::CommFailed {

@@ -48,7 +48,6 @@
 use std::mem::size_of;
 
 use bytemuck::Pod;
-use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
 use crate::error::{Error, Result};
@@ -424,15 +423,72 @@ elementwise_storage!(i8, i8, std::convert::identity, std::convert::identity);
 elementwise_storage!(u8, u8, std::convert::identity, std::convert::identity);
 elementwise_storage!(i32, i32, std::convert::identity, std::convert::identity);
 elementwise_storage!(i64, i64, std::convert::identity, std::convert::identity);
+elementwise_storage!(f16, f32, f16_to_f32, f32_to_f16);
 elementwise_storage!(bf16, f32, bf16_to_f32, f32_to_bf16);
 
-// `half` converts bf16 with branches, element by element; these branch-free forms vectorise and
-// give the same bits (exact widening; round to nearest even, NaN kept and made quiet).
+// `half` converts with branches, element by element, or for f16 slices through per-chunk calls
+// to the CPU's conversion instructions; these branch-free forms vectorise inside the loops above
+// and give the same bits for every non-NaN value (a NaN stays a NaN). Tested exhaustively for
+// widening and over a sweep of f32 bit patterns for rounding.
+
+/// Exact. Avoids subnormal f32 operands, which are slow on some CPUs.
+#[inline(always)]
+fn f16_to_f32(x: f16) -> f32 {
+    let h = u32::from(x.to_bits());
+    let sign = (h & 0x8000) << 16;
+    let em = h & 0x7FFF;
+    // Normal: rebias the exponent by 127 - 15.
+    let normal = f32::from_bits((em << 13) + (112 << 23));
+    // Subnormal (and zero): mantissa · 2^-24, exact.
+    let subnormal = em as i32 as f32 * f32::from_bits(103 << 23);
+    // Infinity and NaN: all exponent bits set, mantissa kept.
+    let special = f32::from_bits((em << 13) | 0x7F80_0000);
+    let mag = if em < 0x0400 {
+        subnormal
+    } else if em >= 0x7C00 {
+        special
+    } else {
+        normal
+    };
+    f32::from_bits(mag.to_bits() | sign)
+}
+
+/// Round to nearest even (after F. Giesen's `float_to_half_fast3_rtne`).
+#[inline(always)]
+fn f32_to_f16(x: f32) -> f16 {
+    let u = x.to_bits();
+    let sign = (u >> 16) & 0x8000;
+    let a = u & 0x7FFF_FFFF;
+    let nan = 0x7E00 | ((a >> 13) & 0x03FF);
+    // |x| < 2^-14 rounds to a subnormal: adding 0.5 puts the f16 subnormal ulp (2^-24) at the
+    // f32 ulp of the sum, so the FPU rounds at the right bit.
+    const HALF: u32 = 126 << 23;
+    let subnormal = (f32::from_bits(a) + f32::from_bits(HALF))
+        .to_bits()
+        .wrapping_sub(HALF);
+    // Normal: rebias by 15 - 127 and round the 13 dropped bits to nearest even (a carry into the
+    // exponent is the correct result, up to infinity).
+    let odd = (a >> 13) & 1;
+    let normal = a.wrapping_sub(112 << 23).wrapping_add(0x0FFF + odd) >> 13;
+    let h = if a > 0x7F80_0000 {
+        nan
+    } else if a >= 143 << 23 {
+        0x7C00
+    } else if a < 113 << 23 {
+        subnormal
+    } else {
+        normal
+    };
+    f16::from_bits((h | sign) as u16)
+}
+
+/// Exact.
 #[inline(always)]
 fn bf16_to_f32(x: bf16) -> f32 {
     f32::from_bits(u32::from(x.to_bits()) << 16)
 }
 
+/// Round to nearest even; a NaN stays a NaN and is made quiet.
 #[inline(always)]
 fn f32_to_bf16(x: f32) -> bf16 {
     let b = x.to_bits();
@@ -440,97 +496,6 @@ fn f32_to_bf16(x: f32) -> bf16 {
     let quiet_nan = ((b >> 16) | 0x0040) as u16;
     bf16::from_bits(if x.is_nan() { quiet_nan } else { rounded })
 }
-
-/// Types converted to `f32` a block at a time by a slice helper (`f16`, where `half` uses the
-/// CPU's conversion instructions when it has them), then operated on and rounded back.
-trait HalfFloat: Pod {
-    fn widen(src: &[Self], dst: &mut [f32]);
-    fn narrow(src: &[f32], dst: &mut [Self]);
-}
-
-impl HalfFloat for f16 {
-    #[inline]
-    fn widen(src: &[f16], dst: &mut [f32]) {
-        // Uses F16C/NEON conversion instructions where the CPU has them.
-        src.convert_to_f32_slice(dst);
-    }
-    #[inline]
-    fn narrow(src: &[f32], dst: &mut [f16]) {
-        dst.convert_from_f32_slice(src);
-    }
-}
-
-macro_rules! half_storage {
-    ($($t:ty),*) => {$(
-        impl Storage for $t {
-            type C = f32;
-            #[inline]
-            fn map_in_place(buf: &mut [$t], f: impl Fn(f32) -> f32) {
-                let mut a = [0f32; BLOCK];
-                for blk in buf.chunks_mut(BLOCK) {
-                    let a = &mut a[..blk.len()];
-                    <$t>::widen(blk, a);
-                    a.iter_mut().for_each(|x| *x = f(*x));
-                    <$t>::narrow(a, blk);
-                }
-            }
-            #[inline]
-            fn map(dst: &mut [$t], src: &[$t], f: impl Fn(f32) -> f32) {
-                let mut a = [0f32; BLOCK];
-                for (d, s) in dst.chunks_mut(BLOCK).zip(src.chunks(BLOCK)) {
-                    let a = &mut a[..d.len()];
-                    <$t>::widen(s, a);
-                    a.iter_mut().for_each(|x| *x = f(*x));
-                    <$t>::narrow(a, d);
-                }
-            }
-            #[inline]
-            fn zip_in_place(dst: &mut [$t], src: &[$t], f: impl Fn(f32, f32) -> f32) {
-                let (mut a, mut b) = ([0f32; BLOCK], [0f32; BLOCK]);
-                for (d, s) in dst.chunks_mut(BLOCK).zip(src.chunks(BLOCK)) {
-                    let (a, b) = (&mut a[..d.len()], &mut b[..d.len()]);
-                    <$t>::widen(d, a);
-                    <$t>::widen(s, b);
-                    a.iter_mut().zip(b.iter()).for_each(|(x, y)| *x = f(*x, *y));
-                    <$t>::narrow(a, d);
-                }
-            }
-            #[inline]
-            fn zip_in_place_pre(
-                dst: &mut [$t],
-                src: &[$t],
-                pre: impl Fn(f32) -> f32,
-                f: impl Fn(f32, f32) -> f32,
-            ) {
-                let (mut a, mut b) = ([0f32; BLOCK], [0f32; BLOCK]);
-                let mut t = [<$t>::ZERO; BLOCK];
-                for (d, s) in dst.chunks_mut(BLOCK).zip(src.chunks(BLOCK)) {
-                    let (a, b, t) = (&mut a[..d.len()], &mut b[..d.len()], &mut t[..d.len()]);
-                    // Round the prescaled input to the dtype, as load_input would store it.
-                    <$t>::widen(s, b);
-                    b.iter_mut().for_each(|x| *x = pre(*x));
-                    <$t>::narrow(b, t);
-                    <$t>::widen(t, b);
-                    <$t>::widen(d, a);
-                    a.iter_mut().zip(b.iter()).for_each(|(x, y)| *x = f(*x, *y));
-                    <$t>::narrow(a, d);
-                }
-            }
-            #[inline]
-            fn zip(dst: &mut [$t], x: &[$t], y: &[$t], f: impl Fn(f32, f32) -> f32) {
-                let (mut a, mut b) = ([0f32; BLOCK], [0f32; BLOCK]);
-                for ((d, x), y) in dst.chunks_mut(BLOCK).zip(x.chunks(BLOCK)).zip(y.chunks(BLOCK)) {
-                    let (a, b) = (&mut a[..d.len()], &mut b[..d.len()]);
-                    <$t>::widen(x, a);
-                    <$t>::widen(y, b);
-                    a.iter_mut().zip(b.iter()).for_each(|(x, y)| *x = f(*x, *y));
-                    <$t>::narrow(a, d);
-                }
-            }
-        }
-    )*};
-}
-half_storage!(f16);
 
 // ---------------------------------------------------------------------------------------------
 // Kind: the arithmetic of one dtype, in its compute type.
@@ -1085,6 +1050,49 @@ mod tests {
         }
         r.finish(&mut acc);
         vals(&acc)
+    }
+
+    #[test]
+    fn half_conversions_match_the_half_crate() {
+        let same =
+            |got: f32, want: f32| got.to_bits() == want.to_bits() || got.is_nan() && want.is_nan();
+        for h in 0..=u16::MAX {
+            let (x, y) = (f16::from_bits(h), bf16::from_bits(h));
+            assert!(same(f16_to_f32(x), x.to_f32()), "f16 {h:#06x}");
+            assert!(same(bf16_to_f32(y), y.to_f32()), "bf16 {h:#06x}");
+            if !x.is_nan() {
+                assert_eq!(f32_to_f16(x.to_f32()), x, "f16 {h:#06x} round trip");
+            }
+        }
+        // Every exponent and sign with a spread of mantissas, rounding ties included.
+        let mut checked = 0;
+        for u in (0..=u32::MAX)
+            .step_by(8191)
+            .chain((0..=u32::MAX).step_by(1 << 12))
+        {
+            for u in [
+                u,
+                u ^ 0x1000,
+                u | 0xFFF,
+                u & !0x1FFF | 0x1000,
+                u & !0xFFFF | 0x8000,
+            ] {
+                let x = f32::from_bits(u);
+                let (h, b) = (f32_to_f16(x), f32_to_bf16(x));
+                if x.is_nan() {
+                    assert!(h.is_nan() && b.is_nan(), "{u:#010x}");
+                } else {
+                    assert_eq!(h.to_bits(), f16::from_f32(x).to_bits(), "f16 of {u:#010x}");
+                    assert_eq!(
+                        b.to_bits(),
+                        bf16::from_f32(x).to_bits(),
+                        "bf16 of {u:#010x}"
+                    );
+                }
+                checked += 1;
+            }
+        }
+        assert!(checked > 5_000_000);
     }
 
     #[test]

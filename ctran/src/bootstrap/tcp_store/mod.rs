@@ -353,6 +353,65 @@ mod tests {
         assert_eq!(c.get("still", T).unwrap(), b"fine");
     }
 
+    fn raw_client(port: u16) -> TcpStream {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(T)).unwrap();
+        s.write_all(
+            &protocol::Request::Validate {
+                magic: protocol::VALIDATION_MAGIC,
+            }
+            .encode(),
+        )
+        .unwrap();
+        s
+    }
+
+    #[test]
+    fn a_client_that_does_not_read_cannot_stall_the_server() {
+        let (server, c) = pair();
+        let value = vec![0x5au8; 1 << 20];
+        c.set("big", &value).unwrap();
+        // 100 MiB of replies, unread for now: past the high-water mark the server stops
+        // decoding this client's requests but keeps serving everyone else.
+        let mut greedy = raw_client(server.port());
+        let get = protocol::Request::Get {
+            key: b"/big".to_vec(),
+        }
+        .encode();
+        let n = 100;
+        greedy.write_all(&get.repeat(n)).unwrap();
+        thread::sleep(Duration::from_millis(200));
+        let start = Instant::now();
+        for i in 0..20 {
+            c.set(&format!("k{i}"), b"v").unwrap();
+            assert_eq!(c.get(&format!("k{i}"), T).unwrap(), b"v");
+        }
+        assert!(start.elapsed() < Duration::from_secs(5));
+        // Reading now lets the server finish the backlog: every reply arrives intact.
+        let mut reply = vec![0u8; 8 + value.len()];
+        for _ in 0..n {
+            greedy.read_exact(&mut reply).unwrap();
+            assert_eq!(
+                u64::from_le_bytes(reply[..8].try_into().unwrap()),
+                value.len() as u64
+            );
+            assert!(reply[8..] == value[..]);
+        }
+    }
+
+    #[test]
+    fn a_half_closed_client_still_gets_its_replies() {
+        let (server, _c) = pair();
+        let mut s = raw_client(server.port());
+        s.write_all(&protocol::Request::Ping { nonce: 77 }.encode())
+            .unwrap();
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut nonce = [0u8; 4];
+        s.read_exact(&mut nonce).unwrap();
+        assert_eq!(u32::from_le_bytes(nonce), 77);
+        assert_eq!(s.read(&mut nonce).unwrap(), 0, "then the server closes");
+    }
+
     #[test]
     fn serve_or_connect_pairs_a_server_and_clients() {
         let rank0 = TcpStore::serve_or_connect("127.0.0.1", 0, true, T).unwrap();

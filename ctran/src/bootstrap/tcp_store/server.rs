@@ -18,7 +18,7 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use socket2::{Domain, Protocol, Socket, Type};
 
 use super::protocol::{
-    Encoder, Request, CHECK_NOT_READY, CHECK_READY, VALIDATION_MAGIC, WAIT_CANCELED,
+    Encoder, Query, Request, CHECK_NOT_READY, CHECK_READY, VALIDATION_MAGIC, WAIT_CANCELED,
     WAIT_STOP_WAITING,
 };
 use crate::error::{Error, Result};
@@ -82,7 +82,11 @@ impl Db {
                     }
                 };
                 reply.bytes(&now);
-                self.wake_all(&key, out);
+                // torch's libuv server wakes waiters here even when the key is still missing;
+                // only a key that now exists releases them.
+                if self.kv.contains_key(&key) {
+                    self.wake_all(&key, out);
+                }
             }
             Request::Get { key } => {
                 // torch's client always waits before GET; a key deleted in between reads as
@@ -281,11 +285,15 @@ fn parse_leading_i64(v: &[u8]) -> Option<i64> {
 struct Conn {
     stream: TcpStream,
     peer: Option<SocketAddr>,
+    /// Received bytes; `in_pos..` is not decoded yet.
     inbuf: Vec<u8>,
+    in_pos: usize,
+    /// Reply bytes; `out_pos..` is not written yet.
     outbuf: Vec<u8>,
-    /// Bytes of `outbuf` already written.
     out_pos: usize,
     validated: bool,
+    /// The peer closed its sending side: finish what it sent, then close.
+    eof: bool,
     dead: bool,
 }
 
@@ -293,14 +301,36 @@ struct Conn {
 /// others.
 const READ_BUDGET: usize = 4 << 20;
 
+/// Stop decoding requests from a connection while this many reply bytes wait for it to read
+/// them: a client that sends without reading cannot grow the server's memory without bound.
+/// Far above anything a synchronous client (torch's, ours) leaves unread.
+const OUTPUT_HIGH_WATER: usize = 64 << 20;
+
 impl Conn {
-    /// Reads what is available; false on EOF or error.
+    fn new(stream: TcpStream, peer: SocketAddr) -> Conn {
+        Conn {
+            stream,
+            peer: Some(peer),
+            inbuf: Vec::new(),
+            in_pos: 0,
+            outbuf: Vec::new(),
+            out_pos: 0,
+            validated: false,
+            eof: false,
+            dead: false,
+        }
+    }
+
+    /// Reads what is available (up to the budget); false on a read error.
     fn fill(&mut self) -> bool {
         let mut chunk = [0u8; 64 * 1024];
         let mut budget = READ_BUDGET;
         loop {
             match self.stream.read(&mut chunk) {
-                Ok(0) => return false,
+                Ok(0) => {
+                    self.eof = true;
+                    return true;
+                }
                 Ok(n) => {
                     self.inbuf.extend_from_slice(&chunk[..n]);
                     budget = budget.saturating_sub(n);
@@ -340,6 +370,14 @@ impl Conn {
     fn pending_output(&self) -> bool {
         self.out_pos < self.outbuf.len()
     }
+
+    fn backlogged(&self) -> bool {
+        self.outbuf.len() - self.out_pos > OUTPUT_HIGH_WATER
+    }
+
+    fn pending_input(&self) -> bool {
+        self.in_pos < self.inbuf.len()
+    }
 }
 
 /// The server thread's state.
@@ -355,7 +393,7 @@ struct Daemon {
 impl Daemon {
     fn run(mut self) {
         loop {
-            let events = match self.poll_once() {
+            let (listener_ready, conn_events) = match self.poll_once() {
                 Ok(ev) => ev,
                 Err(e) => {
                     tracing::error!(error = %e, "TCP store server: poll failed; stopping");
@@ -365,15 +403,28 @@ impl Daemon {
             if self.stop.load(Ordering::Acquire) {
                 return;
             }
-            let (listener_ready, conn_events) = events;
             if listener_ready {
                 self.accept_all();
             }
-            let mut out = Outbox::new();
             for (id, flags) in conn_events {
-                self.service(id, flags, &mut out);
+                self.service(id, flags);
             }
-            self.deliver(out);
+            // Decode everything buffered, including input left over while a connection was
+            // backlogged (no new POLLIN will announce it).
+            let ready: Vec<ConnId> = self
+                .conns
+                .iter()
+                .filter(|(_, c)| c.pending_input() || c.eof)
+                .map(|(id, _)| *id)
+                .collect();
+            for id in ready {
+                self.process(id);
+            }
+            for c in self.conns.values_mut() {
+                if !c.dead && c.pending_output() && !c.flush() {
+                    c.dead = true;
+                }
+            }
             self.reap();
         }
     }
@@ -387,7 +438,11 @@ impl Daemon {
         fds.push(PollFd::new(self.wake_rx.as_fd(), PollFlags::POLLIN));
         for id in &ids {
             let c = &self.conns[id];
-            let mut flags = PollFlags::POLLIN;
+            let mut flags = PollFlags::empty();
+            // After EOF the socket stays readable forever: stop asking.
+            if !c.backlogged() && !c.eof {
+                flags |= PollFlags::POLLIN;
+            }
             if c.pending_output() {
                 flags |= PollFlags::POLLOUT;
             }
@@ -422,18 +477,7 @@ impl Daemon {
                     let id = self.next_id;
                     self.next_id += 1;
                     tracing::trace!(%peer, id, "TCP store server: accepted");
-                    self.conns.insert(
-                        id,
-                        Conn {
-                            stream,
-                            peer: Some(peer),
-                            inbuf: Vec::new(),
-                            outbuf: Vec::new(),
-                            out_pos: 0,
-                            validated: false,
-                            dead: false,
-                        },
-                    );
+                    self.conns.insert(id, Conn::new(stream, peer));
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -446,7 +490,8 @@ impl Daemon {
         }
     }
 
-    fn service(&mut self, id: ConnId, flags: PollFlags, out: &mut Outbox) {
+    /// Moves bytes for one connection according to its poll events.
+    fn service(&mut self, id: ConnId, flags: PollFlags) {
         let Some(conn) = self.conns.get_mut(&id) else {
             return;
         };
@@ -454,62 +499,86 @@ impl Daemon {
             conn.dead = true;
             return;
         }
-        if flags.intersects(PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR) {
-            let open = conn.fill();
-            let mut used = 0;
-            loop {
-                match Request::parse(&conn.inbuf[used..]) {
-                    Ok(Some((req, n))) => {
-                        used += n;
-                        if !conn.validated {
-                            // Like torch: the first request must be VALIDATE with the magic.
-                            match req {
-                                Request::Validate { magic } if magic == VALIDATION_MAGIC => {
-                                    conn.validated = true;
-                                    continue;
-                                }
-                                other => {
-                                    tracing::warn!(peer = ?conn.peer, first = ?other,
-                                        "TCP store server: client did not validate; closing");
-                                    conn.dead = true;
-                                    break;
-                                }
-                            }
-                        }
-                        if let Err(Fatal(why)) = self.db.handle(id, req, out) {
-                            tracing::warn!(peer = ?conn.peer, "TCP store server: {why}; closing");
-                            conn.dead = true;
-                            break;
-                        }
-                    }
-                    Ok(None) => break,
-                    Err(e) => {
-                        tracing::warn!(peer = ?conn.peer, error = %e,
-                            "TCP store server: bad request; closing");
-                        conn.dead = true;
-                        break;
-                    }
-                }
-            }
-            conn.inbuf.drain(..used);
-            if !open {
-                conn.dead = true;
-            }
+        // An error, or a hang-up while we are not reading (so no EOF would be seen): the peer
+        // can take no more replies.
+        if flags.intersects(PollFlags::POLLERR)
+            || (flags.intersects(PollFlags::POLLHUP) && (conn.backlogged() || conn.eof))
+        {
+            conn.dead = true;
+            return;
+        }
+        if flags.intersects(PollFlags::POLLIN | PollFlags::POLLHUP) && !conn.fill() {
+            conn.dead = true;
         }
     }
 
-    fn deliver(&mut self, out: Outbox) {
-        for (id, bytes) in out {
-            if let Some(c) = self.conns.get_mut(&id) {
-                if !c.dead {
-                    c.outbuf.extend_from_slice(&bytes);
+    /// Decodes and runs the buffered requests of one connection while it can take replies.
+    fn process(&mut self, id: ConnId) {
+        loop {
+            let Some(conn) = self.conns.get_mut(&id) else {
+                return;
+            };
+            if conn.dead || conn.backlogged() {
+                break;
+            }
+            // Like torch: the first request must be VALIDATE with the magic. Checking the
+            // command byte first drops a stray client before we buffer its data.
+            let first = conn.inbuf.get(conn.in_pos).copied();
+            if !conn.validated && first.is_some_and(|b| b != Query::Validate as u8) {
+                tracing::warn!(peer = ?conn.peer, first_byte = ?first,
+                    "TCP store server: client did not start with VALIDATE; closing");
+                conn.dead = true;
+                break;
+            }
+            let req = match Request::parse(&conn.inbuf[conn.in_pos..]) {
+                Ok(Some((req, n))) => {
+                    conn.in_pos += n;
+                    req
+                }
+                // Nothing complete left (after EOF, nothing more will come: `reap` closes the
+                // connection once its replies are out).
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::warn!(peer = ?conn.peer, error = %e,
+                        "TCP store server: bad request; closing");
+                    conn.dead = true;
+                    break;
+                }
+            };
+            if !conn.validated {
+                if req
+                    == (Request::Validate {
+                        magic: VALIDATION_MAGIC,
+                    })
+                {
+                    conn.validated = true;
+                    continue;
+                }
+                tracing::warn!(peer = ?conn.peer, request = ?req,
+                    "TCP store server: wrong VALIDATE magic; closing");
+                conn.dead = true;
+                break;
+            }
+            let peer = conn.peer;
+            let mut out = Outbox::new();
+            if let Err(Fatal(why)) = self.db.handle(id, req, &mut out) {
+                tracing::warn!(?peer, "TCP store server: {why}; closing");
+                if let Some(c) = self.conns.get_mut(&id) {
+                    c.dead = true;
+                }
+                break;
+            }
+            for (to, bytes) in out {
+                if let Some(c) = self.conns.get_mut(&to) {
+                    if !c.dead {
+                        c.outbuf.extend_from_slice(&bytes);
+                    }
                 }
             }
         }
-        for c in self.conns.values_mut() {
-            if !c.dead && c.pending_output() && !c.flush() {
-                c.dead = true;
-            }
+        if let Some(conn) = self.conns.get_mut(&id) {
+            conn.inbuf.drain(..conn.in_pos);
+            conn.in_pos = 0;
         }
     }
 
@@ -517,7 +586,7 @@ impl Daemon {
         let dead: Vec<ConnId> = self
             .conns
             .iter()
-            .filter(|(_, c)| c.dead)
+            .filter(|(_, c)| c.dead || (c.eof && !c.pending_output()))
             .map(|(id, _)| *id)
             .collect();
         for id in dead {

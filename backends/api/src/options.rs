@@ -1,0 +1,140 @@
+//! Options of communicators and operations, with torchcomms' defaults and environment variables.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ctran::bootstrap::Store;
+
+use crate::error::{Error, Result};
+
+/// Free-form backend hints (`{"algo": "ring"}`).
+pub type Hints = BTreeMap<String, String>;
+
+/// Parses a torchcomms boolean environment value: 1/true/yes/y or 0/false/no/n.
+pub fn parse_env_bool(name: &str, value: &str) -> Result<bool> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "y" => Ok(true),
+        "0" | "false" | "no" | "n" => Ok(false),
+        _ => Err(Error::invalid(
+            "environment",
+            name,
+            "1/true/yes/y or 0/false/no/n",
+            value,
+        )),
+    }
+}
+
+/// Options of a communicator (torchcomms' `CommOptions`).
+#[derive(Debug, Clone)]
+pub struct CommOptions {
+    /// Abort the process when an operation times out or fails (`TORCHCOMM_ABORT_ON_ERROR`).
+    pub abort_process_on_timeout_or_error: bool,
+    /// Init timeout and default per-operation timeout (`TORCHCOMM_TIMEOUT_SECONDS`, 600 s).
+    pub timeout: Duration,
+    /// Store to bootstrap through; `None` uses `MASTER_ADDR`/`MASTER_PORT`.
+    pub store: Option<Arc<dyn Store>>,
+    /// Backend hints.
+    pub hints: Hints,
+    /// This rank, when not discovered from the launcher's environment.
+    pub rank: Option<usize>,
+    /// Number of ranks, when not discovered from the launcher's environment.
+    pub size: Option<usize>,
+    /// Use a high-priority stream (GPU backends).
+    pub high_priority_stream: bool,
+}
+
+impl CommOptions {
+    /// Defaults, read from the environment like torchcomms does at construction.
+    pub fn from_env() -> Result<CommOptions> {
+        let abort = match std::env::var("TORCHCOMM_ABORT_ON_ERROR") {
+            Ok(v) => parse_env_bool("TORCHCOMM_ABORT_ON_ERROR", &v)?,
+            Err(_) => true,
+        };
+        let timeout = match std::env::var("TORCHCOMM_TIMEOUT_SECONDS") {
+            Ok(v) => v
+                .trim()
+                .parse::<f64>()
+                .ok()
+                .and_then(|s| Duration::try_from_secs_f64(s).ok())
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| {
+                    Error::invalid(
+                        "environment",
+                        "TORCHCOMM_TIMEOUT_SECONDS",
+                        "a positive number of seconds",
+                        v,
+                    )
+                })?,
+            Err(_) => ctran::comm::config::DEFAULT_TIMEOUT,
+        };
+        Ok(CommOptions {
+            abort_process_on_timeout_or_error: abort,
+            timeout,
+            store: None,
+            hints: Hints::new(),
+            rank: None,
+            size: None,
+            high_priority_stream: false,
+        })
+    }
+}
+
+impl Default for CommOptions {
+    /// Defaults from the environment; an invalid environment value falls back to the built-in
+    /// default here (use [`CommOptions::from_env`] to see the error).
+    fn default() -> Self {
+        CommOptions::from_env().unwrap_or(CommOptions {
+            abort_process_on_timeout_or_error: true,
+            timeout: ctran::comm::config::DEFAULT_TIMEOUT,
+            store: None,
+            hints: Hints::new(),
+            rank: None,
+            size: None,
+            high_priority_stream: false,
+        })
+    }
+}
+
+/// Options of one operation.
+#[derive(Debug, Clone, Default)]
+pub struct OpOptions {
+    /// Return before completion; the caller waits on the work.
+    pub async_op: bool,
+    /// Backend hints for this call.
+    pub hints: Hints,
+    /// Timeout for this call; `None` (or zero) uses the communicator's.
+    pub timeout: Option<Duration>,
+}
+
+impl OpOptions {
+    /// Synchronous, no hints, the communicator's timeout.
+    pub fn sync() -> OpOptions {
+        OpOptions::default()
+    }
+
+    /// Asynchronous, no hints, the communicator's timeout.
+    pub fn async_op() -> OpOptions {
+        OpOptions {
+            async_op: true,
+            ..OpOptions::default()
+        }
+    }
+
+    /// The same options with a timeout.
+    pub fn with_timeout(mut self, timeout: Duration) -> OpOptions {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// The same options with a hint.
+    pub fn with_hint(mut self, key: &str, value: &str) -> OpOptions {
+        self.hints.insert(key.into(), value.into());
+        self
+    }
+
+    /// The effective timeout, given the communicator's default.
+    pub fn timeout_or(&self, default: Duration) -> Duration {
+        self.timeout.filter(|t| !t.is_zero()).unwrap_or(default)
+    }
+}

@@ -1,0 +1,100 @@
+//! Work handles: what an operation returns, to wait on or poll.
+
+use std::fmt::Debug;
+use std::time::Duration;
+
+use crate::error::Result;
+
+/// Where an operation stands (torchcomms' `WorkStatus`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkStatus {
+    /// Queued, not started.
+    NotStarted,
+    /// Running.
+    InProgress,
+    /// Finished successfully.
+    Completed,
+    /// Did not finish in time.
+    TimedOut,
+    /// Failed.
+    Error,
+}
+
+/// What a backend implements for its work objects.
+pub trait WorkHandle: Send + Sync + Debug {
+    /// Blocks until the work finishes or `timeout` passes.
+    fn wait(&self, timeout: Duration) -> Result<()>;
+    /// Current status.
+    fn status(&self) -> WorkStatus;
+    /// The error of failed work.
+    fn error(&self) -> Option<crate::Error>;
+}
+
+/// A work handle that is complete from the start (synchronous ops, empty batches).
+#[derive(Debug)]
+struct Completed;
+
+impl WorkHandle for Completed {
+    fn wait(&self, _timeout: Duration) -> Result<()> {
+        Ok(())
+    }
+    fn status(&self) -> WorkStatus {
+        WorkStatus::Completed
+    }
+    fn error(&self) -> Option<crate::Error> {
+        None
+    }
+}
+
+/// The result of an operation (torchcomms' `TorchWork`). Dropping it without waiting is fine:
+/// the operation still runs to completion and keeps its tensors alive until then.
+#[derive(Debug)]
+#[must_use = "wait() on the work to learn whether the operation succeeded"]
+pub struct Work {
+    handle: Box<dyn WorkHandle>,
+    timeout: Duration,
+}
+
+impl Work {
+    /// Wraps a backend handle; `timeout` is the operation's timeout, used by [`Work::wait`].
+    pub fn new(handle: Box<dyn WorkHandle>, timeout: Duration) -> Work {
+        Work { handle, timeout }
+    }
+
+    /// A work that is already complete.
+    pub fn completed() -> Work {
+        Work {
+            handle: Box::new(Completed),
+            timeout: Duration::ZERO,
+        }
+    }
+
+    /// Blocks until the work finishes. The operation's own deadline bounds the wait.
+    pub fn wait(&self) -> Result<()> {
+        // The engine fails the op at its deadline; the margin covers the hand-over.
+        self.handle.wait(self.timeout + Duration::from_secs(2))
+    }
+
+    /// Blocks until the work finishes or `timeout` passes (the work keeps running).
+    pub fn wait_timeout(&self, timeout: Duration) -> Result<()> {
+        self.handle.wait(timeout)
+    }
+
+    /// True once the work finished, successfully or not.
+    pub fn is_completed(&self) -> bool {
+        matches!(
+            self.handle.status(),
+            WorkStatus::Completed | WorkStatus::Error | WorkStatus::TimedOut
+        )
+    }
+
+    /// Current status.
+    pub fn status(&self) -> WorkStatus {
+        self.handle.status()
+    }
+
+    /// The error of failed work.
+    pub fn error(&self) -> Option<crate::Error> {
+        self.handle.error()
+    }
+}
