@@ -84,10 +84,8 @@ impl Span {
             return Span::EMPTY;
         }
         // SAFETY: offset + len <= self.len, so the result stays inside the original region.
-        Span {
-            ptr: unsafe { self.ptr.add(offset) },
-            len,
-        }
+        let ptr = unsafe { self.ptr.add(offset) };
+        Span { ptr, len }
     }
 
     /// True when the two spans share at least one byte.

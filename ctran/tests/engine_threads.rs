@@ -341,7 +341,7 @@ fn split_makes_working_subcommunicators() {
             vec![3, 1]
         };
         let child = c
-            .split(&ranks, "child", None)
+            .split(&ranks, "child", None, false)
             .unwrap()
             .expect("every rank joins");
         assert_eq!(child.size(), ranks.len());
@@ -360,7 +360,7 @@ fn split_makes_working_subcommunicators() {
         assert_eq!(v, vec![ranks.iter().sum::<usize>() as i64; 3]);
         child.finalize().unwrap();
         let none = c
-            .split(if me == 0 { &[0][..] } else { &[] }, "solo", None)
+            .split(if me == 0 { &[0][..] } else { &[] }, "solo", None, false)
             .unwrap();
         assert_eq!(none.is_some(), me == 0);
     });

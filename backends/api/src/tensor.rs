@@ -121,11 +121,7 @@ impl Tensor {
 
     /// Elements per row of dimension 0 (1 for an empty tensor).
     pub fn row_numel(&self) -> usize {
-        if self.rows == 0 {
-            1
-        } else {
-            self.numel / self.rows
-        }
+        self.numel.checked_div(self.rows).unwrap_or(1)
     }
 
     /// Element type.

@@ -104,12 +104,16 @@ impl CtranBackend {
         };
         let mut config = CommConfig::from_env(&args.name, rank, size)?;
         config.timeout = o.timeout;
+        config.abort_process_on_error = o.abort_process_on_timeout_or_error;
         let comm = match &o.store {
             Some(store) => Comm::init(config, Arc::clone(store))?,
             None => {
                 let boot = rendezvous::store_from_env(rank, size, o.timeout)?;
                 let comm = Comm::init(config, Arc::clone(boot.store()))?;
+                // Rank 0 stops serving MASTER_PORT here. The barrier keeps every rank from
+                // starting its next communicator while the old server could still answer.
                 drop(boot);
+                comm.run(Op::Barrier, Some(o.timeout))?;
                 comm
             }
         };
@@ -308,7 +312,13 @@ impl Backend for CtranBackend {
         name: &str,
         options: CommOptions,
     ) -> Result<Option<Box<dyn Backend>>> {
-        let child = self.comm.split(ranks, name, Some(options.timeout))?;
+        // The child runs with its own options (torchcomms: fresh defaults plus what was given).
+        let child = self.comm.split(
+            ranks,
+            name,
+            Some(options.timeout),
+            options.abort_process_on_timeout_or_error,
+        )?;
         Ok(child.map(|comm| {
             Box::new(CtranBackend {
                 comm,

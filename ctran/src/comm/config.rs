@@ -24,6 +24,9 @@ pub struct CommConfig {
     pub chunk_bytes: usize,
     /// TCP transport settings.
     pub socket: SocketConfig,
+    /// Abort the whole process when an operation fails or times out (torchcomms'
+    /// `abort_process_on_timeout_or_error`), like NCCL's watchdog does.
+    pub abort_process_on_error: bool,
 }
 
 fn env_parse<T: std::str::FromStr>(name: &str, expected: &str) -> Result<Option<T>> {
@@ -81,8 +84,10 @@ impl CommConfig {
                 chunk_bytes,
             ));
         }
-        let mut socket = SocketConfig::default();
-        socket.ifaddr = env_parse("CTRAN_SOCKET_IFADDR", "an IP address")?;
+        let mut socket = SocketConfig {
+            ifaddr: env_parse("CTRAN_SOCKET_IFADDR", "an IP address")?,
+            ..SocketConfig::default()
+        };
         if let Some(us) = env_parse::<u64>("CTRAN_SOCKET_SPIN_US", "microseconds")? {
             socket.spin = Duration::from_micros(us);
         }
@@ -96,6 +101,7 @@ impl CommConfig {
             timeout,
             chunk_bytes,
             socket,
+            abort_process_on_error: false,
         })
     }
 }

@@ -27,6 +27,20 @@ pub(crate) struct Task {
     pub(crate) _keepalive: super::KeepAlive,
 }
 
+impl Task {
+    /// Releases the buffers' owners, then reports the result: a waiter that wakes up may rely
+    /// on the operation holding nothing any more.
+    fn complete(self, result: crate::error::Result<()>) {
+        let Task {
+            request,
+            _keepalive,
+            ..
+        } = self;
+        drop(_keepalive);
+        request.finish(result);
+    }
+}
+
 /// What the progress thread is asked to do.
 #[derive(Debug)]
 pub(crate) enum Command {
@@ -97,7 +111,7 @@ impl Executor {
                 }
             }
         }
-        self.net.abort();
+        self.net.abort("communicator shut down");
     }
 
     /// Moves in-flight transfers while no new command is queued; wakes up for new commands.
@@ -130,7 +144,7 @@ impl Executor {
 
     fn execute(&mut self, task: Task) {
         if let Some(err) = self.shared.failure() {
-            task.request.finish(Err(err));
+            task.complete(Err(err));
             return;
         }
         task.request.start();
@@ -158,7 +172,7 @@ impl Executor {
             algos::run_collective(&mut cx, &task.op)
         };
         match result {
-            Ok(()) => task.request.finish(Ok(())),
+            Ok(()) => task.complete(Ok(())),
             Err(e) => self.fail_task(task, e),
         }
     }
@@ -207,7 +221,7 @@ impl Executor {
             }
             if f.reqs.is_empty() {
                 let f = self.inflight.remove(i);
-                f.task.request.finish(Ok(()));
+                f.task.complete(Ok(()));
             } else {
                 i += 1;
             }
@@ -230,17 +244,25 @@ impl Executor {
 
     fn fail_task(&mut self, task: Task, err: Error) {
         tracing::error!(comm = %self.shared.name, rank = self.shared.rank, "{err}");
-        task.request.finish(Err(err.clone()));
+        task.complete(Err(err.clone()));
         self.fail(err);
     }
 
     /// Marks the communicator failed, closes its connections (peers notice at once) and fails
     /// everything in flight.
     fn fail(&mut self, err: Error) {
-        let wrapped = self.shared.set_failed(err);
-        self.net.abort();
+        let wrapped = self.shared.set_failed(err.clone());
+        self.net.abort(&err.to_string());
+        if self.shared.abort_process_on_error {
+            tracing::error!(
+                comm = %self.shared.name,
+                rank = self.shared.rank,
+                "aborting the process (abort_process_on_timeout_or_error is set): {err}"
+            );
+            std::process::abort();
+        }
         for f in self.inflight.drain(..) {
-            f.task.request.finish(Err(wrapped.clone()));
+            f.task.complete(Err(wrapped.clone()));
         }
     }
 }

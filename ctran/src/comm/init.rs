@@ -168,6 +168,7 @@ pub(super) fn split(
     ranks: &[usize],
     name: &str,
     timeout: Duration,
+    abort_process_on_error: bool,
 ) -> Result<Option<Comm>> {
     let deadline = Instant::now() + timeout;
     let me = parent.rank();
@@ -184,6 +185,7 @@ pub(super) fn split(
     config.timeout = timeout;
     config.socket = parent.config().socket.clone();
     config.chunk_bytes = parent.config().chunk_bytes;
+    config.abort_process_on_error = abort_process_on_error;
     let color = ranks.iter().copied().min();
     let list_hash = {
         let mut h = DefaultHasher::new();

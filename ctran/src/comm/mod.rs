@@ -32,6 +32,7 @@ pub(crate) struct Shared {
     pub(crate) name: String,
     pub(crate) rank: usize,
     pub(crate) size: usize,
+    pub(crate) abort_process_on_error: bool,
     failed: Mutex<Option<Error>>,
 }
 
@@ -96,6 +97,7 @@ impl Comm {
             name: config.name.clone(),
             rank: config.rank,
             size: config.size,
+            abort_process_on_error: config.abort_process_on_error,
             failed: Mutex::new(None),
         });
         let waker = Arc::clone(transport.waker());
@@ -219,8 +221,10 @@ impl Comm {
         ranks: &[usize],
         name: &str,
         timeout: Option<Duration>,
+        abort_process_on_error: bool,
     ) -> Result<Option<Comm>> {
-        init::split(self, ranks, name, timeout.unwrap_or(self.config.timeout))
+        let timeout = timeout.unwrap_or(self.config.timeout);
+        init::split(self, ranks, name, timeout, abort_process_on_error)
     }
 
     /// Waits for every queued operation, then closes connections. Further operations fail.

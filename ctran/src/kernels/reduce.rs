@@ -5,24 +5,28 @@
 //! A collective does not apply a reduction as one n-ary function. Ring, tree and
 //! halving-doubling schedules combine contributions *pairwise*, in whatever order the schedule
 //! visits them, and a given partial may be produced on any rank. Following NCCL, a
-//! [`ReduceOp`] is therefore split into three parts, each applied a fixed number of times no
-//! matter the schedule:
+//! [`ReduceOp`] is therefore split into three steps, each applied a fixed number of times
+//! whatever the schedule:
 //!
-//! | step | applied | what it does |
-//! |------|---------|--------------|
-//! | **prescale** ([`Reducer::prescale_in_place`], [`Reducer::load_input`]) | once to each rank's own input | `PremulSum { factor }` multiplies by `factor`; `Avg` on float types multiplies by `1/nranks` (NCCL lowers float avg to premul-sum with that scalar); otherwise nothing |
-//! | **combine** ([`Reducer::combine`], [`Reducer::combine3`], [`Reducer::combine_input`]) | once per pair of partials | `Sum`, `Avg`, `PremulSum`: add; `Product`: multiply; `Min`, `Max`; `BAnd`, `BOr`, `BXor` |
-//! | **finish** ([`Reducer::finish`]) | once to the final result | `Avg` on integer types divides by `nranks`, truncating toward zero (NCCL's `SumPostDiv`: a `1/n` prescale would truncate every input to zero); otherwise nothing |
+//! - **prescale**, once to each rank's input ([`Reducer::prescale_in_place`],
+//!   [`Reducer::load_input`]): `PremulSum { factor }` multiplies by `factor`; `Avg` on float
+//!   types multiplies by `1/nranks` (NCCL lowers float avg to premul-sum with that scalar, which
+//!   keeps partial sums in range where the plain sum would overflow, as f16 easily does).
+//!   Nothing for the other ops.
+//! - **combine**, once per pair of partials ([`Reducer::combine`], [`Reducer::combine3`],
+//!   [`Reducer::combine_input`]): add for `Sum`, `Avg` and `PremulSum`; multiply for `Product`;
+//!   `Min`, `Max`, `BAnd`, `BOr`, `BXor`.
+//! - **finish**, once to the final result ([`Reducer::finish`]): `Avg` on integer types divides
+//!   by `nranks`, truncating toward zero (NCCL's `SumPostDiv`; a `1/n` prescale would truncate
+//!   every input to zero). Nothing for the other ops.
 //!
-//! Prescaling every input, not the result, is what makes `PremulSum` mean `Σ factor·xᵢ` and float
-//! `Avg` overflow no earlier than `Sum` would.
-//!
-//! Every step is a deterministic function of its operands, and the fused forms are bit-for-bit
+//! Every step is a deterministic function of its operands, and the fused forms are bit for bit
 //! the unfused sequences they replace: `load_input(d, s)` is `d = s; prescale_in_place(d)`,
 //! `combine_input(d, s)` is `combine(d, prescale(s))` (the scaled value is rounded to the dtype
 //! before it is added, as the unfused form would store it), `combine3(d, a, b)` is
 //! `d = a; combine(d, b)`. So the result depends only on the order in which the algorithm
-//! combines contributions, never on which rank performs a combine or whether it fused the steps.
+//! combines contributions, never on which rank performs a combine or whether it fused steps.
+//! (`combine_input` scales with this reducer's factor; torch gives every rank the same one.)
 //!
 //! # Numerics
 //!
@@ -40,14 +44,20 @@
 //! # Performance
 //!
 //! The (dtype, op) pair is dispatched once per call, to loops monomorphised for the element
-//! type and operator that the compiler vectorises. Half types convert in stack blocks of
-//! [`BLOCK`] elements so conversion and arithmetic both vectorise. Byte slices that are not
-//! aligned for the element type (a user tensor at an odd address) are staged through aligned
-//! stack blocks. No `unsafe`: casts go through `bytemuck`, which checks alignment.
+//! type and operator, written so the compiler vectorises them (no branches per element). `bf16`
+//! converts to and from `f32` inside those loops; `f16` converts blocks of 256 elements with
+//! the CPU's conversion instructions. Slices not aligned for the element type (a user tensor at
+//! an odd address) are staged through aligned stack blocks.
+//!
+//! The build targets the x86-64 baseline (SSE2). On CPUs with AVX2 and F16C, chosen at run time,
+//! the loops run in a copy compiled for those: 8-lane vectors, 64-bit compares (`i64` max runs
+//! about 4x faster) and hardware f16 conversion. That choice and the f16 intrinsics are the only
+//! `unsafe` here; byte-to-element casts go through `bytemuck`, which checks alignment.
 
 use std::mem::size_of;
 
 use bytemuck::Pod;
+use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
 use crate::error::{Error, Result};
@@ -317,8 +327,54 @@ fn combine3<K: Kind>(op: Pairwise, dst: &mut [u8], a: &[u8], b: &[u8]) {
 /// Runs `kernel` on `dst` and `srcs` viewed as slices of `S`: directly when every slice is
 /// aligned for `S`, else through aligned stack blocks of [`BLOCK`] elements. Lengths are equal
 /// multiples of `size_of::<S>()` (checked by the caller).
+///
+/// On x86-64 CPUs with AVX2 and F16C (all since 2013) the loops run in a copy compiled for
+/// those, chosen at run time: the build targets the x86-64 baseline (SSE2), whose 4-lane
+/// vectors and lack of 64-bit compares leave a lot on the table (`i64` max runs 4x faster).
 #[inline]
 fn drive<S: Storage, const N: usize>(
+    dst: &mut [u8],
+    srcs: [&[u8]; N],
+    kernel: impl Fn(&mut [S], [&[S]; N]),
+) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_f16c() {
+        // SAFETY: the CPU has AVX2 and F16C, the features `drive_avx2` is compiled for.
+        unsafe { drive_avx2(dst, srcs, kernel) };
+        return;
+    }
+    drive_portable(dst, srcs, kernel);
+}
+
+/// True when the CPU has AVX2 and F16C (the standard library caches the answer).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn has_avx2_f16c() -> bool {
+    #[cfg(test)]
+    if tests::PORTABLE_ONLY.with(std::cell::Cell::get) {
+        return false;
+    }
+    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("f16c")
+}
+
+/// [`drive_portable`] compiled with AVX2 and F16C enabled: the kernel, the loops and the
+/// conversions it calls are inlined here and vectorised for those.
+///
+/// # Safety
+///
+/// The CPU must support AVX2 and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn drive_avx2<S: Storage, const N: usize>(
+    dst: &mut [u8],
+    srcs: [&[u8]; N],
+    kernel: impl Fn(&mut [S], [&[S]; N]),
+) {
+    drive_portable(dst, srcs, kernel);
+}
+
+#[inline(always)]
+fn drive_portable<S: Storage, const N: usize>(
     dst: &mut [u8],
     srcs: [&[u8]; N],
     kernel: impl Fn(&mut [S], [&[S]; N]),
@@ -423,64 +479,11 @@ elementwise_storage!(i8, i8, std::convert::identity, std::convert::identity);
 elementwise_storage!(u8, u8, std::convert::identity, std::convert::identity);
 elementwise_storage!(i32, i32, std::convert::identity, std::convert::identity);
 elementwise_storage!(i64, i64, std::convert::identity, std::convert::identity);
-elementwise_storage!(f16, f32, f16_to_f32, f32_to_f16);
 elementwise_storage!(bf16, f32, bf16_to_f32, f32_to_bf16);
 
-// `half` converts with branches, element by element, or for f16 slices through per-chunk calls
-// to the CPU's conversion instructions; these branch-free forms vectorise inside the loops above
-// and give the same bits for every non-NaN value (a NaN stays a NaN). Tested exhaustively for
+// `half` converts bf16 element by element with branches; these branch-free forms vectorise inside
+// the loops above and give the same bits (NaN aside: a NaN stays a NaN). Tested exhaustively for
 // widening and over a sweep of f32 bit patterns for rounding.
-
-/// Exact. Avoids subnormal f32 operands, which are slow on some CPUs.
-#[inline(always)]
-fn f16_to_f32(x: f16) -> f32 {
-    let h = u32::from(x.to_bits());
-    let sign = (h & 0x8000) << 16;
-    let em = h & 0x7FFF;
-    // Normal: rebias the exponent by 127 - 15.
-    let normal = f32::from_bits((em << 13) + (112 << 23));
-    // Subnormal (and zero): mantissa · 2^-24, exact.
-    let subnormal = em as i32 as f32 * f32::from_bits(103 << 23);
-    // Infinity and NaN: all exponent bits set, mantissa kept.
-    let special = f32::from_bits((em << 13) | 0x7F80_0000);
-    let mag = if em < 0x0400 {
-        subnormal
-    } else if em >= 0x7C00 {
-        special
-    } else {
-        normal
-    };
-    f32::from_bits(mag.to_bits() | sign)
-}
-
-/// Round to nearest even (after F. Giesen's `float_to_half_fast3_rtne`).
-#[inline(always)]
-fn f32_to_f16(x: f32) -> f16 {
-    let u = x.to_bits();
-    let sign = (u >> 16) & 0x8000;
-    let a = u & 0x7FFF_FFFF;
-    let nan = 0x7E00 | ((a >> 13) & 0x03FF);
-    // |x| < 2^-14 rounds to a subnormal: adding 0.5 puts the f16 subnormal ulp (2^-24) at the
-    // f32 ulp of the sum, so the FPU rounds at the right bit.
-    const HALF: u32 = 126 << 23;
-    let subnormal = (f32::from_bits(a) + f32::from_bits(HALF))
-        .to_bits()
-        .wrapping_sub(HALF);
-    // Normal: rebias by 15 - 127 and round the 13 dropped bits to nearest even (a carry into the
-    // exponent is the correct result, up to infinity).
-    let odd = (a >> 13) & 1;
-    let normal = a.wrapping_sub(112 << 23).wrapping_add(0x0FFF + odd) >> 13;
-    let h = if a > 0x7F80_0000 {
-        nan
-    } else if a >= 143 << 23 {
-        0x7C00
-    } else if a < 113 << 23 {
-        subnormal
-    } else {
-        normal
-    };
-    f16::from_bits((h | sign) as u16)
-}
 
 /// Exact.
 #[inline(always)]
@@ -495,6 +498,153 @@ fn f32_to_bf16(x: f32) -> bf16 {
     let rounded = (b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16) as u16;
     let quiet_nan = ((b >> 16) | 0x0040) as u16;
     bf16::from_bits(if x.is_nan() { quiet_nan } else { rounded })
+}
+
+/// `f16` converts a block at a time with the CPU's conversion instructions (F16C on x86-64,
+/// FP16 on aarch64 through `half`) or `half`'s software fallback; the arithmetic runs on the
+/// `f32` block in between.
+impl Storage for f16 {
+    type C = f32;
+    #[inline]
+    fn map_in_place(buf: &mut [f16], f: impl Fn(f32) -> f32) {
+        let mut a = [0f32; BLOCK];
+        for blk in buf.chunks_mut(BLOCK) {
+            let a = &mut a[..blk.len()];
+            widen_f16(blk, a);
+            a.iter_mut().for_each(|x| *x = f(*x));
+            narrow_f16(a, blk);
+        }
+    }
+    #[inline]
+    fn map(dst: &mut [f16], src: &[f16], f: impl Fn(f32) -> f32) {
+        let mut a = [0f32; BLOCK];
+        for (d, s) in dst.chunks_mut(BLOCK).zip(src.chunks(BLOCK)) {
+            let a = &mut a[..d.len()];
+            widen_f16(s, a);
+            a.iter_mut().for_each(|x| *x = f(*x));
+            narrow_f16(a, d);
+        }
+    }
+    #[inline]
+    fn zip_in_place(dst: &mut [f16], src: &[f16], f: impl Fn(f32, f32) -> f32) {
+        let (mut a, mut b) = ([0f32; BLOCK], [0f32; BLOCK]);
+        for (d, s) in dst.chunks_mut(BLOCK).zip(src.chunks(BLOCK)) {
+            let (a, b) = (&mut a[..d.len()], &mut b[..d.len()]);
+            widen_f16(d, a);
+            widen_f16(s, b);
+            a.iter_mut().zip(b.iter()).for_each(|(x, y)| *x = f(*x, *y));
+            narrow_f16(a, d);
+        }
+    }
+    #[inline]
+    fn zip_in_place_pre(
+        dst: &mut [f16],
+        src: &[f16],
+        pre: impl Fn(f32) -> f32,
+        f: impl Fn(f32, f32) -> f32,
+    ) {
+        let (mut a, mut b) = ([0f32; BLOCK], [0f32; BLOCK]);
+        let mut t = [f16::ZERO; BLOCK];
+        for (d, s) in dst.chunks_mut(BLOCK).zip(src.chunks(BLOCK)) {
+            let (a, b, t) = (&mut a[..d.len()], &mut b[..d.len()], &mut t[..d.len()]);
+            // Round the prescaled input to the dtype, as load_input would store it.
+            widen_f16(s, b);
+            b.iter_mut().for_each(|x| *x = pre(*x));
+            narrow_f16(b, t);
+            widen_f16(t, b);
+            widen_f16(d, a);
+            a.iter_mut().zip(b.iter()).for_each(|(x, y)| *x = f(*x, *y));
+            narrow_f16(a, d);
+        }
+    }
+    #[inline]
+    fn zip(dst: &mut [f16], x: &[f16], y: &[f16], f: impl Fn(f32, f32) -> f32) {
+        let (mut a, mut b) = ([0f32; BLOCK], [0f32; BLOCK]);
+        for ((d, x), y) in dst
+            .chunks_mut(BLOCK)
+            .zip(x.chunks(BLOCK))
+            .zip(y.chunks(BLOCK))
+        {
+            let (a, b) = (&mut a[..d.len()], &mut b[..d.len()]);
+            widen_f16(x, a);
+            widen_f16(y, b);
+            a.iter_mut().zip(b.iter()).for_each(|(x, y)| *x = f(*x, *y));
+            narrow_f16(a, d);
+        }
+    }
+}
+
+/// `dst = src` widened to f32 (exact).
+#[inline]
+fn widen_f16(src: &[f16], dst: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_f16c() {
+        // SAFETY: the CPU has F16C (and AVX2, so AVX).
+        unsafe { f16c::widen(src, dst) };
+        return;
+    }
+    src.convert_to_f32_slice(dst);
+}
+
+/// `dst = src` rounded to f16 (to nearest even).
+#[inline]
+fn narrow_f16(src: &[f32], dst: &mut [f16]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_f16c() {
+        // SAFETY: the CPU has F16C (and AVX2, so AVX).
+        unsafe { f16c::narrow(src, dst) };
+        return;
+    }
+    dst.convert_from_f32_slice(src);
+}
+
+/// f16 slice conversions with the F16C instructions, 8 lanes at a time. `half` has these too,
+/// but calls them through a function pointer per 8 elements; these inline into the loops of
+/// [`drive_avx2`].
+#[cfg(target_arch = "x86_64")]
+mod f16c {
+    use std::arch::x86_64::_MM_FROUND_TO_NEAREST_INT;
+    use std::arch::x86_64::{__m128i, __m256, _mm256_cvtph_ps, _mm256_cvtps_ph};
+
+    use half::f16;
+    use half::slice::HalfFloatSliceExt;
+
+    /// # Safety
+    ///
+    /// The CPU must support AVX and F16C.
+    #[target_feature(enable = "avx,f16c")]
+    pub(super) unsafe fn widen(src: &[f16], dst: &mut [f32]) {
+        let (s8, mut d8) = (src.chunks_exact(8), dst.chunks_exact_mut(8));
+        let rest = s8.remainder();
+        for (s, d) in s8.zip(&mut d8) {
+            let h: [f16; 8] = s.try_into().expect("chunk of 8");
+            // The intrinsic is a safe fn from Rust 1.86; unsafe before (the workspace MSRV).
+            // SAFETY: the caller guarantees F16C.
+            #[allow(unused_unsafe)]
+            let w: __m256 = unsafe { _mm256_cvtph_ps(bytemuck::cast::<_, __m128i>(h)) };
+            d.copy_from_slice(&bytemuck::cast::<_, [f32; 8]>(w));
+        }
+        rest.convert_to_f32_slice(d8.into_remainder());
+    }
+
+    /// # Safety
+    ///
+    /// The CPU must support AVX and F16C.
+    #[target_feature(enable = "avx,f16c")]
+    pub(super) unsafe fn narrow(src: &[f32], dst: &mut [f16]) {
+        let (s8, mut d8) = (src.chunks_exact(8), dst.chunks_exact_mut(8));
+        let rest = s8.remainder();
+        for (s, d) in s8.zip(&mut d8) {
+            let x: [f32; 8] = s.try_into().expect("chunk of 8");
+            // SAFETY: as in `widen`.
+            #[allow(unused_unsafe)]
+            let h: __m128i = unsafe {
+                _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(bytemuck::cast::<_, __m256>(x))
+            };
+            d.copy_from_slice(&bytemuck::cast::<_, [f16; 8]>(h));
+        }
+        d8.into_remainder().convert_from_f32_slice(rest);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -725,7 +875,25 @@ impl Kind for Bool {
 
 #[cfg(test)]
 mod tests {
+    use std::cell::Cell;
+
     use super::*;
+
+    thread_local! {
+        /// Makes this thread's kernels take the portable loops even where AVX2 is available.
+        pub(super) static PORTABLE_ONLY: Cell<bool> = const { Cell::new(false) };
+    }
+
+    /// The code paths this machine can run: the AVX2 copy where the CPU has it, and always the
+    /// portable one.
+    fn paths() -> Vec<bool> {
+        #[cfg(target_arch = "x86_64")]
+        if has_avx2_f16c() {
+            return vec![false, true];
+        }
+        println!("no AVX2+F16C on this CPU: testing the portable kernels only");
+        vec![true]
+    }
 
     /// One element as the reference sees it: floats widened to f64 (exact for every stored
     /// float), integers to i128, bools to bool.
@@ -975,7 +1143,12 @@ mod tests {
         const OFFS: [[usize; 3]; 5] = [[0, 0, 0], [1, 1, 1], [0, 1, 0], [1, 0, 1], [0, 0, 1]];
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
         let mut checked = 0usize;
-        for (t, op) in valid_pairs() {
+        let paths = paths();
+        for (portable, (t, op)) in paths
+            .iter()
+            .flat_map(|&p| valid_pairs().into_iter().map(move |x| (p, x)))
+        {
+            PORTABLE_ONLY.with(|c| c.set(portable));
             let nranks = 3;
             let r = Reducer::new(t, op, nranks).unwrap();
             let reference = Ref { t, op, nranks };
@@ -989,7 +1162,7 @@ mod tests {
                 });
                 let want_fin = reference.each(&[&a], |v| reference.finish(v[0]));
                 for [od, o1, o2] in OFFS {
-                    let ctx = format!("{op} {t} n={n} offsets={od},{o1},{o2}");
+                    let ctx = format!("{op} {t} n={n} offsets={od},{o1},{o2} portable={portable}");
                     let check = |what: &str, got: &[u8], want: &[u8]| {
                         assert_same(t, got, want, &format!("{what}: {ctx}"));
                     };
@@ -1028,7 +1201,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(checked, 75 * 5 * 5);
+        assert_eq!(checked, paths.len() * 75 * 5 * 5);
     }
 
     fn bytes<T: Pod>(v: &[T]) -> Vec<u8> {
@@ -1053,15 +1226,15 @@ mod tests {
     }
 
     #[test]
-    fn half_conversions_match_the_half_crate() {
-        let same =
-            |got: f32, want: f32| got.to_bits() == want.to_bits() || got.is_nan() && want.is_nan();
+    fn bf16_conversions_match_the_half_crate() {
         for h in 0..=u16::MAX {
-            let (x, y) = (f16::from_bits(h), bf16::from_bits(h));
-            assert!(same(f16_to_f32(x), x.to_f32()), "f16 {h:#06x}");
-            assert!(same(bf16_to_f32(y), y.to_f32()), "bf16 {h:#06x}");
+            let (x, y) = (bf16::from_bits(h), bf16_to_f32(bf16::from_bits(h)));
+            assert!(
+                y.to_bits() == x.to_f32().to_bits() || y.is_nan() && x.is_nan(),
+                "{h:#06x}"
+            );
             if !x.is_nan() {
-                assert_eq!(f32_to_f16(x.to_f32()), x, "f16 {h:#06x} round trip");
+                assert_eq!(f32_to_bf16(y), x, "{h:#06x} round trip");
             }
         }
         // Every exponent and sign with a spread of mantissas, rounding ties included.
@@ -1072,27 +1245,72 @@ mod tests {
         {
             for u in [
                 u,
-                u ^ 0x1000,
-                u | 0xFFF,
-                u & !0x1FFF | 0x1000,
+                u ^ 0x8000,
+                u | 0x7FFF,
                 u & !0xFFFF | 0x8000,
+                u & !0x1FFFF | 0x8000,
             ] {
                 let x = f32::from_bits(u);
-                let (h, b) = (f32_to_f16(x), f32_to_bf16(x));
+                let b = f32_to_bf16(x);
                 if x.is_nan() {
-                    assert!(h.is_nan() && b.is_nan(), "{u:#010x}");
+                    assert!(b.is_nan(), "{u:#010x}");
                 } else {
-                    assert_eq!(h.to_bits(), f16::from_f32(x).to_bits(), "f16 of {u:#010x}");
-                    assert_eq!(
-                        b.to_bits(),
-                        bf16::from_f32(x).to_bits(),
-                        "bf16 of {u:#010x}"
-                    );
+                    assert_eq!(b.to_bits(), bf16::from_f32(x).to_bits(), "{u:#010x}");
                 }
                 checked += 1;
             }
         }
         assert!(checked > 5_000_000);
+    }
+
+    #[test]
+    fn f16_conversions_match_the_half_crate() {
+        let halves: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).collect();
+        // Every exponent and sign with a spread of mantissas, rounding ties included.
+        let floats: Vec<f32> = (0..=u32::MAX)
+            .step_by(8191)
+            .flat_map(|u| {
+                [
+                    u,
+                    u ^ 0x1000,
+                    u | 0xFFF,
+                    u & !0x1FFF | 0x1000,
+                    u & !0x3FFF | 0x1000,
+                ]
+            })
+            .map(f32::from_bits)
+            .collect();
+        for portable in paths() {
+            PORTABLE_ONLY.with(|c| c.set(portable));
+            // Odd lengths exercise the remainders of the 8-lane loops.
+            for (src, n) in halves.chunks(BLOCK - 3).zip(0..) {
+                let mut wide = vec![0f32; src.len()];
+                widen_f16(src, &mut wide);
+                for (h, x) in src.iter().zip(&wide) {
+                    let want = h.to_f32();
+                    assert!(
+                        x.to_bits() == want.to_bits() || x.is_nan() && want.is_nan(),
+                        "{n} {h:?}"
+                    );
+                }
+            }
+            for src in floats.chunks(BLOCK - 1) {
+                let mut narrow = vec![f16::ZERO; src.len()];
+                narrow_f16(src, &mut narrow);
+                for (x, h) in src.iter().zip(&narrow) {
+                    if x.is_nan() {
+                        assert!(h.is_nan(), "{:#010x}", x.to_bits());
+                    } else {
+                        assert_eq!(
+                            h.to_bits(),
+                            f16::from_f32(*x).to_bits(),
+                            "{:#010x}",
+                            x.to_bits()
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]

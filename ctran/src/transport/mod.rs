@@ -92,6 +92,7 @@ pub trait Transport: Send + fmt::Debug {
     /// finished, when `wake` is signalled (if polling for it), or at `until`.
     fn progress(&mut self, until: Instant, watch_wake: bool) -> Result<(), TransportError>;
 
-    /// Fails every pending request and closes connections so peers notice quickly.
-    fn abort(&mut self);
+    /// Fails every pending request and closes connections so peers notice quickly; `reason` is
+    /// passed on to peers where the transport can (so they can name the root cause).
+    fn abort(&mut self, reason: &str);
 }

@@ -211,6 +211,10 @@ impl TcpStoreClient {
             }
             std::thread::sleep(delay.min(left));
             delay = (delay * 2).min(Duration::from_millis(500));
+            if Instant::now() >= deadline {
+                // Keep the last real failure for the message rather than "deadline passed".
+                break;
+            }
         }
         Err(Error::Store {
             op: "connect",
@@ -248,19 +252,10 @@ impl TcpStoreClient {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .pop();
-        let mut conn =
-            match pooled {
-                Some(c) => c,
-                // Opening gets the client timeout, not the call's: a `wait` with a short timeout
-                // should time out waiting, not connecting.
-                None => open(&self.host, self.port, deadline.max(self.op_deadline())).map_err(
-                    |reason| Error::Store {
-                        op,
-                        key: key.to_owned(),
-                        reason: format!("cannot open another connection: {reason}"),
-                    },
-                )?,
-            };
+        let mut conn = match pooled {
+            Some(c) => c,
+            None => self.open_another(op, key, deadline)?,
+        };
         match f(&mut conn) {
             Ok(v) => {
                 let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
@@ -275,6 +270,19 @@ impl TcpStoreClient {
                 reason: format!("{e} (TCP store {}:{})", self.host, self.port),
             }),
         }
+    }
+
+    /// Opens one more connection, for a call that found the pool empty. It gets the client
+    /// timeout, not the call's: a `wait` with a short timeout should time out waiting, not
+    /// connecting. One attempt only: the server was up, so a refusal means it is gone.
+    fn open_another(&self, op: &'static str, key: &str, deadline: Instant) -> Result<Conn> {
+        open(&self.host, self.port, deadline.max(self.op_deadline())).map_err(|reason| {
+            Error::Store {
+                op,
+                key: key.to_owned(),
+                reason: format!("cannot open another connection: {reason}"),
+            }
+        })
     }
 
     fn op_deadline(&self) -> Instant {
@@ -472,16 +480,17 @@ fn open(host: &str, port: u16, deadline: Instant) -> Result<Conn, String> {
         .to_socket_addrs()
         .map_err(|e| format!("cannot resolve {host}:{port}: {e}"))?
         .collect();
-    let mut last = format!("{host} resolved to no address");
+    let mut last: Option<String> = None;
     for addr in addrs {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(format!("deadline passed; last error: {last}"));
+            let last = last.unwrap_or_else(|| "none".to_owned());
+            return Err(format!("deadline passed (last error: {last})"));
         }
         let stream = match TcpStream::connect_timeout(&addr, left) {
             Ok(s) => s,
             Err(e) => {
-                last = format!("connect {addr}: {e}");
+                last = Some(format!("connect {addr}: {e}"));
                 continue;
             }
         };
@@ -503,10 +512,10 @@ fn open(host: &str, port: u16, deadline: Instant) -> Result<Conn, String> {
         })();
         match handshake {
             Ok(()) => return Ok(conn),
-            Err(e) => last = format!("handshake with {addr}: {e}"),
+            Err(e) => last = Some(format!("handshake with {addr}: {e}")),
         }
     }
-    Err(last)
+    Err(last.unwrap_or_else(|| format!("{host} resolved to no address")))
 }
 
 impl Store for TcpStoreClient {

@@ -13,10 +13,15 @@ use crate::transport::TransportError;
 
 const MAGIC: u32 = 0x7C7C_0D47;
 const HEADER_LEN: usize = 16;
+/// Header flag: the payload is a failing peer's last words (UTF-8), not data.
+const FLAG_ABORT: u32 = 1;
+/// Longest abort reason sent.
+const MAX_REASON: usize = 1024;
 
-fn encode_header(len: usize) -> [u8; HEADER_LEN] {
+fn encode_header(len: usize, flags: u32) -> [u8; HEADER_LEN] {
     let mut h = [0u8; HEADER_LEN];
     h[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+    h[4..8].copy_from_slice(&flags.to_le_bytes());
     h[8..16].copy_from_slice(&(len as u64).to_le_bytes());
     h
 }
@@ -88,7 +93,7 @@ impl Conn {
     pub(super) fn push_send(&mut self, id: u64, data: Span) {
         self.sends.push_back(PendingSend {
             id,
-            header: encode_header(data.len()),
+            header: encode_header(data.len(), 0),
             data,
             written: 0,
         });
@@ -96,6 +101,48 @@ impl Conn {
 
     pub(super) fn push_recv(&mut self, id: u64, data: Span) {
         self.recvs.push_back(PendingRecv { id, data, read: 0 });
+    }
+
+    /// Tells the peer why this rank is failing. A frame cannot interrupt a half-sent message, so
+    /// that message is first finished (its buffer is still valid: the failing operation has not
+    /// been released yet), for at most `flush_for`. Best effort: gives up on any error.
+    pub(super) fn send_abort_notice(&mut self, reason: &str, flush_for: std::time::Duration) {
+        if self.broken.is_some() {
+            return;
+        }
+        let deadline = std::time::Instant::now() + flush_for;
+        if let Some(s) = self.sends.front_mut() {
+            let total = HEADER_LEN + s.data.len();
+            while s.written > 0 && s.written < total {
+                let payload_from = s.written.saturating_sub(HEADER_LEN);
+                let payload = s.data.sub(payload_from, s.data.len() - payload_from);
+                let header_left = &s.header[s.written.min(HEADER_LEN)..];
+                // SAFETY: as in `advance_sends`: the span is valid while its send is queued.
+                let r = unsafe {
+                    payload.with_slice(|p| {
+                        let bufs = [IoSlice::new(header_left), IoSlice::new(p)];
+                        self.sock
+                            .send_vectored_with_flags(&bufs, libc::MSG_NOSIGNAL)
+                    })
+                };
+                match r {
+                    Ok(n) if n > 0 => s.written += n,
+                    Err(e)
+                        if e.kind() == io::ErrorKind::WouldBlock
+                            && std::time::Instant::now() < deadline =>
+                    {
+                        std::thread::sleep(std::time::Duration::from_micros(100));
+                    }
+                    _ => return,
+                }
+            }
+        }
+        let reason = &reason.as_bytes()[..reason.len().min(MAX_REASON)];
+        let header = encode_header(reason.len(), FLAG_ABORT);
+        let bufs = [IoSlice::new(&header), IoSlice::new(reason)];
+        let _ = self
+            .sock
+            .send_vectored_with_flags(&bufs, libc::MSG_NOSIGNAL);
     }
 
     /// Marks the connection broken and returns the ids of every request it held.
@@ -210,25 +257,7 @@ impl Conn {
                         r.read += n;
                         out.moved = true;
                         if before < HEADER_LEN && r.read >= HEADER_LEN {
-                            let magic = u32::from_le_bytes(
-                                self.recv_header[0..4].try_into().expect("4 bytes"),
-                            );
-                            let len = u64::from_le_bytes(
-                                self.recv_header[8..16].try_into().expect("8 bytes"),
-                            ) as usize;
-                            if magic != MAGIC {
-                                return Err(TransportError::PeerLost {
-                                    peer: self.peer,
-                                    reason: format!("corrupt stream (bad magic {magic:#x})"),
-                                });
-                            }
-                            if len != r.data.len() {
-                                return Err(TransportError::SizeMismatch {
-                                    peer: self.peer,
-                                    expected: r.data.len(),
-                                    got: len,
-                                });
-                            }
+                            check_header(&self.sock, &self.recv_header, self.peer, r.data, r.read)?;
                         }
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
@@ -241,4 +270,47 @@ impl Conn {
         }
         Ok(())
     }
+}
+
+/// Checks a just-completed header against the receive posted for it (`read` bytes of the
+/// message, header included, have arrived; payload bytes landed in `data`).
+fn check_header(
+    sock: &Socket,
+    header: &[u8; HEADER_LEN],
+    peer: usize,
+    data: Span,
+    read: usize,
+) -> Result<(), TransportError> {
+    let word = |at: usize| u32::from_le_bytes(header[at..at + 4].try_into().expect("4 bytes"));
+    let (magic, flags) = (word(0), word(4));
+    let len = u64::from_le_bytes(header[8..16].try_into().expect("8 bytes")) as usize;
+    if magic != MAGIC {
+        return Err(TransportError::PeerLost {
+            peer,
+            reason: format!("corrupt stream (bad magic {magic:#x})"),
+        });
+    }
+    if flags & FLAG_ABORT != 0 {
+        // The reason's first bytes may already sit in the receive buffer; read the rest.
+        let have = (read - HEADER_LEN).min(len).min(data.len());
+        let mut reason = vec![0u8; have];
+        data.sub(0, have).copy_to_slice(&mut reason);
+        let mut rest = vec![0u8; len.min(MAX_REASON).saturating_sub(have)];
+        if let Ok(n) = (&*sock).read(&mut rest) {
+            reason.extend_from_slice(&rest[..n]);
+        }
+        let reason = String::from_utf8_lossy(&reason);
+        return Err(TransportError::PeerLost {
+            peer,
+            reason: format!("peer {peer} failed: {reason}"),
+        });
+    }
+    if len != data.len() {
+        return Err(TransportError::SizeMismatch {
+            peer,
+            expected: data.len(),
+            got: len,
+        });
+    }
+    Ok(())
 }

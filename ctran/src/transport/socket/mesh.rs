@@ -240,12 +240,19 @@ pub fn connect_mesh(
             .unwrap_or_default();
         let mut stream = TcpStream::from(sock);
         let mut h = [0u8; HELLO_LEN];
+        // The magic first, so a stray client is turned away without waiting for 48 bytes.
         let greeted = stream
             .set_nonblocking(false)
             .and_then(|()| stream.set_read_timeout(Some(HELLO_TIMEOUT)))
-            .and_then(|()| stream.read_exact(&mut h));
+            .and_then(|()| stream.read_exact(&mut h[..HELLO_MAGIC.len()]));
         let verdict = match greeted {
-            Ok(()) => check_hello(&h, plan, &connected),
+            Ok(()) if &h[..HELLO_MAGIC.len()] != HELLO_MAGIC => {
+                Err("not a torchcomms-rs peer (bad magic)".to_string())
+            }
+            Ok(()) => match stream.read_exact(&mut h[HELLO_MAGIC.len()..]) {
+                Ok(()) => check_hello(&h, plan, &connected),
+                Err(e) => Err(format!("incomplete hello ({e})")),
+            },
             Err(e) => Err(format!("no valid hello ({e})")),
         };
         match verdict {

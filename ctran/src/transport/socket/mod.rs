@@ -22,6 +22,10 @@ use conn::Conn;
 pub use mesh::{MeshPlan, SocketConfig};
 pub use waker::Waker;
 
+/// How long a failing rank keeps finishing a half-sent message so that its abort notice can
+/// follow it.
+const ABORT_FLUSH: Duration = Duration::from_millis(100);
+
 /// TCP connections to every peer of one communicator.
 #[derive(Debug)]
 pub struct SocketTransport {
@@ -223,9 +227,10 @@ impl Transport for SocketTransport {
         }
     }
 
-    fn abort(&mut self) {
+    fn abort(&mut self, reason: &str) {
         self.aborted = true;
         for conn in self.conns.iter_mut().flatten() {
+            conn.send_abort_notice(reason, ABORT_FLUSH);
             for id in conn.fail(TransportError::Aborted) {
                 self.pending.remove(&id);
                 self.failed.insert(id, TransportError::Aborted);

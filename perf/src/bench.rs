@@ -1,0 +1,516 @@
+//! One rank of the benchmark: creates the communicator, times every (op, dtype, redop, size),
+//! checks the results, and on rank 0 prints the tables and writes the JSON.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use ctran::bootstrap::env::RankInfo;
+use ctran::{DataType, ReduceOp};
+use serde::Serialize;
+use torchcomms::{new_comm, CommOptions, OpOptions, P2POp, Tensor, TorchComm, Work};
+
+use crate::check::{input_value, invalid_combo, reduce_expected, with_elem, Elem, Expect, Pattern};
+use crate::cli::{CollOp, Settings};
+
+/// Exit status of a run that completed but found wrong results.
+pub(crate) const WRONG_EXIT: u8 = 3;
+
+/// One line of a table (and one object of the JSON array).
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Row {
+    op: &'static str,
+    dtype: &'static str,
+    redop: &'static str,
+    /// The root rank, for operations that have one.
+    root: Option<usize>,
+    bytes: u64,
+    count: u64,
+    time_us: f64,
+    algbw_gbps: f64,
+    busbw_gbps: f64,
+    /// Mismatching elements summed over ranks; `None` when not checked.
+    wrong: Option<u64>,
+    nranks: usize,
+}
+
+/// Bytes and element count of the operation's largest buffer for a requested size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Layout {
+    bytes: usize,
+    count: usize,
+}
+
+fn layout(op: CollOp, n: usize, dtype: DataType, size: u64) -> Layout {
+    let e = dtype.size_bytes();
+    let unit = if op.splits() { n * e } else { e };
+    let size = usize::try_from(size).unwrap_or(usize::MAX);
+    let bytes = size / unit * unit;
+    Layout {
+        bytes,
+        count: bytes / e,
+    }
+}
+
+/// The tensors of one operation on this rank.
+struct Bufs {
+    /// What the operation reads; the result too for in-place operations.
+    input: Tensor,
+    /// The result, for operations that write a separate tensor.
+    output: Option<Tensor>,
+    /// The root's per-rank views of `input` (scatter).
+    views: Vec<Tensor>,
+    /// The ring exchange (send_recv).
+    p2p: Vec<P2POp>,
+}
+
+impl Bufs {
+    /// The tensors of the result, dropping every view so the result can be read back.
+    fn result(self) -> Tensor {
+        let Bufs {
+            input,
+            output,
+            views,
+            p2p,
+        } = self;
+        drop(views);
+        drop(p2p);
+        output.unwrap_or(input)
+    }
+}
+
+/// A rank of the benchmark.
+struct Bench<'a> {
+    s: &'a Settings,
+    comm: TorchComm,
+    rank: usize,
+    n: usize,
+    root: usize,
+}
+
+impl Bench<'_> {
+    /// Elements of this rank's input for an operation of `c` elements.
+    fn in_count(&self, op: CollOp, c: usize) -> usize {
+        match op {
+            CollOp::AllGather | CollOp::Gather => c / self.n,
+            CollOp::Scatter if self.rank != self.root => 0,
+            _ => c,
+        }
+    }
+
+    /// Elements of this rank's separate output, `None` for in-place operations.
+    fn out_count(&self, op: CollOp, c: usize) -> Option<usize> {
+        match op {
+            CollOp::AllReduce | CollOp::Broadcast | CollOp::Reduce => None,
+            CollOp::Gather if self.rank != self.root => Some(0),
+            CollOp::ReduceScatter | CollOp::Scatter => Some(c / self.n),
+            CollOp::AllGather | CollOp::Gather | CollOp::AllToAll | CollOp::SendRecv => Some(c),
+        }
+    }
+
+    fn bufs(&self, op: CollOp, input: Tensor, c: usize) -> Bufs {
+        let output = self
+            .out_count(op, c)
+            .map(|k| Tensor::zeros(input.dtype(), k));
+        let views = if op == CollOp::Scatter && self.rank == self.root {
+            let blk = c / self.n;
+            (0..self.n).map(|r| input.narrow(r * blk, blk)).collect()
+        } else {
+            Vec::new()
+        };
+        let p2p = match (&output, op) {
+            (Some(out), CollOp::SendRecv) => vec![
+                P2POp::Send {
+                    tensor: input.clone(),
+                    peer: (self.rank + 1) % self.n,
+                },
+                P2POp::Recv {
+                    tensor: out.clone(),
+                    peer: (self.rank + self.n - 1) % self.n,
+                },
+            ],
+            _ => Vec::new(),
+        };
+        Bufs {
+            input,
+            output,
+            views,
+            p2p,
+        }
+    }
+
+    fn opts(&self, async_op: bool) -> OpOptions {
+        let mut o = if async_op {
+            OpOptions::async_op()
+        } else {
+            OpOptions::sync()
+        };
+        if let Some(algo) = &self.s.algo {
+            o = o.with_hint("algo", algo);
+        }
+        o
+    }
+
+    fn issue(
+        &self,
+        op: CollOp,
+        redop: ReduceOp,
+        b: &Bufs,
+        o: &OpOptions,
+    ) -> torchcomms::Result<Work> {
+        let c = &self.comm;
+        let out = || b.output.as_ref().unwrap_or(&b.input);
+        match op {
+            CollOp::AllReduce => c.all_reduce(&b.input, redop, o),
+            CollOp::Broadcast => c.broadcast(&b.input, self.root, o),
+            CollOp::Reduce => c.reduce(&b.input, self.root, redop, o),
+            CollOp::AllGather => c.all_gather_single(out(), &b.input, o),
+            CollOp::Gather => c.gather_single(out(), &b.input, self.root, o),
+            CollOp::ReduceScatter => c.reduce_scatter_single(out(), &b.input, redop, o),
+            CollOp::AllToAll => c.all_to_all_single(out(), &b.input, o),
+            CollOp::Scatter => c.scatter(out(), &b.views, self.root, o),
+            CollOp::SendRecv => c.batch_p2p(&b.p2p, o),
+        }
+    }
+
+    /// Runs `k` iterations: one at a time, or all issued asynchronously then waited for.
+    fn iterate(&self, op: CollOp, redop: ReduceOp, b: &Bufs, k: u32) -> Result<()> {
+        if self.s.async_op {
+            let o = self.opts(true);
+            let works = (0..k)
+                .map(|_| self.issue(op, redop, b, &o))
+                .collect::<torchcomms::Result<Vec<Work>>>()?;
+            for w in works {
+                w.wait()?;
+            }
+        } else {
+            let o = self.opts(false);
+            for _ in 0..k {
+                self.issue(op, redop, b, &o)?.wait()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn barrier(&self) -> Result<()> {
+        self.comm
+            .barrier(&OpOptions::sync())?
+            .wait()
+            .context("barrier")?;
+        Ok(())
+    }
+
+    /// All-reduce of one f64 through the communicator.
+    fn reduce_scalar(&self, v: f64, op: ReduceOp) -> Result<f64> {
+        let t = Tensor::from_vec(vec![v]);
+        self.comm.all_reduce(&t, op, &OpOptions::sync())?.wait()?;
+        Ok(t.to_vec::<f64>()?[0])
+    }
+
+    /// Times one (op, dtype, redop, size) and checks it.
+    fn measure(&self, op: CollOp, dtype: DataType, redop: ReduceOp, lay: Layout) -> Result<Row> {
+        let c = lay.count;
+        let bufs = self.bufs(op, Tensor::zeros(dtype, self.in_count(op, c)), c);
+        self.barrier()?;
+        self.iterate(op, redop, &bufs, self.s.warmup)
+            .context("warm-up")?;
+        self.barrier()?;
+        let t0 = Instant::now();
+        self.iterate(op, redop, &bufs, self.s.iters)
+            .context("timed iterations")?;
+        let local = t0.elapsed().as_secs_f64() / f64::from(self.s.iters);
+        drop(bufs);
+        let secs = self.reduce_scalar(local, ReduceOp::Max)?;
+        let wrong = if self.s.check {
+            let w = with_elem!(dtype, T => self.check::<T>(op, redop, c)?,
+                _ => bail!("dtype {dtype} is not known to the check"));
+            Some(self.reduce_scalar(w as f64, ReduceOp::Sum)? as u64)
+        } else {
+            None
+        };
+        let algbw = if secs > 0.0 {
+            lay.bytes as f64 / secs / 1e9
+        } else {
+            0.0
+        };
+        Ok(Row {
+            op: op.name(),
+            dtype: dtype.name(),
+            redop: if op.reduces() { redop.name() } else { "none" },
+            root: op.rooted().then_some(self.root),
+            bytes: lay.bytes as u64,
+            count: c as u64,
+            time_us: secs * 1e6,
+            algbw_gbps: algbw,
+            busbw_gbps: algbw * op.bus_factor(self.n),
+            wrong,
+            nranks: self.n,
+        })
+    }
+
+    /// Runs the operation once on deterministic inputs; returns this rank's mismatches.
+    fn check<T: Elem>(&self, op: CollOp, redop: ReduceOp, c: usize) -> Result<u64> {
+        let (n, rank, root) = (self.n, self.rank, self.root);
+        let pat = if op.reduces() {
+            Pattern::Reduce(redop)
+        } else {
+            Pattern::Move
+        };
+        let dt = T::DTYPE;
+        let value = |r: usize, i: usize| input_value(dt, pat, n, r, i);
+        let k = self.in_count(op, c);
+        let data: Vec<T> = if op == CollOp::Broadcast && rank != root {
+            vec![T::from_i64(0); k]
+        } else {
+            (0..k).map(|i| T::from_i64(value(rank, i))).collect()
+        };
+        let bufs = self.bufs(op, Tensor::from_vec(data), c);
+        self.issue(op, redop, &bufs, &self.opts(false))?.wait()?;
+        let got: Vec<T> = bufs.result().to_vec()?;
+        let blk = (c / n).max(1);
+        let expect = |j: usize| match op {
+            CollOp::AllReduce => reduce_expected::<T>(redop, n, j),
+            CollOp::Reduce if rank == root => reduce_expected::<T>(redop, n, j),
+            CollOp::Reduce => Expect::raw::<T>(value(rank, j)),
+            CollOp::Broadcast => Expect::raw::<T>(value(root, j)),
+            CollOp::AllGather | CollOp::Gather => Expect::raw::<T>(value(j / blk, j % blk)),
+            CollOp::ReduceScatter => reduce_expected::<T>(redop, n, rank * blk + j),
+            CollOp::AllToAll => Expect::raw::<T>(value(j / blk, rank * blk + j % blk)),
+            CollOp::Scatter => Expect::raw::<T>(value(root, rank * blk + j)),
+            CollOp::SendRecv => Expect::raw::<T>(value((rank + n - 1) % n, j)),
+        };
+        let wrong = got
+            .iter()
+            .enumerate()
+            .filter(|&(j, &g)| !expect(j).matches(g))
+            .count();
+        if wrong > 0 {
+            tracing::warn!(
+                rank,
+                op = op.name(),
+                dtype = dt.name(),
+                redop = redop.name(),
+                count = c,
+                wrong,
+                "results differ from the expected values"
+            );
+        }
+        Ok(wrong as u64)
+    }
+}
+
+/// Table output of rank 0.
+struct Printer {
+    on: bool,
+}
+
+impl Printer {
+    fn line(&self, s: impl AsRef<str>) {
+        if self.on {
+            println!("{}", s.as_ref());
+        }
+    }
+
+    fn table_header(&self, op: CollOp) {
+        self.line("#");
+        self.line(format!("# {}", op.name()));
+        self.line(format!(
+            "# {:>10} {:>12} {:>6} {:>10} {:>5} {:>11} {:>12} {:>12} {:>7}",
+            "size",
+            "count",
+            "type",
+            "redop",
+            "root",
+            "time(us)",
+            "algbw(GB/s)",
+            "busbw(GB/s)",
+            "#wrong"
+        ));
+        self.line(format!("# {:>10} {:>12}", "(B)", "(elements)"));
+    }
+
+    fn row(&self, r: &Row) {
+        let root = r.root.map_or_else(|| "-1".to_string(), |x| x.to_string());
+        let wrong = r.wrong.map_or_else(|| "N/A".to_string(), |w| w.to_string());
+        self.line(format!(
+            "  {:>10} {:>12} {:>6} {:>10} {:>5} {:>11.2} {:>12.3} {:>12.3} {:>7}",
+            r.bytes, r.count, r.dtype, r.redop, root, r.time_us, r.algbw_gbps, r.busbw_gbps, wrong
+        ));
+    }
+}
+
+/// Runs this process as `info.rank` of the job; returns the process's exit status.
+pub(crate) fn run_rank(s: &Settings, info: &RankInfo) -> Result<ExitCode> {
+    let mut copts = CommOptions::from_env().context("reading TORCHCOMM_* options")?;
+    if let Some(t) = s.timeout {
+        copts.timeout = t;
+    }
+    let comm = new_comm(&s.backend, s.device, "torchcomms-perf", copts).with_context(|| {
+        format!(
+            "creating the {} communicator ({} of {} ranks, from {})",
+            s.backend, info.rank, info.size, info.source
+        )
+    })?;
+    let (rank, n) = (comm.get_rank(), comm.get_size());
+    if s.root >= n {
+        bail!(
+            "invalid value for '--root': {} is not a rank (the job has {n} ranks)",
+            s.root
+        );
+    }
+    let b = Bench {
+        s,
+        comm,
+        rank,
+        n,
+        root: s.root,
+    };
+    let p = Printer { on: rank == 0 };
+    let version = b
+        .comm
+        .get_backend_version()
+        .unwrap_or_else(|_| "unknown version".into());
+    p.line(format!(
+        "# torchcomms-perf {}: nranks {n}, backend {} ({version}), device {}, ranks from {}",
+        env!("CARGO_PKG_VERSION"),
+        s.backend,
+        s.device,
+        info.source
+    ));
+    p.line(format!(
+        "#   minbytes {} maxbytes {} step x{} warmup {} iters {} check {} {} ops, algo {}",
+        s.minbytes,
+        s.maxbytes,
+        s.stepfactor,
+        s.warmup,
+        s.iters,
+        if s.check { "on" } else { "off" },
+        if s.async_op { "async" } else { "sync" },
+        s.algo.as_deref().unwrap_or("default")
+    ));
+    let sizes = s.sizes();
+    let mut rows: Vec<Row> = Vec::new();
+    let mut bw_sum = 0.0;
+    for &op in &s.ops {
+        if op == CollOp::SendRecv && n < 2 {
+            p.line("#");
+            p.line("# send_recv: skipped (needs at least 2 ranks)");
+            continue;
+        }
+        p.table_header(op);
+        let first = rows.len();
+        let redops: &[ReduceOp] = if op.reduces() {
+            &s.redops
+        } else {
+            &[ReduceOp::Sum]
+        };
+        for &dtype in &s.dtypes {
+            for &redop in redops {
+                if op.reduces() {
+                    if let Some(why) = invalid_combo(dtype, redop) {
+                        p.line(format!(
+                            "  {:>10} {:>12} {:>6} {:>10} {:>5} {:>11} {:>12} {:>12} {:>7}  ({why})",
+                            "-", "-", dtype.name(), redop.name(), "-", "n/a", "n/a", "n/a", "n/a"
+                        ));
+                        continue;
+                    }
+                }
+                let mut last = None;
+                for &size in &sizes {
+                    let lay = layout(op, n, dtype, size);
+                    if last == Some(lay) {
+                        continue;
+                    }
+                    last = Some(lay);
+                    let row = b.measure(op, dtype, redop, lay).with_context(|| {
+                        format!(
+                            "{} of {} bytes ({}, {})",
+                            op.name(),
+                            lay.bytes,
+                            dtype,
+                            redop.name()
+                        )
+                    })?;
+                    p.row(&row);
+                    rows.push(row);
+                }
+            }
+        }
+        let mine = &rows[first..];
+        if !mine.is_empty() {
+            let avg = mine.iter().map(|r| r.busbw_gbps).sum::<f64>() / mine.len() as f64;
+            bw_sum += mine.iter().map(|r| r.busbw_gbps).sum::<f64>();
+            p.line(format!("# {} avg bus bandwidth: {avg:.3} GB/s", op.name()));
+        }
+    }
+    let wrong: u64 = rows.iter().filter_map(|r| r.wrong).sum();
+    p.line("#");
+    if s.check {
+        p.line(format!(
+            "# Out of bounds values : {wrong} {}",
+            if wrong == 0 { "OK" } else { "FAILED" }
+        ));
+    } else {
+        p.line("# Out of bounds values : not checked (-c 0)");
+    }
+    if !rows.is_empty() {
+        p.line(format!(
+            "# Avg bus bandwidth    : {:.3} GB/s",
+            bw_sum / rows.len() as f64
+        ));
+    }
+    p.line("#");
+    if rank == 0 {
+        if let Some(path) = &s.json {
+            let f = File::create(path)
+                .with_context(|| format!("creating the --json file {}", path.display()))?;
+            let mut w = BufWriter::new(f);
+            let written: Result<()> = (|| {
+                serde_json::to_writer_pretty(&mut w, &rows)?;
+                w.write_all(b"\n")?;
+                w.flush()?;
+                Ok(())
+            })();
+            written.with_context(|| format!("writing the --json file {}", path.display()))?;
+        }
+    }
+    b.comm.finalize().context("finalize")?;
+    Ok(if wrong > 0 {
+        ExitCode::from(WRONG_EXIT)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts_follow_nccl_tests() {
+        let l = layout(CollOp::AllReduce, 3, DataType::F32, 10);
+        assert_eq!(l, Layout { bytes: 8, count: 2 });
+        let l = layout(CollOp::AllGather, 3, DataType::F32, 100);
+        assert_eq!(
+            l,
+            Layout {
+                bytes: 96,
+                count: 24
+            }
+        );
+        let l = layout(CollOp::Scatter, 4, DataType::F64, 8);
+        assert_eq!(l, Layout { bytes: 0, count: 0 });
+        let l = layout(CollOp::SendRecv, 4, DataType::Bool, 7);
+        assert_eq!(l, Layout { bytes: 7, count: 7 });
+    }
+
+    #[test]
+    fn bus_factors() {
+        assert_eq!(CollOp::AllReduce.bus_factor(4), 1.5);
+        assert_eq!(CollOp::AllGather.bus_factor(4), 0.75);
+        assert_eq!(CollOp::Broadcast.bus_factor(4), 1.0);
+        assert_eq!(CollOp::AllReduce.bus_factor(1), 0.0);
+    }
+}

@@ -1,0 +1,155 @@
+//! Smoke tests of the built binary: a full local run over every dtype and reduction, and a bad
+//! argument.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_torchcomms-perf");
+
+/// A path in the temp directory that no other test run uses.
+fn temp_path(name: &str) -> PathBuf {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    std::env::temp_dir().join(format!(
+        "torchcomms-perf-{}-{nanos}-{name}",
+        std::process::id()
+    ))
+}
+
+/// A command that launches its own ranks whatever launcher started the test.
+fn perf() -> Command {
+    let mut cmd = Command::new(BIN);
+    for v in [
+        "TORCHCOMM_RANK",
+        "TORCHCOMM_SIZE",
+        "RANK",
+        "WORLD_SIZE",
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+        "PMI_RANK",
+        "PMI_SIZE",
+        "PALS_RANKID",
+        "SLURM_PROCID",
+        "SLURM_NTASKS",
+    ] {
+        cmd.env_remove(v);
+    }
+    cmd
+}
+
+#[test]
+fn every_dtype_and_redop_on_three_ranks() {
+    let json = temp_path("rows.json");
+    let out = perf()
+        .args([
+            "-n",
+            "3",
+            "-b",
+            "8",
+            "-e",
+            "64K",
+            "--dtype",
+            "all",
+            "--redop",
+            "all",
+            "-w",
+            "1",
+            "-i",
+            "2",
+            "--timeout",
+            "120",
+            "--json",
+        ])
+        .arg(&json)
+        .output()
+        .expect("run torchcomms-perf");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "exit {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status
+    );
+    let text = std::fs::read_to_string(&json).expect("the --json file");
+    // Best effort: a leftover file in the temp directory harms nobody.
+    let _ = std::fs::remove_file(&json);
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&text).expect("a JSON array");
+
+    // Every op, every dtype and every valid reduction printed rows.
+    let ops = [
+        "all_reduce",
+        "all_gather",
+        "reduce_scatter",
+        "all_to_all",
+        "broadcast",
+        "reduce",
+        "scatter",
+        "gather",
+        "send_recv",
+    ];
+    for op in ops {
+        assert!(stdout.contains(&format!("# {op}\n")), "no table for {op}");
+        let n = rows.iter().filter(|r| r["op"] == op).count();
+        assert!(n > 0, "no rows for {op}");
+    }
+    for dtype in [
+        "f16", "bf16", "f32", "f64", "i8", "u8", "i32", "i64", "bool",
+    ] {
+        for redop in ["sum", "prod", "min", "max", "avg"] {
+            let found = rows
+                .iter()
+                .any(|r| r["op"] == "all_reduce" && r["dtype"] == dtype && r["redop"] == redop);
+            let valid = !(dtype == "bool" && redop == "avg");
+            assert_eq!(found, valid, "all_reduce {dtype} {redop}");
+        }
+    }
+    assert!(stdout.contains("n/a"), "invalid combinations print n/a");
+    // 9 ops x 9 dtypes x 14 sizes is the order of magnitude; reductions add more.
+    assert!(rows.len() > 500, "only {} rows", rows.len());
+
+    for r in &rows {
+        assert_eq!(r["nranks"], 3, "{r}");
+        assert_eq!(r["wrong"], 0, "{r}");
+        let t = r["time_us"].as_f64().expect("time_us");
+        assert!(t > 0.0, "{r}");
+        for k in ["bytes", "count"] {
+            assert!(r[k].is_u64(), "{k} in {r}");
+        }
+        for k in ["algbw_gbps", "busbw_gbps"] {
+            assert!(r[k].as_f64().is_some_and(|v| v >= 0.0), "{k} in {r}");
+        }
+    }
+    let bytes: Vec<u64> = rows
+        .iter()
+        .filter(|r| r["op"] == "all_reduce" && r["dtype"] == "f32" && r["redop"] == "sum")
+        .map(|r| r["bytes"].as_u64().unwrap_or(0))
+        .collect();
+    assert_eq!(bytes.first(), Some(&8));
+    assert_eq!(bytes.last(), Some(&65536));
+    assert!(stdout.contains("Out of bounds values : 0 OK"), "{stdout}");
+}
+
+#[test]
+fn a_bad_dtype_names_the_argument() {
+    let out = perf()
+        .args(["-n", "2", "--dtype", "f7"])
+        .output()
+        .expect("run torchcomms-perf");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--dtype"), "{stderr}");
+    assert!(stderr.contains("f7"), "{stderr}");
+    assert!(out.stdout.is_empty(), "nothing runs: {:?}", out.stdout);
+}
+
+#[test]
+fn a_root_outside_the_job_fails_before_launching() {
+    let out = perf()
+        .args(["-n", "2", "--root", "2", "-e", "64"])
+        .output()
+        .expect("run torchcomms-perf");
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--root"), "{stderr}");
+}

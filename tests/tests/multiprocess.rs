@@ -1,0 +1,211 @@
+//! Ranks as separate processes over real TCP on loopback: every operation for several rank
+//! counts, bootstrap without a store, bad input, and faults (killed and stalled ranks, forged
+//! connections).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ctran::bootstrap::tcp_store::{TcpStoreClient, TcpStoreServer};
+use ctran::bootstrap::Store;
+use torchcomms_tests::{assert_all_ok, collect, Job, RankOutput};
+
+fn worker() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_tc-worker"))
+}
+
+fn suite(n: usize, large: usize) {
+    let outs = Job::new(n, &["suite", "--large", &large.to_string()]).run(&worker());
+    assert_all_ok(&outs, &format!("suite with {n} ranks"));
+    assert_eq!(outs.len(), n);
+    for o in &outs {
+        assert!(
+            o.stdout.contains(&format!("SUITE OK rank {}/{n}", o.rank)),
+            "rank {} printed: {}",
+            o.rank,
+            o.stdout
+        );
+    }
+}
+
+#[test]
+fn suite_1_rank() {
+    suite(1, 3 << 20);
+}
+
+#[test]
+fn suite_2_ranks() {
+    suite(2, 3 << 20);
+}
+
+#[test]
+fn suite_3_ranks() {
+    suite(3, 3 << 20);
+}
+
+#[test]
+fn suite_4_ranks() {
+    suite(4, 2 << 20);
+}
+
+#[test]
+fn suite_5_ranks() {
+    suite(5, 1 << 20);
+}
+
+#[test]
+fn suite_8_ranks() {
+    suite(8, 1 << 20);
+}
+
+#[test]
+fn communicators_back_to_back_without_a_store() {
+    let outs = Job::new(3, &["back-to-back", "--count", "4"]).run(&worker());
+    assert_all_ok(&outs, "back-to-back");
+}
+
+#[test]
+fn bad_input_names_the_argument() {
+    let outs = Job::new(2, &["errors"]).run(&worker());
+    assert_all_ok(&outs, "errors");
+}
+
+const FAULT_TIMEOUT_S: u64 = 6;
+
+fn fault_job(n: usize, scenario: &str, victim: usize) -> Vec<RankOutput> {
+    let mut job = Job::new(n, &[scenario, "--victim", &victim.to_string()])
+        .env("TORCHCOMM_TIMEOUT_SECONDS", &FAULT_TIMEOUT_S.to_string());
+    // A stalled rank never exits by itself; the harness kills it.
+    job.timeout = Duration::from_secs(FAULT_TIMEOUT_S * 3);
+    job.run(&worker())
+}
+
+/// Every survivor reported an error naming the op and sequence number (init ran two barriers and
+/// the scenario one warm-up all_reduce first) within timeout + 2 s,
+/// and the communicator refused work afterwards.
+fn assert_survivors_failed(
+    outs: &[RankOutput],
+    victim: usize,
+    op: &str,
+    seq: Option<u64>,
+    must_name: &str,
+) {
+    let limit = Duration::from_secs(FAULT_TIMEOUT_S + 2);
+    let mut survivors = 0;
+    for o in outs.iter().filter(|o| o.rank != victim) {
+        if o.stdout.contains("BYSTANDER") {
+            continue;
+        }
+        survivors += 1;
+        assert!(
+            o.ok(),
+            "rank {} exited {:?}:\n{}\n{}",
+            o.rank,
+            o.status,
+            o.stdout,
+            o.stderr
+        );
+        let line = o
+            .stdout
+            .lines()
+            .find(|l| l.starts_with("SURVIVOR"))
+            .unwrap_or_else(|| panic!("rank {} did not report: {}", o.rank, o.stdout));
+        let named = match seq {
+            Some(seq) => format!("{op} (seq {seq})"),
+            None => format!("{op} (seq "),
+        };
+        assert!(line.contains(&named), "rank {}: {line}", o.rank);
+        assert!(
+            line.contains(must_name),
+            "rank {} should name {must_name:?}: {line}",
+            o.rank
+        );
+        let ms: u64 = line
+            .split_whitespace()
+            .nth(4)
+            .and_then(|s| s.parse().ok())
+            .expect("elapsed ms");
+        assert!(
+            Duration::from_millis(ms) < limit,
+            "rank {} took {ms} ms",
+            o.rank
+        );
+        assert!(
+            o.elapsed < limit + Duration::from_secs(5),
+            "rank {} exited after {:?}",
+            o.rank,
+            o.elapsed
+        );
+        assert!(
+            o.stdout.contains(&format!("REFUSED rank {}", o.rank)),
+            "rank {} accepted work after failing",
+            o.rank
+        );
+    }
+    assert!(survivors > 0, "no survivor reported");
+}
+
+#[test]
+fn killed_rank_during_all_reduce_fails_every_survivor() {
+    let outs = fault_job(4, "kill-allreduce", 1);
+    let victim = outs.iter().find(|o| o.rank == 1).unwrap();
+    assert!(!victim.ok(), "the victim should have been killed");
+    // Ranks 0 and 2 lose rank 1 directly; rank 3 hears of it through rank 2.
+    assert_survivors_failed(&outs, 1, "all_reduce", Some(4), "peer 1");
+}
+
+#[test]
+fn killed_rank_during_send_recv_fails_the_sender() {
+    let outs = fault_job(3, "kill-sendrecv", 1);
+    assert_survivors_failed(&outs, 1, "send", None, "lost peer 1");
+}
+
+#[test]
+fn stalled_rank_makes_survivors_time_out() {
+    let outs = fault_job(3, "stall", 2);
+    assert_survivors_failed(&outs, 2, "all_reduce", Some(4), "timed out");
+    for o in outs.iter().filter(|o| o.rank != 2) {
+        assert!(
+            o.stdout.contains("waiting for peer"),
+            "rank {} should say whom it waited for: {}",
+            o.rank,
+            o.stdout
+        );
+    }
+}
+
+/// A connection to a rank's port without the communicator's secret is refused and logged, and
+/// the communicator still forms.
+#[test]
+fn forged_connection_is_refused() {
+    let server = TcpStoreServer::bind("127.0.0.1", 0).expect("store server");
+    let port = server.port();
+    let mut job = Job::new(2, &["simple"]).env("TORCHELASTIC_USE_AGENT_STORE", "True");
+    job.timeout = Duration::from_secs(60);
+    // Rank 1 starts alone: it publishes its address, then waits for rank 0's secret.
+    let rank1 = job.spawn_rank(&worker(), 1, port);
+    let client =
+        TcpStoreClient::connect("127.0.0.1", port, Duration::from_secs(20)).expect("store client");
+    let addr = client
+        .get("torchcomms/simple/1/addr/1", Duration::from_secs(20))
+        .expect("rank 1 publishes its address");
+    let addr = String::from_utf8(addr).unwrap();
+    // Two intruders: garbage, and a well-formed hello claiming rank 0 with a wrong secret.
+    let mut garbage = std::net::TcpStream::connect(&addr).expect("connect to rank 1");
+    std::io::Write::write_all(&mut garbage, b"GET / HTTP/1.0\r\n\r\n").unwrap();
+    let mut forged = std::net::TcpStream::connect(&addr).expect("connect to rank 1");
+    let mut hello = [0u8; 48];
+    hello[0..8].copy_from_slice(b"TCRSHELO");
+    hello[8..12].copy_from_slice(&1u32.to_le_bytes());
+    hello[16..20].copy_from_slice(&1u32.to_le_bytes());
+    std::io::Write::write_all(&mut forged, &hello).unwrap();
+    let rank0 = job.spawn_rank(&worker(), 0, port);
+    let outs = collect(vec![(0, rank0), (1, rank1)], job.timeout);
+    assert_all_ok(&outs, "job with intruders");
+    let log = &outs.iter().find(|o| o.rank == 1).unwrap().stderr;
+    assert!(
+        log.contains("refused connection") && log.contains("wrong communicator secret"),
+        "rank 1 log: {log}"
+    );
+    assert!(log.contains("bad magic"), "rank 1 log: {log}");
+    drop(server);
+}
