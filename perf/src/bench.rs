@@ -1,6 +1,7 @@
 //! One rank of the benchmark: creates the communicator, times every (op, dtype, redop, size),
 //! checks the results, and on rank 0 prints the tables and writes the JSON.
 
+use std::cell::Cell;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::process::ExitCode;
@@ -304,12 +305,20 @@ impl Bench<'_> {
 /// Table output of rank 0.
 struct Printer {
     on: bool,
+    /// Set once stdout failed (a closed pipe): the run goes on, since the other ranks need
+    /// this one, and the rows still reach `--json`.
+    broken: Cell<bool>,
 }
 
 impl Printer {
     fn line(&self, s: impl AsRef<str>) {
-        if self.on {
-            println!("{}", s.as_ref());
+        if !self.on || self.broken.get() {
+            return;
+        }
+        let mut out = std::io::stdout().lock();
+        if let Err(e) = writeln!(out, "{}", s.as_ref()).and_then(|()| out.flush()) {
+            tracing::warn!("cannot print the table any more: {e}");
+            self.broken.set(true);
         }
     }
 
@@ -367,7 +376,10 @@ pub(crate) fn run_rank(s: &Settings, info: &RankInfo) -> Result<ExitCode> {
         n,
         root: s.root,
     };
-    let p = Printer { on: rank == 0 };
+    let p = Printer {
+        on: rank == 0,
+        broken: Cell::new(false),
+    };
     let version = b
         .comm
         .get_backend_version()

@@ -57,18 +57,28 @@ pub(crate) struct Args {
           value_parser = clap::value_parser!(u64).range(2..))]
     pub(crate) stepfactor: u64,
 
-    /// Operations to run, comma-separated, or `all`.
-    #[arg(long = "op", value_enum, value_delimiter = ',', default_value = "all")]
+    /// Operations to run, comma-separated (all_reduce, all_gather, reduce_scatter, all_to_all,
+    /// broadcast, reduce, scatter, gather, send_recv), or `all`.
+    #[arg(
+        long = "op",
+        value_name = "OP",
+        value_enum,
+        value_delimiter = ',',
+        default_value = "all",
+        hide_possible_values = true
+    )]
     pub(crate) ops: Vec<OpArg>,
 
     /// Element types, comma-separated (f16, bf16, f32, f64, i8, u8, i32, i64, bool), or `all`.
-    #[arg(short = 'd', long = "dtype", value_delimiter = ',', default_value = "f32",
+    #[arg(short = 'd', long = "dtype", value_name = "DTYPE", value_delimiter = ',',
+          default_value = "f32",
           value_parser = parse_dtypes)]
     pub(crate) dtypes: Vec<DtypeList>,
 
     /// Reductions of all_reduce, reduce and reduce_scatter, comma-separated (sum, prod, min,
     /// max, band, bor, bxor, avg, premul_sum), or `all`.
-    #[arg(short = 'o', long = "redop", value_delimiter = ',', default_value = "sum",
+    #[arg(short = 'o', long = "redop", value_name = "REDOP", value_delimiter = ',',
+          default_value = "sum",
           value_parser = parse_redops)]
     pub(crate) redops: Vec<RedopList>,
 
@@ -100,11 +110,11 @@ pub(crate) struct Args {
 
     /// Timeout in seconds of communicator creation and of each operation (default: the
     /// backend's, TORCHCOMM_TIMEOUT_SECONDS or 600).
-    #[arg(long, value_parser = parse_seconds)]
+    #[arg(long, value_name = "SECONDS", value_parser = parse_seconds)]
     pub(crate) timeout: Option<Duration>,
 
     /// Limit in seconds on the whole run of the ranks this process launches itself.
-    #[arg(long, default_value = "3600", value_parser = parse_seconds)]
+    #[arg(long, value_name = "SECONDS", default_value = "3600", value_parser = parse_seconds)]
     pub(crate) launch_timeout: Duration,
 
     /// Write the rows as a JSON array to FILE (rank 0).
@@ -423,7 +433,12 @@ impl Settings {
         let mut s = self.minbytes;
         loop {
             out.push(s);
-            match s.checked_mul(self.stepfactor) {
+            let next = if s == 0 {
+                Some(1)
+            } else {
+                s.checked_mul(self.stepfactor)
+            };
+            match next {
                 Some(next) if next <= self.maxbytes && next > s => s = next,
                 _ => break,
             }
@@ -457,6 +472,8 @@ mod tests {
         assert_eq!(s.sizes(), vec![8, 24, 72]);
         let a = Args::try_parse_from(["p", "-b", "1K", "-e", "1K"]).unwrap();
         assert_eq!(Settings::from_args(a).unwrap().sizes(), vec![1024]);
+        let a = Args::try_parse_from(["p", "-b", "0", "-e", "4"]).unwrap();
+        assert_eq!(Settings::from_args(a).unwrap().sizes(), vec![0, 1, 2, 4]);
     }
 
     #[test]

@@ -36,6 +36,8 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // A closed stderr (`2>&1 | head`) must not turn into a panic while reporting it.
+        .log_internal_errors(false)
         .init();
     let result = cli::Settings::from_args(args).and_then(|s| {
         let info = ctran::bootstrap::env::discover()
