@@ -21,3 +21,20 @@ echo "== cargo test"
 cargo test --workspace --all-targets
 echo "== doctests"
 cargo test --workspace --doc
+
+# Ranks on several "hosts" (network namespaces, TCP between them, shared memory inside), launched
+# by torchrun. Creating namespaces needs root: CI runs as root; elsewhere this is reported.
+if [ "$(id -u)" = 0 ]; then
+    echo "== multi-host (network namespaces)"
+    cargo build -q -p torchcomms-tests --bin tc-worker
+    scripts/multihost-test.sh 2 2
+else
+    echo "== multi-host (network namespaces): NOT RUN - needs root (CI runs it)"
+fi
+
+for extra in scripts/test-c.sh scripts/test-python.sh; do
+    if [ -x "$extra" ]; then
+        echo "== $extra"
+        "$extra"
+    fi
+done

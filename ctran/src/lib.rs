@@ -7,6 +7,7 @@
 #![doc = "\n\nSee `docs/ARCHITECTURE.md` for the layers."]
 
 pub mod bootstrap;
+pub mod cuda;
 pub mod error;
 pub mod kernels;
 pub mod span;

@@ -7,8 +7,19 @@ use std::time::Duration;
 use ctran::bootstrap::HashStore;
 use ctran::{Comm, CommConfig, DataType, Op, P2p, ReduceOp, Span};
 
+/// Runs `f` on `n` thread-ranks, once over TCP alone and once with shared memory between them.
 fn with_ranks<R: Send>(n: usize, name: &str, f: impl Fn(&Comm) -> R + Sync) -> Vec<R> {
-    with_ranks_finalizing(n, name, f)
+    let _tcp = with_ranks_on(n, &format!("{name}-tcp"), false, &f);
+    with_ranks_on(n, &format!("{name}-shm"), true, &f)
+}
+
+fn with_ranks_on<R: Send>(
+    n: usize,
+    name: &str,
+    shm: bool,
+    f: impl Fn(&Comm) -> R + Sync,
+) -> Vec<R> {
+    with_ranks_finalizing(n, name, shm, f)
         .into_iter()
         .map(|(r, fin)| {
             fin.expect("finalize after a clean run");
@@ -21,6 +32,7 @@ fn with_ranks<R: Send>(n: usize, name: &str, f: impl Fn(&Comm) -> R + Sync) -> V
 fn with_ranks_finalizing<R: Send>(
     n: usize,
     name: &str,
+    shm: bool,
     f: impl Fn(&Comm) -> R + Sync,
 ) -> Vec<(R, ctran::Result<()>)> {
     let store: Arc<HashStore> = Arc::new(HashStore::new());
@@ -33,6 +45,10 @@ fn with_ranks_finalizing<R: Send>(
                     let mut cfg = CommConfig::from_env(format!("{name}-n{n}"), rank, n).unwrap();
                     cfg.timeout = Duration::from_secs(30);
                     cfg.chunk_bytes = 4096;
+                    cfg.use_shm = shm;
+                    // Small shared buffers, so multi-round paths run on small data too.
+                    cfg.shm.coll_bytes = 8192;
+                    cfg.shm.fifo_slot_bytes = 1024;
                     let comm = Comm::init(cfg, store).unwrap();
                     let r = f(&comm);
                     (r, comm.finalize())
@@ -368,7 +384,9 @@ fn split_makes_working_subcommunicators() {
 
 #[test]
 fn size_mismatch_is_reported_not_hung() {
-    let results = with_ranks_finalizing(2, "mismatch", |c| {
+    // Over TCP every message carries its length; the shared-memory collectives trust the sizes
+    // (as NCCL does), so this check runs on the socket path.
+    let results = with_ranks_finalizing(2, "mismatch", false, |c| {
         let mut v = vec![0i64; 10 + c.rank()];
         let err = c.run(
             Op::Broadcast {

@@ -15,6 +15,7 @@ use torchcomms::{new_comm, CommOptions, OpOptions, P2POp, Tensor, TorchComm, Wor
 
 use crate::check::{input_value, invalid_combo, reduce_expected, with_elem, Elem, Expect, Pattern};
 use crate::cli::{CollOp, Settings};
+use crate::device::{rank_device, Mem};
 
 /// Exit status of a run that completed but found wrong results.
 pub(crate) const WRONG_EXIT: u8 = 3;
@@ -89,6 +90,8 @@ struct Bench<'a> {
     rank: usize,
     n: usize,
     root: usize,
+    /// Host or device memory of this rank.
+    mem: Mem,
 }
 
 impl Bench<'_> {
@@ -111,10 +114,11 @@ impl Bench<'_> {
         }
     }
 
-    fn bufs(&self, op: CollOp, input: Tensor, c: usize) -> Bufs {
+    fn bufs(&self, op: CollOp, input: Tensor, c: usize) -> Result<Bufs> {
         let output = self
             .out_count(op, c)
-            .map(|k| Tensor::zeros(input.dtype(), k));
+            .map(|k| self.mem.zeros(input.dtype(), k))
+            .transpose()?;
         let views = if op == CollOp::Scatter && self.rank == self.root {
             let blk = c / self.n;
             (0..self.n).map(|r| input.narrow(r * blk, blk)).collect()
@@ -134,12 +138,12 @@ impl Bench<'_> {
             ],
             _ => Vec::new(),
         };
-        Bufs {
+        Ok(Bufs {
             input,
             output,
             views,
             p2p,
-        }
+        })
     }
 
     fn opts(&self, async_op: bool) -> OpOptions {
@@ -192,7 +196,8 @@ impl Bench<'_> {
                 self.issue(op, redop, b, &o)?.wait()?;
             }
         }
-        Ok(())
+        // On a GPU, wait() orders the default stream after the work: wait for that stream.
+        self.mem.sync()
     }
 
     fn barrier(&self) -> Result<()> {
@@ -205,15 +210,15 @@ impl Bench<'_> {
 
     /// All-reduce of one f64 through the communicator.
     fn reduce_scalar(&self, v: f64, op: ReduceOp) -> Result<f64> {
-        let t = Tensor::from_vec(vec![v]);
+        let t = self.mem.upload(vec![v])?;
         self.comm.all_reduce(&t, op, &OpOptions::sync())?.wait()?;
-        Ok(t.to_vec::<f64>()?[0])
+        Ok(self.mem.download::<f64>(t)?[0])
     }
 
     /// Times one (op, dtype, redop, size) and checks it.
     fn measure(&self, op: CollOp, dtype: DataType, redop: ReduceOp, lay: Layout) -> Result<Row> {
         let c = lay.count;
-        let bufs = self.bufs(op, Tensor::zeros(dtype, self.in_count(op, c)), c);
+        let bufs = self.bufs(op, self.mem.zeros(dtype, self.in_count(op, c))?, c)?;
         self.barrier()?;
         self.iterate(op, redop, &bufs, self.s.warmup)
             .context("warm-up")?;
@@ -267,9 +272,9 @@ impl Bench<'_> {
         } else {
             (0..k).map(|i| T::from_i64(value(rank, i))).collect()
         };
-        let bufs = self.bufs(op, Tensor::from_vec(data), c);
+        let bufs = self.bufs(op, self.mem.upload(data)?, c)?;
         self.issue(op, redop, &bufs, &self.opts(false))?.wait()?;
-        let got: Vec<T> = bufs.result().to_vec()?;
+        let got: Vec<T> = self.mem.download(bufs.result())?;
         let blk = (c / n).max(1);
         let expect = |j: usize| match op {
             CollOp::AllReduce => reduce_expected::<T>(redop, n, j),
@@ -356,7 +361,9 @@ pub(crate) fn run_rank(s: &Settings, info: &RankInfo) -> Result<ExitCode> {
     if let Some(t) = s.timeout {
         copts.timeout = t;
     }
-    let comm = new_comm(&s.backend, s.device, "torchcomms-perf", copts).with_context(|| {
+    let device = rank_device(s.device, info.local_rank.unwrap_or(info.rank))?;
+    let mem = Mem::new(device)?;
+    let comm = new_comm(&s.backend, device, "torchcomms-perf", copts).with_context(|| {
         format!(
             "creating the {} communicator ({} of {} ranks, from {})",
             s.backend, info.rank, info.size, info.source
@@ -375,6 +382,7 @@ pub(crate) fn run_rank(s: &Settings, info: &RankInfo) -> Result<ExitCode> {
         rank,
         n,
         root: s.root,
+        mem,
     };
     let p = Printer {
         on: rank == 0,
@@ -388,7 +396,7 @@ pub(crate) fn run_rank(s: &Settings, info: &RankInfo) -> Result<ExitCode> {
         "# torchcomms-perf {}: nranks {n}, backend {} ({version}), device {}, ranks from {}",
         env!("CARGO_PKG_VERSION"),
         s.backend,
-        s.device,
+        device,
         info.source
     ));
     p.line(format!(
@@ -473,6 +481,14 @@ pub(crate) fn run_rank(s: &Settings, info: &RankInfo) -> Result<ExitCode> {
             bw_sum / rows.len() as f64
         ));
     }
+    if let Some(kib) = peak_rss_kib() {
+        let largest = rows.iter().map(|r| r.bytes).max().unwrap_or(0);
+        p.line(format!(
+            "# Peak memory (VmHWM) : {:.1} MiB on rank {rank}, largest message {:.1} MiB",
+            kib as f64 / 1024.0,
+            largest as f64 / (1 << 20) as f64
+        ));
+    }
     p.line("#");
     if rank == 0 {
         if let Some(path) = &s.json {
@@ -494,6 +510,13 @@ pub(crate) fn run_rank(s: &Settings, info: &RankInfo) -> Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// This process's peak resident memory in KiB (`VmHWM` of /proc/self/status), where available.
+fn peak_rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! Command line: the options, their parsers, and the validated [`Settings`] the ranks run with.
 
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{bail, Result};
@@ -100,11 +101,12 @@ pub(crate) struct Args {
           value_parser = clap::value_parser!(u8).range(0..=1))]
     pub(crate) check: u8,
 
-    /// Communication backend.
+    /// Communication backend: ctran (the project's engine) or nccl (NVIDIA's NCCL, CUDA only).
     #[arg(long, default_value = "ctran")]
     pub(crate) backend: String,
 
-    /// Device of the tensors (cpu, cuda, cuda:N).
+    /// Device of the tensors (cpu, cuda, cuda:N). With CUDA, local rank r uses GPU N + r (mod
+    /// the GPUs present); inputs are copied up and results copied back to be checked.
     #[arg(long, default_value = "cpu", value_parser = parse_device)]
     pub(crate) device: Device,
 
@@ -128,6 +130,25 @@ pub(crate) struct Args {
     /// Algorithm to ask for: passed as the hint {"algo": NAME} on every operation.
     #[arg(long, value_name = "NAME")]
     pub(crate) algo: Option<String>,
+
+    /// Print every configuration variable (cvar) with its effective value and where it came
+    /// from (default, the TORCHCOMMS_CONFIG file, the environment), then exit.
+    #[arg(long)]
+    pub(crate) print_cvars: bool,
+}
+
+/// `--print-cvars`: the effective configuration; an invalid value is an error naming it.
+pub(crate) fn print_cvars() -> ExitCode {
+    match torchcomms_cvars::Cvars::load() {
+        Ok(cv) => {
+            print!("{}", cv.table());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("torchcomms-perf: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// The operations the benchmark measures.

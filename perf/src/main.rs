@@ -19,6 +19,7 @@
 mod bench;
 mod check;
 mod cli;
+mod device;
 mod launch;
 
 use std::process::ExitCode;
@@ -27,11 +28,15 @@ use anyhow::Context;
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
-// Links the `ctran` backend so that `--backend ctran` resolves.
+// Links the backends so that `--backend ctran|nccl` resolves.
 use torchcomms_ctran as _;
+use torchcomms_nccl as _;
 
 fn main() -> ExitCode {
     let args = cli::Args::parse();
+    if args.print_cvars {
+        return cli::print_cvars();
+    }
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -14,7 +14,15 @@ fn worker() -> PathBuf {
 }
 
 fn suite(n: usize, large: usize) {
-    let outs = Job::new(n, &["suite", "--large", &large.to_string()]).run(&worker());
+    suite_on(n, large, "socket,shm");
+}
+
+/// The suite with the given `CTRAN_BACKENDS` (ranks of one host share memory unless only
+/// `socket` is named).
+fn suite_on(n: usize, large: usize, backends: &str) {
+    let outs = Job::new(n, &["suite", "--large", &large.to_string()])
+        .env("CTRAN_BACKENDS", backends)
+        .run(&worker());
     assert_all_ok(&outs, &format!("suite with {n} ranks"));
     assert_eq!(outs.len(), n);
     for o in &outs {
@@ -58,6 +66,16 @@ fn suite_8_ranks() {
 }
 
 #[test]
+fn suite_3_ranks_tcp_only() {
+    suite_on(3, 1 << 20, "socket");
+}
+
+#[test]
+fn suite_4_ranks_tcp_only() {
+    suite_on(4, 1 << 20, "socket");
+}
+
+#[test]
 fn communicators_back_to_back_without_a_store() {
     let outs = Job::new(3, &["back-to-back", "--count", "4"]).run(&worker());
     assert_all_ok(&outs, "back-to-back");
@@ -72,8 +90,13 @@ fn bad_input_names_the_argument() {
 const FAULT_TIMEOUT_S: u64 = 6;
 
 fn fault_job(n: usize, scenario: &str, victim: usize) -> Vec<RankOutput> {
+    fault_job_on(n, scenario, victim, "socket,shm")
+}
+
+fn fault_job_on(n: usize, scenario: &str, victim: usize, backends: &str) -> Vec<RankOutput> {
     let mut job = Job::new(n, &[scenario, "--victim", &victim.to_string()])
-        .env("TORCHCOMM_TIMEOUT_SECONDS", &FAULT_TIMEOUT_S.to_string());
+        .env("TORCHCOMM_TIMEOUT_SECONDS", &FAULT_TIMEOUT_S.to_string())
+        .env("CTRAN_BACKENDS", backends);
     // A stalled rank never exits by itself; the harness kills it.
     job.timeout = Duration::from_secs(FAULT_TIMEOUT_S * 3);
     job.run(&worker())
@@ -151,6 +174,36 @@ fn killed_rank_during_all_reduce_fails_every_survivor() {
     assert!(!victim.ok(), "the victim should have been killed");
     // Ranks 0 and 2 lose rank 1 directly; rank 3 hears of it through rank 2.
     assert_survivors_failed(&outs, 1, "all_reduce", Some(4), "peer 1");
+}
+
+#[test]
+fn killed_rank_during_tcp_all_reduce_fails_every_survivor() {
+    let outs = fault_job_on(4, "kill-allreduce", 1, "socket");
+    assert_survivors_failed(&outs, 1, "all_reduce", Some(4), "peer 1");
+}
+
+/// Shared segments are unlinked once every local rank mapped them, so a rank killed in the
+/// middle of a shared-memory all_reduce leaves nothing in /dev/shm.
+#[test]
+fn killed_rank_during_shm_all_reduce_leaves_no_segment() {
+    let outs = fault_job_on(3, "kill-allreduce", 2, "socket,shm");
+    assert_survivors_failed(&outs, 2, "all_reduce", Some(4), "peer 2");
+    // Other tests create segments concurrently for a few milliseconds each; ours must not stay.
+    let ours = || -> Vec<String> {
+        std::fs::read_dir("/dev/shm")
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.starts_with("tcrs-"))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    while !ours().is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(ours().is_empty(), "segments left behind: {:?}", ours());
 }
 
 #[test]

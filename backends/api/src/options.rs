@@ -45,29 +45,14 @@ pub struct CommOptions {
 }
 
 impl CommOptions {
-    /// Defaults, read from the environment like torchcomms does at construction.
+    /// Defaults, read from the cvars (`TORCHCOMM_ABORT_ON_ERROR`, `TORCHCOMM_TIMEOUT_SECONDS`)
+    /// like torchcomms does at construction.
     pub fn from_env() -> Result<CommOptions> {
-        let abort = match std::env::var("TORCHCOMM_ABORT_ON_ERROR") {
-            Ok(v) => parse_env_bool("TORCHCOMM_ABORT_ON_ERROR", &v)?,
-            Err(_) => true,
-        };
-        let timeout = match std::env::var("TORCHCOMM_TIMEOUT_SECONDS") {
-            Ok(v) => v
-                .trim()
-                .parse::<f64>()
-                .ok()
-                .and_then(|s| Duration::try_from_secs_f64(s).ok())
-                .filter(|d| !d.is_zero())
-                .ok_or_else(|| {
-                    Error::invalid(
-                        "environment",
-                        "TORCHCOMM_TIMEOUT_SECONDS",
-                        "a positive number of seconds",
-                        v,
-                    )
-                })?,
-            Err(_) => ctran::comm::config::DEFAULT_TIMEOUT,
-        };
+        // Defaults, the TORCHCOMMS_CONFIG file and the environment (docs/cvars.md).
+        let cv = torchcomms_cvars::reload()
+            .map_err(|e| Error::invalid("environment", e.name(), e.expected(), e.value()))?;
+        let abort = cv.torchcomm_abort_on_error();
+        let timeout = cv.torchcomm_timeout_seconds();
         Ok(CommOptions {
             abort_process_on_timeout_or_error: abort,
             timeout,
@@ -105,6 +90,11 @@ pub struct OpOptions {
     pub hints: Hints,
     /// Timeout for this call; `None` (or zero) uses the communicator's.
     pub timeout: Option<Duration>,
+    /// The caller's current CUDA stream, as a `CUstream` integer
+    /// (`torch.cuda.current_stream(device).cuda_stream`); `None` is the legacy default stream.
+    /// GPU backends order the operation after it and make it wait in `Work::wait()`; CPU
+    /// backends ignore it.
+    pub stream: Option<u64>,
 }
 
 impl OpOptions {
@@ -124,6 +114,12 @@ impl OpOptions {
     /// The same options with a timeout.
     pub fn with_timeout(mut self, timeout: Duration) -> OpOptions {
         self.timeout = Some(timeout);
+        self
+    }
+
+    /// The same options on the caller's CUDA stream (see [`OpOptions::stream`]).
+    pub fn with_stream(mut self, stream: u64) -> OpOptions {
+        self.stream = Some(stream);
         self
     }
 

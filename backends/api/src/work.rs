@@ -22,8 +22,14 @@ pub enum WorkStatus {
 
 /// What a backend implements for its work objects.
 pub trait WorkHandle: Send + Sync + Debug {
-    /// Blocks until the work finishes or `timeout` passes.
+    /// Waits for the work: CPU backends block until it finishes or `timeout` passes; CUDA
+    /// backends make the caller's stream wait for it and return without blocking the host.
     fn wait(&self, timeout: Duration) -> Result<()>;
+    /// Blocks the host until the work finishes or `timeout` passes (the same as `wait` unless
+    /// the backend is stream-ordered).
+    fn wait_blocking(&self, timeout: Duration) -> Result<()> {
+        self.wait(timeout)
+    }
     /// Current status.
     fn status(&self) -> WorkStatus;
     /// The error of failed work.
@@ -69,10 +75,19 @@ impl Work {
         }
     }
 
-    /// Blocks until the work finishes. The operation's own deadline bounds the wait.
+    /// Waits for the work. On CPU backends this blocks until it finishes (the operation's own
+    /// deadline bounds the wait); on CUDA backends it makes the caller's stream wait for the
+    /// work and returns at once (ProcessGroupNCCL's semantics).
     pub fn wait(&self) -> Result<()> {
         // The engine fails the op at its deadline; the margin covers the hand-over.
         self.handle.wait(self.timeout + Duration::from_secs(2))
+    }
+
+    /// Blocks the host until the work finishes, also on stream-ordered (CUDA) backends whose
+    /// [`Work::wait`] only orders the caller's stream after the work.
+    pub fn wait_blocking(&self) -> Result<()> {
+        self.handle
+            .wait_blocking(self.timeout + Duration::from_secs(2))
     }
 
     /// Blocks until the work finishes or `timeout` passes (the work keeps running).

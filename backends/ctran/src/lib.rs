@@ -126,7 +126,18 @@ impl CtranBackend {
 
     fn issue(&self, op: Op, keep: ctran::comm::KeepAlive, opts: &OpOptions) -> Result<Work> {
         let timeout = opts.timeout_or(self.comm.config().timeout);
-        let request = self.comm.submit_with(op, Some(timeout), keep);
+        // Hints for the engine's algorithm choice (ctran::algos::select::Hints): `algo`, and
+        // `uniform_blocks` (every rank passes equal blocks, as all_to_all_single does).
+        let hints = ctran::algos::select::Hints {
+            algo: opts.hints.get("algo").map(String::as_str),
+            uniform: opts
+                .hints
+                .get("uniform_blocks")
+                .is_some_and(|v| matches!(v.as_str(), "1" | "true")),
+        };
+        let request =
+            self.comm
+                .submit_with_options(op, Some(timeout), keep, hints, Some(opts.async_op));
         let work = Work::new(
             Box::new(CtranWork {
                 request,

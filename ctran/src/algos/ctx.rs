@@ -196,3 +196,14 @@ pub fn finish(red: &Reducer, buf: Span) {
         unsafe { buf.with_mut_slice(|b| red.finish(b)) }
     }
 }
+
+/// `dst = finish(prescale(src))`: one rank's input as the final result (a single-rank
+/// reduction); `dst` may be `src` itself.
+pub fn load_result(red: &Reducer, dst: Span, src: Span) {
+    if dst.addr() == src.addr() && dst.len() == src.len() {
+        prescale(red, dst);
+    } else {
+        load_input(red, dst, src);
+    }
+    finish(red, dst);
+}

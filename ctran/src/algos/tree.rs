@@ -31,6 +31,20 @@ impl BinomialTree {
     }
 }
 
+/// Rank `rank` relative to `root` (the root is 0).
+pub fn vrank(rank: usize, size: usize, root: usize) -> usize {
+    (rank + size - root) % size
+}
+
+/// Number of ranks in the subtree of relative rank `vr`: relative ranks `vr..vr + subtree`.
+pub fn subtree(vr: usize, size: usize) -> usize {
+    if vr == 0 {
+        size
+    } else {
+        (vr & vr.wrapping_neg()).min(size - vr)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -52,6 +66,28 @@ mod tests {
                 }
                 let edges: usize = trees.iter().map(|t| t.children.len()).sum();
                 assert_eq!(edges, size - 1);
+            }
+        }
+    }
+
+    #[test]
+    fn subtrees_partition_their_parent() {
+        for size in 1..=17 {
+            for root in 0..size {
+                for r in 0..size {
+                    let t = BinomialTree::new(r, size, root);
+                    let vr = vrank(r, size, root);
+                    let kids: usize = t
+                        .children
+                        .iter()
+                        .map(|&c| subtree(vrank(c, size, root), size))
+                        .sum();
+                    assert_eq!(kids + 1, subtree(vr, size), "size {size} root {root} r {r}");
+                    for &c in &t.children {
+                        let vc = vrank(c, size, root);
+                        assert!(vc > vr && vc + subtree(vc, size) <= vr + subtree(vr, size));
+                    }
+                }
             }
         }
     }

@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
+use crate::algos::select::{AlgoConfig, Choice, Collective, CostOverrides};
 use crate::error::{Error, Result};
+use crate::transport::shm::ShmConfig;
 use crate::transport::socket::SocketConfig;
 
 /// Default per-operation timeout when neither the caller nor `TORCHCOMM_TIMEOUT_SECONDS` set one.
@@ -24,26 +26,27 @@ pub struct CommConfig {
     pub chunk_bytes: usize,
     /// TCP transport settings.
     pub socket: SocketConfig,
+    /// Use shared memory between ranks of one host (`CTRAN_BACKENDS` contains `shm`).
+    pub use_shm: bool,
+    /// Shared-memory transport settings.
+    pub shm: ShmConfig,
     /// Abort the whole process when an operation fails or times out (torchcomms'
     /// `abort_process_on_timeout_or_error`), like NCCL's watchdog does.
     pub abort_process_on_error: bool,
-}
-
-fn env_parse<T: std::str::FromStr>(name: &str, expected: &str) -> Result<Option<T>> {
-    match std::env::var(name) {
-        Ok(v) if !v.trim().is_empty() => v
-            .trim()
-            .parse()
-            .map(Some)
-            .map_err(|_| Error::invalid(name, expected, v)),
-        _ => Ok(None),
-    }
+    /// Algorithm per collective (`CTRAN_<COLLECTIVE>_ALGO`) and cost-model parameters
+    /// (`CTRAN_COST_*`); see [`crate::algos::select`].
+    pub algos: AlgoConfig,
+    /// colltrace settings (`TORCHCOMMS_TRACE_*`).
+    pub trace: colltrace::TraceConfig,
 }
 
 impl CommConfig {
-    /// A configuration for `rank` of `size` named `name`, with defaults read from the
-    /// environment: `TORCHCOMM_TIMEOUT_SECONDS`, `CTRAN_CHUNK_BYTES`, `CTRAN_SOCKET_IFADDR`,
-    /// `CTRAN_SOCKET_SPIN_US`, `CTRAN_SOCKET_BUF_BYTES`.
+    /// A configuration for `rank` of `size` named `name`, with defaults from the cvars
+    /// (`docs/cvars.md`: defaults, the `TORCHCOMMS_CONFIG` file, the environment; reloaded by
+    /// every call): `TORCHCOMM_TIMEOUT_SECONDS`, `CTRAN_CHUNK_BYTES`, `CTRAN_SOCKET_*`,
+    /// `CTRAN_BACKENDS`, `CTRAN_SHM_*`, `CTRAN_<COLLECTIVE>_ALGO`, `CTRAN_COST_*` and the
+    /// `TORCHCOMMS_TRACE_*` settings. An invalid value is an [`Error::InvalidArgument`] naming
+    /// the variable, the value and what is allowed.
     pub fn from_env(name: impl Into<String>, rank: usize, size: usize) -> Result<CommConfig> {
         let name = name.into();
         if size == 0 {
@@ -63,45 +66,41 @@ impl CommConfig {
                 &name,
             ));
         }
-        let timeout =
-            env_parse::<f64>("TORCHCOMM_TIMEOUT_SECONDS", "a positive number of seconds")?
-                .map(Duration::try_from_secs_f64)
-                .transpose()
-                .map_err(|_| {
-                    Error::invalid(
-                        "TORCHCOMM_TIMEOUT_SECONDS",
-                        "a positive number of seconds",
-                        "negative",
-                    )
-                })?
-                .unwrap_or(DEFAULT_TIMEOUT);
-        let chunk_bytes =
-            env_parse::<usize>("CTRAN_CHUNK_BYTES", "a byte count >= 4096")?.unwrap_or(1 << 20);
-        if chunk_bytes < 4096 {
-            return Err(Error::invalid(
-                "CTRAN_CHUNK_BYTES",
-                "a byte count >= 4096",
-                chunk_bytes,
-            ));
-        }
-        let mut socket = SocketConfig {
-            ifaddr: env_parse("CTRAN_SOCKET_IFADDR", "an IP address")?,
-            ..SocketConfig::default()
+        let cv = torchcomms_cvars::reload().map_err(super::trace::cvar_error)?;
+        let socket = SocketConfig {
+            ifaddr: cv.ctran_socket_ifaddr(),
+            spin: cv.ctran_socket_spin_us(),
+            buf_bytes: cv.ctran_socket_buf_bytes(),
         };
-        if let Some(us) = env_parse::<u64>("CTRAN_SOCKET_SPIN_US", "microseconds")? {
-            socket.spin = Duration::from_micros(us);
+        let shm = ShmConfig {
+            coll_bytes: cv.ctran_shm_buffer_bytes(),
+            spin: cv.ctran_shm_spin_us(),
+            ..ShmConfig::default()
+        };
+        let mut algos = AlgoConfig::default();
+        for c in Collective::ALL {
+            if let Some(e) = cv.entry(c.env_var()) {
+                algos.set(c, Choice::parse(c, &e.value, c.env_var())?);
+            }
         }
-        if let Some(b) = env_parse::<usize>("CTRAN_SOCKET_BUF_BYTES", "a byte count")? {
-            socket.buf_bytes = b;
-        }
+        algos.cost = CostOverrides {
+            alpha_us: cv.ctran_cost_alpha_us(),
+            mu_us: cv.ctran_cost_mu_us(),
+            beta_gbps: cv.ctran_cost_beta_gbps(),
+            gamma_gbps: cv.ctran_cost_gamma_gbps(),
+        };
         Ok(CommConfig {
             name,
             rank,
             size,
-            timeout,
-            chunk_bytes,
+            timeout: cv.torchcomm_timeout_seconds(),
+            chunk_bytes: cv.ctran_chunk_bytes(),
             socket,
+            use_shm: cv.ctran_backends().contains(&"shm"),
+            shm,
             abort_process_on_error: false,
+            algos,
+            trace: colltrace::TraceConfig::from_cvars(&cv),
         })
     }
 }

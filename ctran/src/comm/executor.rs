@@ -10,9 +10,13 @@ use crossbeam_channel::{Receiver, TryRecvError};
 use super::op::Op;
 use super::request::Request;
 use super::Shared;
+use crate::algos::select::{self, Choice, Pick};
 use crate::algos::staging::Staging;
 use crate::algos::{self, OpCtx};
 use crate::error::Error;
+use crate::kernels::Reducer;
+use crate::transport::mapper::Mapper;
+use crate::transport::shm::collectives::{self, ShmCtx, ShmFail};
 use crate::transport::socket::Waker;
 use crate::transport::{ReqId, Transport};
 
@@ -23,6 +27,10 @@ pub(crate) struct Task {
     pub(crate) seq: u64,
     pub(crate) timeout: Duration,
     pub(crate) request: Request,
+    /// The explicit algorithm, or auto (resolved when the task runs).
+    pub(crate) algo: Pick,
+    /// Its colltrace record.
+    pub(crate) trace: colltrace::OpRecord,
     /// Keeps the buffers' owners alive until the task is dropped (after it finished).
     pub(crate) _keepalive: super::KeepAlive,
 }
@@ -30,13 +38,15 @@ pub(crate) struct Task {
 impl Task {
     /// Releases the buffers' owners, then reports the result: a waiter that wakes up may rely
     /// on the operation holding nothing any more.
-    fn complete(self, result: crate::error::Result<()>) {
+    fn complete(self, log: &colltrace::CommTrace, result: crate::error::Result<()>) {
         let Task {
             request,
+            mut trace,
             _keepalive,
             ..
         } = self;
         drop(_keepalive);
+        log.finish(&mut trace, super::trace::outcome(&result));
         request.finish(result);
     }
 }
@@ -44,7 +54,7 @@ impl Task {
 /// What the progress thread is asked to do.
 #[derive(Debug)]
 pub(crate) enum Command {
-    Run(Task),
+    Run(Box<Task>),
     /// Finish everything queued, then exit; reply on the channel.
     Shutdown(crossbeam_channel::Sender<()>),
 }
@@ -59,7 +69,7 @@ struct InFlight {
 
 pub(crate) struct Executor {
     pub(crate) shared: Arc<Shared>,
-    pub(crate) net: Box<dyn Transport>,
+    pub(crate) net: Mapper,
     pub(crate) waker: Arc<Waker>,
     pub(crate) staging: Staging,
     pub(crate) rx: Receiver<Command>,
@@ -69,7 +79,7 @@ pub(crate) struct Executor {
 impl Executor {
     pub(crate) fn new(
         shared: Arc<Shared>,
-        net: Box<dyn Transport>,
+        net: Mapper,
         waker: Arc<Waker>,
         staging: Staging,
         rx: Receiver<Command>,
@@ -85,6 +95,7 @@ impl Executor {
     }
 
     pub(crate) fn run(mut self) {
+        self.calibrate();
         loop {
             self.reap_inflight();
             let cmd = if self.inflight.is_empty() {
@@ -103,7 +114,7 @@ impl Executor {
                 }
             };
             match cmd {
-                Command::Run(task) => self.execute(task),
+                Command::Run(task) => self.execute(*task),
                 Command::Shutdown(reply) => {
                     self.drain_inflight();
                     let _ = reply.send(());
@@ -111,7 +122,11 @@ impl Executor {
                 }
             }
         }
-        self.net.abort("communicator shut down");
+        if self.shared.failure().is_some() {
+            self.net.abort("communicator shut down after a failure");
+        } else {
+            self.net.close();
+        }
     }
 
     /// Moves in-flight transfers while no new command is queued; wakes up for new commands.
@@ -137,19 +152,28 @@ impl Executor {
             task_op,
             seq,
             timeout,
-            self.net.as_mut(),
+            &mut self.net,
             &mut self.staging,
         )
     }
 
-    fn execute(&mut self, task: Task) {
+    fn execute(&mut self, mut task: Task) {
         if let Some(err) = self.shared.failure() {
-            task.complete(Err(err));
+            task.complete(&self.shared.trace, Err(err));
             return;
         }
         task.request.start();
         let name = task.op.name();
+        if moves_nothing_anywhere(&task.op) {
+            task.complete(&self.shared.trace, Ok(()));
+            return;
+        }
         if task.op.is_p2p() {
+            let transport = Some(self.net.describe());
+            let info = || super::trace::op_info(&task.op, task.timeout, None);
+            self.shared
+                .trace
+                .start(&mut task.trace, info, transport, None);
             let posted = {
                 let mut cx = self.ctx(name, task.seq, task.timeout);
                 algos::post_p2p(&mut cx, &task.op)
@@ -167,13 +191,110 @@ impl Executor {
             }
             return;
         }
-        let result = {
-            let mut cx = self.ctx(name, task.seq, task.timeout);
-            algos::run_collective(&mut cx, &task.op)
+        // An explicitly chosen algorithm runs as chosen, also where shared memory could.
+        let shm = match task.algo.choice {
+            Choice::Auto => self.run_on_shm(&mut task),
+            Choice::Fixed(_) => None,
+        };
+        let result = match shm {
+            Some(r) => r,
+            None => {
+                let algo = self.shared.selector.resolve(&task.op, task.algo);
+                let transport = Some(self.net.describe());
+                let algo_name = algo.map(|a| a.name());
+                let info = || super::trace::op_info(&task.op, task.timeout, None);
+                self.shared
+                    .trace
+                    .start(&mut task.trace, info, transport, algo_name);
+                let mut cx = self.ctx(name, task.seq, task.timeout);
+                algos::run_collective(&mut cx, &task.op, algo)
+            }
         };
         match result {
-            Ok(()) => task.complete(Ok(())),
+            Ok(()) => task.complete(&self.shared.trace, Ok(())),
             Err(e) => self.fail_task(task, e),
+        }
+    }
+
+    /// Runs `task` with a shared-memory collective when every rank is on this host and one
+    /// exists for the operation; `None` leaves it to the generic algorithms.
+    fn run_on_shm(&mut self, task: &mut Task) -> Option<crate::error::Result<()>> {
+        let (rank, size) = (self.shared.rank, self.shared.size);
+        let (shm, mut alive) = self.net.whole_comm_shm()?;
+        // The generic path starts the record again, with its algorithm, when no shared-memory
+        // collective fits the op.
+        let info = || super::trace::op_info(&task.op, task.timeout, None);
+        self.shared
+            .trace
+            .start(&mut task.trace, info, Some("shm"), Some("shm"));
+        let mut cx = ShmCtx {
+            shm,
+            deadline: Instant::now() + task.timeout,
+            alive: &mut alive,
+        };
+        let reducer = |dtype, op| Reducer::new(dtype, op, size);
+        let outcome = match &task.op {
+            Op::AllReduce { buf, dtype, op } => match reducer(*dtype, *op) {
+                Ok(red) => collectives::all_reduce(&mut cx, *buf, &red),
+                Err(e) => return Some(Err(e)),
+            },
+            Op::Reduce {
+                buf,
+                dtype,
+                op,
+                root,
+            } => match reducer(*dtype, *op) {
+                Ok(red) => collectives::reduce(&mut cx, *buf, &red, *root),
+                Err(e) => return Some(Err(e)),
+            },
+            Op::ReduceScatter {
+                inputs,
+                output,
+                dtype,
+                op,
+            } => match reducer(*dtype, *op) {
+                Ok(red) => collectives::reduce_scatter(&mut cx, inputs, *output, &red),
+                Err(e) => return Some(Err(e)),
+            },
+            Op::AllGather { input, outputs } => collectives::all_gather(&mut cx, *input, outputs),
+            Op::Broadcast { buf, root } => collectives::broadcast(&mut cx, *buf, *root),
+            _ => return None,
+        };
+        drop(alive);
+        Some(outcome.map_err(|fail| {
+            match fail {
+                ShmFail::Deadline { waiting_for } => Error::Timeout {
+                    op: task.op.name().into(),
+                    seq: task.seq,
+                    rank,
+                    peer: waiting_for,
+                    timeout: task.timeout,
+                },
+                ShmFail::Peer(e) => OpCtx::new(
+                    rank,
+                    size,
+                    task.op.name(),
+                    task.seq,
+                    task.timeout,
+                    &mut self.net,
+                    &mut self.staging,
+                )
+                .error(e),
+            }
+        }))
+    }
+
+    /// Measures and agrees on the cost model with every other rank (each runs this first, before
+    /// any operation); a failure fails the communicator.
+    fn calibrate(&mut self) {
+        let sel = Arc::clone(&self.shared.selector);
+        let result = {
+            let mut cx = self.ctx("calibrate", 0, sel.timeout);
+            select::calibrate::run(&mut cx, &sel.config().cost)
+        };
+        match result {
+            Ok(model) => sel.set_model(model),
+            Err(e) => self.fail(e),
         }
     }
 
@@ -196,7 +317,7 @@ impl Executor {
                             f.task.op.name(),
                             f.task.seq,
                             f.task.timeout,
-                            self.net.as_mut(),
+                            &mut self.net,
                             &mut self.staging,
                         );
                         err = Some(cx.error(e));
@@ -221,7 +342,7 @@ impl Executor {
             }
             if f.reqs.is_empty() {
                 let f = self.inflight.remove(i);
-                f.task.complete(Ok(()));
+                f.task.complete(&self.shared.trace, Ok(()));
             } else {
                 i += 1;
             }
@@ -242,17 +363,27 @@ impl Executor {
         }
     }
 
-    fn fail_task(&mut self, task: Task, err: Error) {
+    fn fail_task(&mut self, mut task: Task, err: Error) {
         tracing::error!(comm = %self.shared.name, rank = self.shared.rank, "{err}");
-        task.complete(Err(err.clone()));
+        // The trace shows this op failed before the failure dumps it; the caller wakes after
+        // the dump, so a process that exits on the error still leaves it behind.
+        let result = Err(err.clone());
+        self.shared
+            .trace
+            .finish(&mut task.trace, super::trace::outcome(&result));
         self.fail(err);
+        task.complete(&self.shared.trace, result);
     }
 
-    /// Marks the communicator failed, closes its connections (peers notice at once) and fails
-    /// everything in flight.
+    /// Marks the communicator failed, closes its connections (peers notice at once), fails
+    /// everything in flight, and dumps the trace (`TORCHCOMMS_TRACE_DUMP_ON`).
     fn fail(&mut self, err: Error) {
         let wrapped = self.shared.set_failed(err.clone());
         self.net.abort(&err.to_string());
+        for f in self.inflight.drain(..) {
+            f.task.complete(&self.shared.trace, Err(wrapped.clone()));
+        }
+        super::trace::report_failure(&self.shared.trace, &err);
         if self.shared.abort_process_on_error {
             tracing::error!(
                 comm = %self.shared.name,
@@ -261,8 +392,21 @@ impl Executor {
             );
             std::process::abort();
         }
-        for f in self.inflight.drain(..) {
-            f.task.complete(Err(wrapped.clone()));
+    }
+}
+
+/// True for collectives that move no byte on any rank, judged from sizes every rank agrees on
+/// (so every rank skips them alike, as NCCL does for a count of 0). all_to_all is excluded: a
+/// rank's own blocks being empty says nothing about the others'.
+fn moves_nothing_anywhere(op: &Op) -> bool {
+    match op {
+        Op::AllReduce { buf, .. } | Op::Reduce { buf, .. } | Op::Broadcast { buf, .. } => {
+            buf.is_empty()
         }
+        Op::AllGather { outputs, .. } => outputs.iter().all(|o| o.is_empty()),
+        Op::ReduceScatter { inputs, .. } => inputs.iter().all(|i| i.is_empty()),
+        Op::Scatter { output, .. } => output.is_empty(),
+        Op::Gather { input, .. } => input.is_empty(),
+        _ => false,
     }
 }

@@ -12,7 +12,12 @@ use super::{Comm, CommConfig, Op};
 use crate::bootstrap::{PrefixStore, Store};
 use crate::error::{Error, Result};
 use crate::span::Span;
-use crate::transport::socket::mesh::{connect_mesh, default_listen_ip, Listener, MeshPlan};
+use crate::transport::mapper::Mapper;
+use crate::transport::shm::ShmTransport;
+use crate::transport::socket::mesh::{
+    connect_mesh, default_listen_ip, Listener, MeshPlan, DEFAULT_SPIN,
+};
+use crate::transport::socket::{SocketTransport, Waker};
 
 /// How many communicators of each name this rank created: all ranks create them in the same
 /// order, so the count gives every instance its own store prefix. Keyed by rank too, for ranks
@@ -62,11 +67,82 @@ fn listen(config: &CommConfig, store_hint: Option<IpAddr>) -> Result<(Listener, 
     Ok((listener, SocketAddr::new(ip, port)))
 }
 
+/// Identifies "this host" for shared memory: same kernel boot and same network namespace (ranks
+/// in different network namespaces act as different hosts and talk over TCP).
+pub(crate) fn host_id() -> u64 {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let netns = std::fs::read_link("/proc/self/ns/net")
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    let host = nix::unistd::gethostname()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut h = DefaultHasher::new();
+    (read("/proc/sys/kernel/random/boot_id").trim(), netns, host).hash(&mut h);
+    h.finish()
+}
+
+/// Sets up shared memory with the ranks of `hosts` (host id per rank) that share this rank's
+/// host, when enabled, and returns the transports of the communicator.
+fn transports(
+    config: &CommConfig,
+    socket: SocketTransport,
+    hosts: &[u64],
+    secret: &[u8; 16],
+    deadline: Instant,
+) -> Result<(Mapper, Arc<Waker>)> {
+    let mut socket = socket;
+    let waker = Arc::clone(socket.waker());
+    let me = hosts[config.rank];
+    let local: Vec<usize> = (0..hosts.len()).filter(|&r| hosts[r] == me).collect();
+    if config.socket.spin.is_none() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        socket.set_spin(if local.len() <= cores {
+            DEFAULT_SPIN
+        } else {
+            Duration::ZERO
+        });
+    }
+    let shm = if config.use_shm && local.len() > 1 {
+        let mut h = DefaultHasher::new();
+        (secret, me).hash(&mut h);
+        let name = format!("/tcrs-{}-{:016x}", local[0], h.finish());
+        let shm = ShmTransport::attach(
+            &name,
+            config.rank,
+            config.size,
+            &local,
+            &config.shm,
+            deadline,
+        )
+        .map_err(|e| Error::Bootstrap {
+            comm: config.name.clone(),
+            reason: format!("shared memory: {e}"),
+        })?;
+        Some(shm)
+    } else {
+        None
+    };
+    Ok((Mapper::new(socket, shm), waker))
+}
+
 fn random_secret() -> [u8; 16] {
     rand::random()
 }
 
 pub(super) fn init_with_store(config: CommConfig, store: Arc<dyn Store>) -> Result<Comm> {
+    let trace = super::trace::new_trace(&config, (0..config.size).collect());
+    let step = trace.begin_comm_op("init", config.timeout, None);
+    let result = connect_with_store(config, store, &trace);
+    super::trace::end_init(&trace, step, &result);
+    result
+}
+
+fn connect_with_store(
+    config: CommConfig,
+    store: Arc<dyn Store>,
+    trace: &Arc<colltrace::CommTrace>,
+) -> Result<Comm> {
     let deadline = Instant::now() + config.timeout;
     let fail = |reason: String| Error::Bootstrap {
         comm: config.name.clone(),
@@ -77,6 +153,7 @@ pub(super) fn init_with_store(config: CommConfig, store: Arc<dyn Store>) -> Resu
         config.name,
         next_instance(&config.name, config.rank)
     );
+    let root = Arc::clone(&store);
     let store = PrefixStore::new(prefix, store);
     let (listener, advertised) = listen(&config, store.local_addr_hint())?;
     let (rank, size) = (config.rank, config.size);
@@ -85,6 +162,7 @@ pub(super) fn init_with_store(config: CommConfig, store: Arc<dyn Store>) -> Resu
         store.set("secret", &random_secret())?;
     }
     store.set(&format!("addr/{rank}"), advertised.to_string().as_bytes())?;
+    store.set(&format!("host/{rank}"), &host_id().to_le_bytes())?;
     let left = || deadline.saturating_duration_since(Instant::now());
     let secret: [u8; 16] = store
         .get("secret", left())?
@@ -99,14 +177,24 @@ pub(super) fn init_with_store(config: CommConfig, store: Arc<dyn Store>) -> Resu
                 .map_err(|_| fail(format!("rank {r} published a bad address {text:?}")))?,
         );
     }
+    let mut hosts = Vec::with_capacity(size);
+    for r in 0..size {
+        let raw = store.get(&format!("host/{r}"), left())?;
+        let id: [u8; 8] = raw
+            .try_into()
+            .map_err(|_| fail(format!("rank {r} published a bad host id")))?;
+        hosts.push(u64::from_le_bytes(id));
+    }
     let plan = MeshPlan {
         comm: config.name.clone(),
         rank,
         addrs,
         secret,
     };
-    let transport = connect_mesh(listener, &plan, &config.socket, deadline)?;
-    let comm = Comm::start(config, transport)?;
+    let socket = connect_mesh(listener, &plan, &config.socket, deadline)?;
+    let (mapper, waker) = transports(&config, socket, &hosts, &secret, deadline)?;
+    let comm = Comm::start(config, mapper, waker, Arc::clone(trace))?;
+    super::trace::publish_endpoint(&*root, &store, comm.config(), advertised.ip());
     // Nobody leaves before everybody has read the store, so the store can go away right after.
     comm.run(Op::Barrier, Some(left().max(Duration::from_millis(1))))?;
     Ok(comm)
@@ -114,7 +202,7 @@ pub(super) fn init_with_store(config: CommConfig, store: Arc<dyn Store>) -> Resu
 
 /// What each parent rank tells the others during a split (fixed size, so it rides one
 /// all_gather).
-const RECORD: usize = 64;
+const RECORD: usize = 72;
 
 fn encode_record(
     color: Option<usize>,
@@ -136,6 +224,7 @@ fn encode_record(
         b[40..56].copy_from_slice(&ip6.octets());
         b[56..58].copy_from_slice(&a.port().to_le_bytes());
     }
+    b[64..72].copy_from_slice(&host_id().to_le_bytes());
     b
 }
 
@@ -145,6 +234,7 @@ struct Record {
     list_hash: u64,
     secret: [u8; 16],
     addr: SocketAddr,
+    host: u64,
 }
 
 fn decode_record(b: &[u8]) -> Record {
@@ -156,6 +246,7 @@ fn decode_record(b: &[u8]) -> Record {
         index: u64::from_le_bytes(b[8..16].try_into().expect("8 bytes")) as usize,
         list_hash: u64::from_le_bytes(b[16..24].try_into().expect("8 bytes")),
         secret: b[24..40].try_into().expect("16 bytes"),
+        host: u64::from_le_bytes(b[64..72].try_into().expect("8 bytes")),
         addr: SocketAddr::new(
             ip,
             u16::from_le_bytes(b[56..58].try_into().expect("2 bytes")),
@@ -164,6 +255,22 @@ fn decode_record(b: &[u8]) -> Record {
 }
 
 pub(super) fn split(
+    parent: &Comm,
+    ranks: &[usize],
+    name: &str,
+    timeout: Duration,
+    abort_process_on_error: bool,
+) -> Result<Option<Comm>> {
+    let detail = format!("new communicator `{name}` of parent ranks {ranks:?}");
+    let step = parent.trace().begin_comm_op("split", timeout, Some(detail));
+    let result = split_inner(parent, ranks, name, timeout, abort_process_on_error);
+    step.finish(super::trace::outcome(
+        &result.as_ref().map(|_| ()).map_err(Clone::clone),
+    ));
+    result
+}
+
+fn split_inner(
     parent: &Comm,
     ranks: &[usize],
     name: &str,
@@ -185,6 +292,8 @@ pub(super) fn split(
     config.timeout = timeout;
     config.socket = parent.config().socket.clone();
     config.chunk_bytes = parent.config().chunk_bytes;
+    config.use_shm = parent.config().use_shm;
+    config.shm = parent.config().shm.clone();
     config.abort_process_on_error = abort_process_on_error;
     let color = ranks.iter().copied().min();
     let list_hash = {
@@ -234,6 +343,7 @@ pub(super) fn split(
     };
     let records: Vec<Record> = gathered.chunks_exact(RECORD).map(decode_record).collect();
     let mut addrs = Vec::with_capacity(ranks.len());
+    let mut hosts = Vec::with_capacity(ranks.len());
     for (i, &r) in ranks.iter().enumerate() {
         let rec = &records[r];
         if rec.color != color || rec.list_hash != list_hash || rec.index != i {
@@ -246,6 +356,7 @@ pub(super) fn split(
             ));
         }
         addrs.push(rec.addr);
+        hosts.push(rec.host);
     }
     let plan = MeshPlan {
         comm: name.to_string(),
@@ -253,15 +364,32 @@ pub(super) fn split(
         addrs,
         secret: records[ranks[0]].secret,
     };
-    let transport = connect_mesh(listener, &plan, &config.socket, deadline)?;
-    let child = Comm::start(config, transport)?;
-    child.run(
-        Op::Barrier,
-        Some(
-            deadline
-                .saturating_duration_since(Instant::now())
-                .max(Duration::from_millis(1)),
-        ),
-    )?;
-    Ok(Some(child))
+    let parent_ranks = &parent.trace().meta().global_ranks;
+    let global = ranks
+        .iter()
+        .map(|&r| parent_ranks.get(r).copied().unwrap_or(r))
+        .collect();
+    let trace = super::trace::new_trace(&config, global);
+    let step = trace.begin_comm_op(
+        "init",
+        timeout,
+        Some(format!("split from `{}`", parent.name())),
+    );
+    let child = (|| {
+        let socket = connect_mesh(listener, &plan, &config.socket, deadline)?;
+        let child_secret = plan.secret;
+        let (mapper, waker) = transports(&config, socket, &hosts, &child_secret, deadline)?;
+        let child = Comm::start(config, mapper, waker, Arc::clone(&trace))?;
+        child.run(
+            Op::Barrier,
+            Some(
+                deadline
+                    .saturating_duration_since(Instant::now())
+                    .max(Duration::from_millis(1)),
+            ),
+        )?;
+        Ok(child)
+    })();
+    super::trace::end_init(&trace, step, &child);
+    child.map(Some)
 }

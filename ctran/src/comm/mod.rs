@@ -6,6 +6,7 @@ mod executor;
 mod init;
 pub mod op;
 pub mod request;
+mod trace;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -14,10 +15,12 @@ use std::time::Duration;
 
 use crossbeam_channel::Sender;
 
+use crate::algos::select::{CostModel, Hints, Selector};
 use crate::algos::staging::Staging;
 use crate::bootstrap::Store;
 use crate::error::{Error, Result};
-use crate::transport::socket::{SocketTransport, Waker};
+use crate::transport::mapper::Mapper;
+use crate::transport::socket::Waker;
 pub use config::CommConfig;
 use executor::{Command, Executor, Task};
 pub use op::{Op, P2p};
@@ -33,6 +36,10 @@ pub(crate) struct Shared {
     pub(crate) rank: usize,
     pub(crate) size: usize,
     pub(crate) abort_process_on_error: bool,
+    /// Algorithm choices and the agreed cost model (set by the progress thread at start).
+    pub(crate) selector: Arc<Selector>,
+    /// colltrace of this communicator.
+    pub(crate) trace: Arc<colltrace::CommTrace>,
     failed: Mutex<Option<Error>>,
 }
 
@@ -92,19 +99,31 @@ impl Comm {
         init::init_with_store(config, store)
     }
 
-    fn start(config: CommConfig, transport: SocketTransport) -> Result<Comm> {
+    fn start(
+        config: CommConfig,
+        transport: Mapper,
+        waker: Arc<Waker>,
+        trace: Arc<colltrace::CommTrace>,
+    ) -> Result<Comm> {
+        trace.set_connected(transport.describe());
         let shared = Arc::new(Shared {
             name: config.name.clone(),
             rank: config.rank,
             size: config.size,
             abort_process_on_error: config.abort_process_on_error,
+            selector: Arc::new(Selector::new(
+                config.size,
+                config.chunk_bytes,
+                config.algos.clone(),
+                config.timeout,
+            )),
             failed: Mutex::new(None),
+            trace,
         });
-        let waker = Arc::clone(transport.waker());
         let (tx, rx) = crossbeam_channel::unbounded();
         let exec = Executor::new(
             Arc::clone(&shared),
-            Box::new(transport),
+            transport,
             Arc::clone(&waker),
             Staging::new(config.chunk_bytes),
             rx,
@@ -163,7 +182,41 @@ impl Comm {
     /// Like [`Comm::submit`], and holds `keepalive` (the owners of the operation's buffers, a
     /// tensor say) until the operation finished, even if the caller drops the request.
     pub fn submit_with(&self, op: Op, timeout: Option<Duration>, keepalive: KeepAlive) -> Request {
+        self.submit_with_algo(op, timeout, keepalive, None)
+    }
+
+    /// Like [`Comm::submit_with`], running the collective with the algorithm named `algo` (the
+    /// per-call hint; `None` uses `CTRAN_<COLLECTIVE>_ALGO`, else `auto`). An unknown name, or
+    /// one that cannot run this call, fails the request at once with
+    /// [`Error::InvalidArgument`] listing the valid names; the communicator stays usable.
+    /// Point-to-point operations ignore `algo`. See [`crate::algos::select`].
+    pub fn submit_with_algo(
+        &self,
+        op: Op,
+        timeout: Option<Duration>,
+        keepalive: KeepAlive,
+        algo: Option<&str>,
+    ) -> Request {
+        self.submit_with_options(op, timeout, keepalive, algo, None)
+    }
+
+    /// Like [`Comm::submit_with_algo`], with everything the caller says about the call:
+    /// `hints` for the algorithm choice (the name, as `Some("ring")`, or [`Hints`], which can
+    /// also declare that every rank passes equal blocks), and whether the caller issued the
+    /// operation asynchronously, for the trace (`None`: unknown).
+    pub fn submit_with_options<'a>(
+        &self,
+        op: Op,
+        timeout: Option<Duration>,
+        keepalive: KeepAlive,
+        hints: impl Into<Hints<'a>>,
+        async_op: Option<bool>,
+    ) -> Request {
         let name = op.name();
+        let algo = match self.shared.selector.choose(&op, hints.into()) {
+            Ok(choice) => choice,
+            Err(e) => return Request::failed(name, 0, e),
+        };
         if self.finalized.load(Ordering::Acquire) {
             let err = Error::Finalized {
                 op: name.into(),
@@ -179,30 +232,59 @@ impl Comm {
             sub.coll_seq += 1;
             sub.coll_seq
         };
+        let timeout = timeout.unwrap_or(self.config.timeout);
+        let traced = self
+            .shared
+            .trace
+            .submit(op.is_p2p(), seq, name, async_op, timeout);
         if let Some(err) = self.shared.failure() {
+            self.shared.trace.refuse(traced, &err);
             return Request::failed(name, seq, err);
         }
         let request = Request::new(name, seq);
         let task = Task {
             op,
             seq,
-            timeout: timeout.unwrap_or(self.config.timeout),
+            timeout,
             request: request.clone(),
+            algo,
+            trace: traced,
             _keepalive: keepalive,
         };
-        if sub.tx.send(Command::Run(task)).is_err() {
+        if let Err(crossbeam_channel::SendError(cmd)) = sub.tx.send(Command::Run(Box::new(task))) {
             let err = Error::CommFailed {
                 comm: self.shared.name.clone(),
                 cause: Box::new(Error::NotSupported(
                     "operations after the progress thread stopped".into(),
                 )),
             };
+            if let Command::Run(task) = cmd {
+                self.shared.trace.refuse(task.trace, &err);
+            }
             return Request::failed(name, seq, err);
         }
         drop(sub);
         self.ops_issued.fetch_add(1, Ordering::Relaxed);
         self.waker.wake();
         request
+    }
+
+    /// The algorithm `op` would run with, given the hints (`Some("ring")`, `None`, or
+    /// [`Hints`]; see [`Comm::submit_with_options`]): the explicit choice, or the cost model's
+    /// (cached) pick. `None` for point-to-point operations.
+    pub fn algo_for<'a>(
+        &self,
+        op: &Op,
+        hints: impl Into<Hints<'a>>,
+    ) -> Result<Option<&'static str>> {
+        let sel = &self.shared.selector;
+        let pick = sel.choose(op, hints.into())?;
+        Ok(sel.resolve(op, pick).map(|a| a.name()))
+    }
+
+    /// The cost model all ranks agreed on at creation.
+    pub fn cost_model(&self) -> Option<CostModel> {
+        self.shared.selector.model()
     }
 
     /// Submits `op` and waits for it.
@@ -241,6 +323,9 @@ impl Comm {
             Ok(())
         };
         self.stop_thread();
+        self.shared
+            .trace
+            .set_state(colltrace::CommState::Finalized, None);
         result
     }
 
@@ -278,8 +363,30 @@ impl Comm {
             comm: self.shared.name.clone(),
             reason: reason.into(),
         });
-        self.finalized.store(true, Ordering::Release);
+        // Later operations fail with the abort (through the failure state), not as if the
+        // communicator had been finalized.
         self.stop_thread();
+        colltrace::on_failure(&self.shared.trace, colltrace::Trigger::Abort, reason);
+    }
+
+    /// The colltrace of this communicator (its records, counters and identity).
+    pub fn trace(&self) -> &Arc<colltrace::CommTrace> {
+        &self.shared.trace
+    }
+
+    /// Writes this communicator's trace into `dir` (`colltrace_rank<N>_<name>_<instance>.json`);
+    /// [`colltrace::dump_all`] writes every communicator of the process.
+    pub fn dump_trace(&self, dir: &std::path::Path) -> Result<std::path::PathBuf> {
+        self.shared
+            .trace
+            .dump_to(dir, colltrace::Trigger::Api, Some("Comm::dump_trace"))
+            .map_err(|e| match e {
+                colltrace::Error::Io { path, source } => Error::Io {
+                    context: format!("writing colltrace dump {}", path.display()),
+                    source,
+                },
+                other => Error::NotSupported(other.to_string()),
+            })
     }
 }
 

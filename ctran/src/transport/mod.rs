@@ -9,12 +9,17 @@
 //! Posting never blocks; [`Transport::progress`] moves bytes for every posted request at once,
 //! so algorithms can keep sends and receives to many peers in flight.
 
+pub mod mapper;
+pub mod shm;
 pub mod socket;
 
 use std::fmt;
 use std::time::Instant;
 
 use crate::span::Span;
+
+/// Names of the transports this build has (`socket` between hosts, `shm` within one).
+pub const AVAILABLE: &[&str] = &["socket", "shm"];
 
 /// Identifies a posted send or receive until [`Transport::test`] reports it finished.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -1,8 +1,10 @@
 //! Ring all_gather: in step `s` each rank forwards the block it received in step `s-1` to its
-//! right neighbour. Blocks go straight from output to output, so no staging is needed, and
-//! blocks may differ in size (all_gather_v).
+//! right neighbour, `n-1` steps moving `(n-1)/n` of the output per rank (bandwidth-optimal).
+//! Blocks travel in staging-chunk pieces straight from output to output, and a piece is
+//! forwarded as soon as it landed, so steps overlap. Blocks may differ in size (all_gather_v).
 
-use crate::algos::ctx::OpCtx;
+use crate::algos::ctx::{chunks, OpCtx};
+use crate::algos::pipe;
 use crate::error::Result;
 use crate::span::Span;
 
@@ -10,11 +12,26 @@ use crate::span::Span;
 pub fn run(cx: &mut OpCtx<'_>, input: Span, outputs: &[Span]) -> Result<()> {
     let (n, r) = (cx.size, cx.rank);
     outputs[r].copy_from(&input);
-    let (right, left) = ((r + 1) % n, (r + n - 1) % n);
-    for s in 0..n.saturating_sub(1) {
-        let send = outputs[(r + n - s) % n];
-        let recv = outputs[(r + 2 * n - s - 1) % n];
-        cx.sendrecv(right, send, left, recv)?;
+    if n == 1 {
+        return Ok(());
     }
-    Ok(())
+    let (right, left) = ((r + 1) % n, (r + n - 1) % n);
+    let chunk = cx.staging.chunk_for(1);
+    let mut sends = pipe::post_send_chunked(cx, right, outputs[r], chunk)?;
+    // Every receive lands in its final place, so all of them can be posted at once.
+    let mut recvs = Vec::new();
+    for s in 0..n - 1 {
+        let block = outputs[(r + 2 * n - s - 1) % n];
+        for (off, len) in chunks(block.len(), chunk) {
+            let piece = block.sub(off, len);
+            recvs.push((cx.recv(left, piece)?, piece, s < n - 2));
+        }
+    }
+    for (req, piece, forward) in recvs {
+        cx.wait(req)?;
+        if forward {
+            sends.push(cx.send(right, piece)?);
+        }
+    }
+    cx.wait_all(&mut sends)
 }

@@ -1,12 +1,17 @@
-//! Binomial-tree reduce, chunked: each rank reduces its children's partials for one chunk into
-//! staging and passes the result to its parent, so memory stays at a few chunks whatever the
-//! message size and non-root buffers are never written.
+//! Binomial-tree reduce, chunked: each rank reduces its children's partials for one chunk and
+//! passes the result to its parent, so memory stays at a few chunks whatever the message size,
+//! and non-root buffers are never written.
+//!
+//! Receives from the children run one chunk ahead of the reduction; the root reduces straight
+//! into its buffer, and a leaf whose input needs no scaling sends straight from its buffer, so
+//! only inner ranks copy through staging.
 
 use crate::algos::ctx::{self, chunks, OpCtx};
 use crate::algos::tree::BinomialTree;
 use crate::error::Result;
 use crate::kernels::Reducer;
 use crate::span::Span;
+use crate::transport::ReqId;
 use crate::types::{DataType, ReduceOp};
 
 /// Runs the tree reduce of `buf` onto `root`.
@@ -19,36 +24,59 @@ pub fn run(
 ) -> Result<()> {
     let red = Reducer::new(dtype, op, cx.size)?;
     let tree = BinomialTree::new(cx.rank, cx.size, root);
+    let kids = tree.children.len();
     let chunk = cx.staging.chunk_for(dtype.size_bytes());
+    let pieces: Vec<(usize, usize)> = chunks(buf.len(), chunk).collect();
     let accs = [cx.staging.slot(0), cx.staging.slot(1)];
-    let tmps: Vec<Span> = (0..tree.children.len())
-        .map(|i| cx.staging.slot(2 + i))
-        .collect();
-    let mut pending_send = [None, None];
-    for (k, (off, len)) in chunks(buf.len(), chunk).enumerate() {
-        let acc = accs[k % 2].sub(0, len);
-        if let Some(req) = pending_send[k % 2].take() {
-            cx.wait(req)?;
+    // Landing slots of the children's partials, two sets so the next chunk is in flight.
+    let tmps: Vec<Span> = (0..2 * kids).map(|i| cx.staging.slot(2 + i)).collect();
+    let landing = |k: usize, i: usize, len: usize| tmps[(k % 2) * kids + i].sub(0, len);
+    let post = |cx: &mut OpCtx<'_>, k: usize| -> Result<Vec<ReqId>> {
+        tree.children
+            .iter()
+            .enumerate()
+            .map(|(i, &child)| cx.recv(child, landing(k, i, pieces[k].1)))
+            .collect()
+    };
+    if tree.parent.is_none() {
+        ctx::prescale(&red, buf);
+    }
+    let mut ahead = match pieces.first() {
+        Some(_) if kids > 0 => Some(post(cx, 0)?),
+        _ => None,
+    };
+    let mut pending_send: [Option<ReqId>; 2] = [None, None];
+    let mut direct_sends = Vec::new();
+    for (k, &(off, len)) in pieces.iter().enumerate() {
+        let mine = buf.sub(off, len);
+        let recvs = ahead.take();
+        if kids > 0 && k + 1 < pieces.len() {
+            ahead = Some(post(cx, k + 1)?);
         }
-        let mut recvs = Vec::with_capacity(tree.children.len());
-        for (i, &child) in tree.children.iter().enumerate() {
-            recvs.push(cx.recv(child, tmps[i].sub(0, len))?);
-        }
-        ctx::load_input(&red, acc, buf.sub(off, len));
-        for (i, req) in recvs.into_iter().enumerate() {
+        let acc = match tree.parent {
+            None => mine,
+            Some(parent) if kids == 0 && !red.needs_prescale() => {
+                direct_sends.push(cx.send(parent, mine)?);
+                continue;
+            }
+            Some(_) => {
+                if let Some(req) = pending_send[k % 2].take() {
+                    cx.wait(req)?;
+                }
+                let acc = accs[k % 2].sub(0, len);
+                ctx::load_input(&red, acc, mine);
+                acc
+            }
+        };
+        for (i, req) in recvs.into_iter().flatten().enumerate() {
             cx.wait(req)?;
-            ctx::combine(&red, acc, tmps[i].sub(0, len));
+            ctx::combine(&red, acc, landing(k, i, len));
         }
         match tree.parent {
             Some(parent) => pending_send[k % 2] = Some(cx.send(parent, acc)?),
-            None => {
-                ctx::finish(&red, acc);
-                buf.sub(off, len).copy_from(&acc);
-            }
+            None => ctx::finish(&red, acc),
         }
     }
-    for req in pending_send.into_iter().flatten() {
-        cx.wait(req)?;
-    }
-    Ok(())
+    direct_sends.extend(pending_send.into_iter().flatten());
+    cx.wait_all(&mut direct_sends)
 }

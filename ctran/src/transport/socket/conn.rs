@@ -15,6 +15,8 @@ const MAGIC: u32 = 0x7C7C_0D47;
 const HEADER_LEN: usize = 16;
 /// Header flag: the payload is a failing peer's last words (UTF-8), not data.
 const FLAG_ABORT: u32 = 1;
+/// Header flag: the peer finalized and closes; it sends nothing more.
+const FLAG_BYE: u32 = 2;
 /// Longest abort reason sent.
 const MAX_REASON: usize = 1024;
 
@@ -59,6 +61,8 @@ pub(super) struct Conn {
     recvs: VecDeque<PendingRecv>,
     recv_header: [u8; HEADER_LEN],
     broken: Option<TransportError>,
+    /// The peer said goodbye (finalized): its closing the connection is not a failure.
+    peer_finished: bool,
 }
 
 impl Conn {
@@ -71,6 +75,7 @@ impl Conn {
             recvs: VecDeque::new(),
             recv_header: [0; HEADER_LEN],
             broken: None,
+            peer_finished: false,
         })
     }
 
@@ -145,6 +150,58 @@ impl Conn {
             .send_vectored_with_flags(&bufs, libc::MSG_NOSIGNAL);
     }
 
+    /// Says goodbye (this rank finalized) and half-closes, so the peer can tell a finished rank
+    /// from a dead one.
+    pub(super) fn send_bye(&mut self) {
+        if self.broken.is_some() || self.sends.front().is_some_and(|s| s.written > 0) {
+            return;
+        }
+        let header = encode_header(0, FLAG_BYE);
+        let _ = self.sock.send_with_flags(&header, libc::MSG_NOSIGNAL);
+        let _ = self.sock.shutdown(std::net::Shutdown::Write);
+    }
+
+    /// For a connection that carries no data (its peer is reached another way): reports whether
+    /// the peer closed it or sent an abort notice. Never blocks.
+    pub(super) fn probe_idle(&mut self) -> Option<TransportError> {
+        if let Some(e) = &self.broken {
+            return Some(e.clone());
+        }
+        if !self.recvs.is_empty() || self.peer_finished {
+            return None;
+        }
+        let mut header = [0u8; HEADER_LEN];
+        match (&self.sock).read(&mut header) {
+            Ok(n) if n == HEADER_LEN && is_bye(&header) => {
+                self.peer_finished = true;
+                None
+            }
+            Ok(0) => Some(TransportError::PeerLost {
+                peer: self.peer,
+                reason: "connection closed by peer (it exited or failed)".into(),
+            }),
+            Ok(n) if n == HEADER_LEN => Some(
+                check_header(&self.sock, &header, self.peer, Span::EMPTY, HEADER_LEN)
+                    .err()
+                    .unwrap_or(TransportError::PeerLost {
+                        peer: self.peer,
+                        reason: "unexpected data on an idle connection".into(),
+                    }),
+            ),
+            Ok(_) => Some(TransportError::PeerLost {
+                peer: self.peer,
+                reason: "truncated message on an idle connection".into(),
+            }),
+            Err(e)
+                if e.kind() == io::ErrorKind::WouldBlock
+                    || e.kind() == io::ErrorKind::Interrupted =>
+            {
+                None
+            }
+            Err(e) => Some(self.lost("recv", &e)),
+        }
+    }
+
     /// Marks the connection broken and returns the ids of every request it held.
     pub(super) fn fail(&mut self, err: TransportError) -> Vec<u64> {
         if self.broken.is_none() {
@@ -168,6 +225,23 @@ impl Conn {
             .advance_sends(finished, &mut out)
             .and_then(|()| self.advance_recvs(finished, &mut out));
         result.map(|()| out)
+    }
+
+    /// A failed send usually means the peer failed and closed; it may have told us why on the
+    /// other direction of the connection, so look for its abort notice before blaming the pipe.
+    fn lost_while_sending(&mut self, e: &io::Error) -> TransportError {
+        let mid_message = self.recvs.front().is_some_and(|r| r.read > 0);
+        if !mid_message {
+            let mut header = [0u8; HEADER_LEN];
+            if let Ok(HEADER_LEN) = (&self.sock).read(&mut header) {
+                if let Err(notice) =
+                    check_header(&self.sock, &header, self.peer, Span::EMPTY, HEADER_LEN)
+                {
+                    return notice;
+                }
+            }
+        }
+        self.lost("send", e)
     }
 
     fn lost(&self, what: &str, e: &io::Error) -> TransportError {
@@ -210,7 +284,7 @@ impl Conn {
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) => return Err(self.lost("send", &e)),
+                    Err(e) => return Err(self.lost_while_sending(&e)),
                 }
             }
             finished.push(s.id);
@@ -272,6 +346,11 @@ impl Conn {
     }
 }
 
+fn is_bye(header: &[u8; HEADER_LEN]) -> bool {
+    u32::from_le_bytes(header[0..4].try_into().expect("4 bytes")) == MAGIC
+        && u32::from_le_bytes(header[4..8].try_into().expect("4 bytes")) & FLAG_BYE != 0
+}
+
 /// Checks a just-completed header against the receive posted for it (`read` bytes of the
 /// message, header included, have arrived; payload bytes landed in `data`).
 fn check_header(
@@ -303,6 +382,12 @@ fn check_header(
         return Err(TransportError::PeerLost {
             peer,
             reason: format!("peer {peer} failed: {reason}"),
+        });
+    }
+    if flags & FLAG_BYE != 0 {
+        return Err(TransportError::PeerLost {
+            peer,
+            reason: format!("peer {peer} finalized the communicator while this rank still expected data from it"),
         });
     }
     if len != data.len() {

@@ -22,25 +22,19 @@ const HELLO_VERSION: u32 = 1;
 /// How long an accepted connection may take to say hello before it is dropped as stray.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// Spin before sleeping when every local rank has a core of its own.
+pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
+
 /// Tunables of the TCP transport.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct SocketConfig {
     /// Address to listen on; `None` picks the address this host uses to reach the store.
     pub ifaddr: Option<IpAddr>,
-    /// How long a waiting rank spins before it sleeps in `poll`.
-    pub spin: Duration,
+    /// How long a waiting rank spins before it sleeps in `poll`; `None` decides from the number
+    /// of ranks sharing this host's cores (spinning only pays when each has a core).
+    pub spin: Option<Duration>,
     /// Socket send/receive buffer size in bytes; 0 keeps the kernel's auto-tuning.
     pub buf_bytes: usize,
-}
-
-impl Default for SocketConfig {
-    fn default() -> Self {
-        SocketConfig {
-            ifaddr: None,
-            spin: Duration::from_micros(50),
-            buf_bytes: 0,
-        }
-    }
 }
 
 /// A bound, listening socket whose address is published before the mesh is connected.
@@ -305,7 +299,12 @@ pub fn connect_mesh(
             None => conns.push(None),
         }
     }
-    Ok(SocketTransport::from_conns(rank, conns, waker, cfg.spin))
+    Ok(SocketTransport::from_conns(
+        rank,
+        conns,
+        waker,
+        cfg.spin.unwrap_or(DEFAULT_SPIN),
+    ))
 }
 
 /// The address to listen on when none is configured: the one this host uses to reach

@@ -62,6 +62,11 @@ impl SocketTransport {
         }
     }
 
+    /// Sets how long a waiting rank spins before sleeping in `poll`.
+    pub fn set_spin(&mut self, spin: Duration) {
+        self.spin = spin;
+    }
+
     /// This rank.
     pub fn rank(&self) -> usize {
         self.rank
@@ -159,6 +164,49 @@ impl SocketTransport {
         }
     }
 
+    /// Checks the connections to `peers` (which carry no data) for a closed peer or an abort
+    /// notice; the first failure found is returned and the connection marked broken.
+    pub fn probe_idle(
+        &mut self,
+        peers: impl IntoIterator<Item = usize>,
+    ) -> Result<(), TransportError> {
+        for p in peers {
+            if let Some(conn) = self.conns.get_mut(p).and_then(Option::as_mut) {
+                if let Some(e) = conn.probe_idle() {
+                    for id in conn.fail(e.clone()) {
+                        self.pending.remove(&id);
+                        self.failed.insert(id, e.clone());
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Closes every connection after saying goodbye (normal end of a communicator).
+    pub fn close(&mut self) {
+        for conn in self.conns.iter_mut().flatten() {
+            conn.send_bye();
+        }
+        self.abort_quietly();
+    }
+
+    fn abort_quietly(&mut self) {
+        self.aborted = true;
+        for conn in self.conns.iter_mut().flatten() {
+            for id in conn.fail(TransportError::Aborted) {
+                self.pending.remove(&id);
+                self.failed.insert(id, TransportError::Aborted);
+            }
+        }
+    }
+
+    /// Whether any request is posted and unfinished.
+    pub fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
     /// The waker that interrupts [`Transport::progress`] when called with `watch_wake`.
     pub fn waker(&self) -> &Arc<Waker> {
         &self.waker
@@ -228,14 +276,10 @@ impl Transport for SocketTransport {
     }
 
     fn abort(&mut self, reason: &str) {
-        self.aborted = true;
         for conn in self.conns.iter_mut().flatten() {
             conn.send_abort_notice(reason, ABORT_FLUSH);
-            for id in conn.fail(TransportError::Aborted) {
-                self.pending.remove(&id);
-                self.failed.insert(id, TransportError::Aborted);
-            }
         }
+        self.abort_quietly();
     }
 }
 

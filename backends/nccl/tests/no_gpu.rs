@@ -1,0 +1,88 @@
+//! Tier 1 and 3 of the backend's tests that run under `cargo test`: without CUDA or NCCL the
+//! backend fails as a value that says what it searched; with a GPU, one device's kernels run.
+//! The multi-GPU suite is the `torchcomms-gpu-test` binary (scripts/gpu-test.sh).
+
+use std::sync::Arc;
+
+use ctran::bootstrap::HashStore;
+use ctran::cuda::{self, Context, DeviceBuffer, RawStream, ReduceKernels};
+use ctran::{DataType, Device, ReduceOp};
+use torchcomms::{new_comm, CommOptions, ErrorKind};
+use torchcomms_nccl as _;
+
+fn one_rank_options() -> CommOptions {
+    let mut o = CommOptions::from_env().unwrap_or_default();
+    o.rank = Some(0);
+    o.size = Some(1);
+    o.store = Some(Arc::new(HashStore::new()));
+    o.abort_process_on_timeout_or_error = false;
+    o
+}
+
+#[test]
+fn cpu_tensors_are_refused() {
+    let e = new_comm("nccl", Device::Cpu, "nccl-cpu", one_rank_options()).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotSupported, "{e}");
+    assert!(e.to_string().contains("CUDA"), "{e}");
+}
+
+#[test]
+fn without_nccl_creation_fails_as_a_value() {
+    if torchcomms_nccl::is_available() && cuda::is_available() {
+        println!("skipped: CUDA and NCCL are present here (torchcomms-gpu-test covers them)");
+        return;
+    }
+    let e = new_comm("nccl", Device::Cuda(0), "nccl-none", one_rank_options()).unwrap_err();
+    println!("as expected without a GPU: {e}");
+    assert!(
+        matches!(e.kind(), ErrorKind::NotSupported | ErrorKind::Communication),
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains("searched") || e.to_string().contains("CUDA"),
+        "{e}"
+    );
+}
+
+#[test]
+fn one_device_sums_like_the_cpu() {
+    if let Some(why) = cuda::unavailable_reason() {
+        println!("skipped: {why}");
+        return;
+    }
+    let ctx = Context::get(0).unwrap();
+    let k = match ReduceKernels::get(&ctx) {
+        Ok(k) => k,
+        Err(e) => {
+            println!("skipped: the kernels cannot be built here: {e}");
+            return;
+        }
+    };
+    let a: Vec<u8> = (0..1000)
+        .flat_map(|i| (i as f32 * 0.5).to_le_bytes())
+        .collect();
+    let buf = DeviceBuffer::from_host(&ctx, &a).unwrap();
+    // SAFETY: buf holds 1000 f32 and outlives the synchronous read.
+    unsafe {
+        k.combine(
+            DataType::F32,
+            ReduceOp::Sum,
+            buf.as_ptr(),
+            buf.as_ptr(),
+            buf.as_ptr(),
+            1000,
+            RawStream::DEFAULT,
+        )
+        .unwrap();
+    }
+    let mut out = vec![0u8; a.len()];
+    buf.read(0, &mut out).unwrap();
+    let got: Vec<f32> = out
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    assert!(
+        got.iter().enumerate().all(|(i, &v)| v == i as f32),
+        "{got:?}"
+    );
+}

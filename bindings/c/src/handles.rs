@@ -1,0 +1,55 @@
+//! The opaque handles C holds pointers to. Each owns what it needs: a communicator keeps the
+//! store it was created from (so the store's server outlives the bootstrap), a work handle
+//! keeps the operation's result. C sees only `typedef struct tc_comm_t tc_comm_t;`.
+
+#![allow(non_camel_case_types)]
+
+use std::ffi::CString;
+use std::sync::{Arc, OnceLock};
+
+use ctran::bootstrap::tcp_store::TcpStore;
+use torchcomms::{TorchComm, Work};
+
+/// A communicator (from `tc_comm_create`, `tc_comm_create_from_env` or `tc_comm_split`);
+/// release it with `tc_comm_destroy`.
+#[derive(Debug)]
+pub struct tc_comm_t {
+    pub(crate) comm: TorchComm,
+    /// NUL-terminated copies for the accessors, valid as long as the handle.
+    pub(crate) name: CString,
+    pub(crate) backend: CString,
+    pub(crate) backend_version: OnceLock<CString>,
+    /// The store the communicator bootstrapped through, kept alive with it.
+    pub(crate) _store: Option<Arc<TcpStore>>,
+}
+
+impl tc_comm_t {
+    pub(crate) fn new(comm: TorchComm, store: Option<Arc<TcpStore>>) -> tc_comm_t {
+        tc_comm_t {
+            name: c_string(comm.get_name()),
+            backend: c_string(comm.get_backend()),
+            backend_version: OnceLock::new(),
+            comm,
+            _store: store,
+        }
+    }
+}
+
+/// Asynchronous work (from an operation given a non-NULL `work` pointer); release it with
+/// `tc_work_free`.
+#[derive(Debug)]
+pub struct tc_work_t {
+    pub(crate) work: Work,
+}
+
+/// A TCP key-value store (torch.distributed.TCPStore wire protocol) ranks bootstrap through;
+/// release it with `tc_store_destroy`.
+#[derive(Debug)]
+pub struct tc_store_t {
+    pub(crate) store: Arc<TcpStore>,
+}
+
+/// A C string of `s`, with interior NULs shown as `\0` instead of cutting it short.
+pub(crate) fn c_string(s: &str) -> CString {
+    CString::new(s.replace('\0', "\\0")).unwrap_or_default()
+}

@@ -1,0 +1,328 @@
+"""FlightRecorderHook: a record of every operation of the communicators it watches, dumped in
+the format of PyTorch's flight recorder (``python -m torch.distributed.flight_recorder.fr_trace``
+reads the files ``dump_file`` writes).
+
+Implemented in Python for now (the engine's colltrace will back it later). Compared with
+upstream's recorder it also records the rank, the real completion of CPU operations (an entry is
+``completed`` once its work finished), the communicator's real timeout, whether an operation is
+point-to-point, the reduce op, root/peer and async flag, and it tolerates op ids that are not
+contiguous.
+
+Environment:
+    ``TORCHCOMM_FR_BUFFER_SIZE``: entries of the shared recorder (2000; 0 disables it).
+    ``TORCHCOMM_FR_DUMP_TEMP_FILE``: prefix of ``dump_file`` paths (default
+    ``$XDG_CACHE_HOME/torch/comm_lib_trace_rank_`` or ``~/.cache/...``); with
+    ``TORCHCOMM_FR_DUMP_DYNAMIC_FILE_NAME=1`` it is re-read at every dump and used as the exact path.
+    ``TORCHCOMM_HEALTH_CHECK_WAIT_MS``: when set, the abort hook sleeps this long so a debug
+    server can pull a dump before the process aborts.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import pickle
+import threading
+import time
+import weakref
+from datetime import timedelta
+from typing import Any, Optional
+
+import torch
+
+from torchcomms import _comms
+from torchcomms._comms import OpName
+
+__all__ = ["FlightRecorderHook"]
+
+_VERSION = "2.10"
+
+_DTYPE_NAMES = {
+    torch.float32: "Float",
+    torch.float64: "Double",
+    torch.float16: "Half",
+    torch.bfloat16: "BFloat16",
+    torch.int8: "Char",
+    torch.uint8: "Byte",
+    torch.int16: "Short",
+    torch.int32: "Int",
+    torch.int64: "Long",
+    torch.bool: "Bool",
+}
+
+_P2P = {OpName.send, OpName.recv, OpName.batch_op_issue}
+
+# (inputs, outputs) of each operation's pre-hook args: attribute names, "*" marks a list.
+_IO = {
+    OpName.send: (("tensor",), ()),
+    OpName.recv: ((), ("tensor",)),
+    OpName.broadcast: (("tensor",), ("tensor",)),
+    OpName.all_reduce: (("tensor",), ("tensor",)),
+    OpName.reduce: (("tensor",), ("tensor",)),
+    OpName.all_gather: (("input",), ("*output",)),
+    OpName.all_gather_v: (("input",), ("*output",)),
+    OpName.gather: (("input",), ("*output",)),
+    OpName.all_gather_single: (("input",), ("output",)),
+    OpName.reduce_scatter_single: (("input",), ("output",)),
+    OpName.all_to_all_single: (("input",), ("output",)),
+    OpName.all_to_all_v_single: (("input",), ("output",)),
+    OpName.gather_single: (("input",), ("output",)),
+    OpName.reduce_scatter: (("*input",), ("output",)),
+    OpName.reduce_scatter_v: (("*input",), ("output",)),
+    OpName.scatter: (("*input",), ("output",)),
+    OpName.all_to_all: (("*input",), ("*output",)),
+}
+
+
+def _tensors(args: Any, names: tuple[str, ...]) -> list[torch.Tensor]:
+    out: list[torch.Tensor] = []
+    for n in names:
+        if n.startswith("*"):
+            out.extend(getattr(args, n[1:]))
+        else:
+            out.append(getattr(args, n))
+    return out
+
+
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+class _Recorder:
+    """A ring buffer of entries plus the communicators it knows."""
+
+    def __init__(self, max_entries: int) -> None:
+        self.max_entries = max(0, max_entries)
+        self.lock = threading.Lock()
+        self.entries: collections.deque = collections.deque(maxlen=self.max_entries or 1)
+        self.next_record_id = 0
+        self.collective_seq = 0
+        self.epoch_start = 0  # record ids below this were reset away
+        self.pg_config: dict[str, dict[str, str]] = {}
+        self.pg_ids: dict[str, int] = {}
+        self.rank = -1
+        self.healthy = True
+
+    def enabled(self) -> bool:
+        return self.max_entries > 0
+
+
+_GLOBAL: Optional[_Recorder] = None
+_GLOBAL_LOCK = threading.Lock()
+
+
+def _global_recorder() -> _Recorder:
+    global _GLOBAL
+    with _GLOBAL_LOCK:
+        if _GLOBAL is None:
+            _GLOBAL = _Recorder(_env_int("TORCHCOMM_FR_BUFFER_SIZE", 2000))
+        return _GLOBAL
+
+
+class FlightRecorderHook:
+    """Records every operation of the communicators registered with it.
+
+    Args:
+        max_entries: ring buffer size; only used with ``isolated=True`` (shared recorders are
+            sized by ``TORCHCOMM_FR_BUFFER_SIZE``), like upstream.
+        isolated: use a private recorder (and reset the process-wide op id counter).
+    """
+
+    def __init__(self, max_entries: int = 2048, isolated: bool = False) -> None:
+        if isolated:
+            self._rec = _Recorder(max_entries)
+            _comms._reset_op_id_counter()
+        else:
+            self._rec = _global_recorder()
+        self._registered = 0
+        self._handles: list[Any] = []
+
+    # ----- registration -----
+
+    def register_with_comm(self, comm: Any, _global_ranks: Optional[list[int]] = None) -> None:
+        """Starts recording ``comm``'s operations; communicators split from it are registered
+        automatically."""
+        rec = self._rec
+        name = comm.get_name()
+        backend = comm.get_backend()
+        ranks = _global_ranks if _global_ranks is not None else list(range(comm.get_size()))
+        try:
+            timeout_ms = int(comm.get_options().timeout / timedelta(milliseconds=1))
+        except Exception:  # noqa: BLE001 (Python backends may lack options)
+            timeout_ms = 600000
+        with rec.lock:
+            pg_id = rec.pg_ids.setdefault(name, len(rec.pg_ids))
+            rec.pg_config[name] = {"name": name, "desc": backend, "ranks": str(ranks)}
+            if rec.rank < 0 and _global_ranks is None:
+                rec.rank = comm.get_rank()
+        pending: dict[int, tuple[Any, list[int]]] = {}
+        live: dict[int, dict[str, Any]] = {}
+
+        def pre_hook(op: OpName, op_id: int, args: Any) -> None:
+            if op == OpName.finalize or op == OpName.new_window:
+                return
+            if op == OpName.split:
+                pending[op_id] = (args.name, [ranks[r] for r in args.ranks])
+                return
+            if not rec.enabled():
+                return
+            ins, outs = _IO.get(op, ((), ()))
+            inputs = _tensors(args, ins)
+            outputs = _tensors(args, outs)
+            entry: dict[str, Any] = {
+                "pg_id": pg_id,
+                "process_group": [name, backend],
+                "thread_id": threading.get_ident(),
+                "thread_name": threading.current_thread().name,
+                "p2p_seq_id": 0,
+                "op_id": op_id,
+                "profiling_name": f"{backend}:{op.name}",
+                "time_created_ns": time.time_ns(),
+                "input_sizes": [list(t.shape) for t in inputs],
+                "input_dtypes": [_DTYPE_NAMES.get(t.dtype, str(t.dtype)) for t in inputs],
+                "output_sizes": [list(t.shape) for t in outputs],
+                "output_dtypes": [_DTYPE_NAMES.get(t.dtype, str(t.dtype)) for t in outputs],
+                "state": "scheduled",
+                "time_discovered_started_ns": None,
+                "time_discovered_completed_ns": None,
+                "retired": False,
+                "timeout_ms": timeout_ms,
+                "is_p2p": op in _P2P,
+                "async_op": bool(getattr(args, "async_op", False)),
+                "_work": None,
+            }
+            for attr in ("root", "peer"):
+                if hasattr(args, attr):
+                    entry[attr] = int(getattr(args, attr))
+            red = getattr(args, "_op", None)
+            if red is not None:
+                entry["red_op"] = getattr(getattr(red, "type", None), "name", str(red))
+            with rec.lock:
+                entry["record_id"] = rec.next_record_id
+                rec.next_record_id += 1
+                entry["collective_seq_id"] = rec.collective_seq
+                rec.collective_seq += 1
+                rec.entries.append(entry)
+            live[op_id] = entry
+
+        def post_hook(op_id: int, args: Any) -> None:
+            if op_id in pending:
+                child_name, child_ranks = pending.pop(op_id)
+                child = getattr(args, "_new_comm", None)
+                if child is not None:
+                    self.register_with_comm(child, _global_ranks=child_ranks)
+                return
+            entry = live.pop(op_id, None)
+            if entry is None:
+                return
+            now = time.time_ns()
+            entry["duration_ms"] = (now - entry["time_created_ns"]) / 1e6
+            entry["time_discovered_started_ns"] = entry["time_created_ns"]
+            work = getattr(args, "_work", None)
+            if work is not None:
+                entry["_work"] = weakref.ref(work)
+                if work.is_completed():
+                    entry["state"] = "completed"
+                    entry["time_discovered_completed_ns"] = now
+                    entry["retired"] = True
+                else:
+                    entry["state"] = "started"
+
+        def abort_hook() -> None:
+            rec.healthy = False
+            wait_ms = os.environ.get("TORCHCOMM_HEALTH_CHECK_WAIT_MS")
+            if wait_ms:
+                time.sleep(int(wait_ms) / 1000)
+
+        self._handles.append(comm.register_pre_hook(pre_hook))
+        self._handles.append(comm.register_post_hook(post_hook))
+        self._handles.append(comm.register_abort_hook(abort_hook))
+        self._registered += 1
+
+    # ----- state -----
+
+    def is_enabled(self) -> bool:
+        """True once registered with a communicator (and the buffer is not disabled)."""
+        return self._registered > 0 and self._rec.enabled()
+
+    def size(self) -> int:
+        """Entries recorded since the last ``reset()`` (at most the buffer size)."""
+        rec = self._rec
+        with rec.lock:
+            return sum(1 for e in rec.entries if e["record_id"] >= rec.epoch_start)
+
+    def __len__(self) -> int:
+        return self.size()
+
+    def reset(self) -> None:
+        """Forgets the entries recorded so far (the buffer keeps its size)."""
+        rec = self._rec
+        with rec.lock:
+            rec.epoch_start = rec.next_record_id
+
+    def is_healthy(self) -> bool:
+        """False once a registered communicator failed (its abort hook ran)."""
+        return self._rec.healthy
+
+    # ----- dumps -----
+
+    def _snapshot(self, include_completed: bool, for_json: bool) -> dict[str, Any]:
+        rec = self._rec
+        now = time.time_ns()
+        with rec.lock:
+            entries = []
+            for e in rec.entries:
+                if e["record_id"] < rec.epoch_start:
+                    continue
+                ref = e.get("_work")
+                work = ref() if ref is not None else None
+                if e["state"] != "completed" and work is not None and work.is_completed():
+                    e["state"] = "completed"
+                    e["time_discovered_completed_ns"] = now
+                    e["retired"] = True
+                if not include_completed and e["state"] == "completed":
+                    continue
+                out = {k: v for k, v in e.items() if not k.startswith("_")}
+                if for_json:
+                    for k in ("time_discovered_started_ns", "time_discovered_completed_ns"):
+                        if out[k] is None:
+                            out[k] = 0
+                entries.append(out)
+            data: dict[str, Any] = {
+                "version": _VERSION,
+                "comm_lib_version": "",
+                "rank": rec.rank,
+                "pg_config": {k: dict(v) for k, v in rec.pg_config.items()},
+                "pg_status": {},
+            }
+        if entries:
+            data["entries"] = entries
+        return data
+
+    def dump_json(self, include_completed: bool = True) -> str:
+        """The trace as JSON (entries are omitted when there are none)."""
+        return json.dumps(self._snapshot(include_completed, for_json=True))
+
+    def dump_file(self, rank: int, include_completed: bool = True) -> str:
+        """Writes the trace as a pickle (``pickle.load``-able) and returns the path."""
+        path = os.environ.get("TORCHCOMM_FR_DUMP_TEMP_FILE")
+        if path and os.environ.get("TORCHCOMM_FR_DUMP_DYNAMIC_FILE_NAME") == "1":
+            target = path
+        else:
+            if not path:
+                cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(
+                    os.path.expanduser("~"), ".cache"
+                )
+                path = os.path.join(cache, "torch", "comm_lib_trace_rank_")
+            target = f"{path}{rank}"
+        os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
+        data = self._snapshot(include_completed, for_json=False)
+        tmp = f"{target}.tmp{os.getpid()}"
+        with open(tmp, "wb") as f:
+            pickle.dump(data, f)
+        os.replace(tmp, target)
+        return target

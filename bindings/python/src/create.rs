@@ -1,0 +1,213 @@
+//! Creating communicators: `new_comm` (backend discovery, options, the store), and backends
+//! written in Python (upstream §13: `TorchCommBackend`, `register_backend`).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+
+use crate::comm::{no_allocator, Backend, CommCore, Hints, NativeComm, PyTorchComm};
+use crate::error::{value_error, ResultExt};
+use crate::store::PyStore;
+use crate::tensor::{check_supported_device, parse_device};
+use crate::types::{timeout_arg, PyCommOptions};
+
+fn py_backends() -> &'static Mutex<BTreeMap<String, Py<PyAny>>> {
+    static R: std::sync::OnceLock<Mutex<BTreeMap<String, Py<PyAny>>>> = std::sync::OnceLock::new();
+    R.get_or_init(Default::default)
+}
+
+/// Base class of backends written in Python. Subclass it, override `init(device, name,
+/// options)`, `finalize()`, `get_rank()`, `get_size()`, `get_backend_name()`,
+/// `get_comm_name()`, `split(ranks, name, options)` and the collectives (called without hints
+/// or timeout, e.g. `all_reduce(tensor, op, async_op)`; return None or an object with
+/// `wait()`), then `register_backend(name, cls)`.
+#[pyclass(module = "torchcomms._comms", name = "TorchCommBackend", subclass)]
+#[derive(Debug, Default)]
+pub(crate) struct PyTorchCommBackend {}
+
+#[pymethods]
+impl PyTorchCommBackend {
+    #[new]
+    #[pyo3(signature = (*_args, **_kwargs))]
+    fn new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>) -> Self {
+        PyTorchCommBackend {}
+    }
+}
+
+/// Registers `backend_class` (a `TorchCommBackend` subclass) under `name`; `new_comm(name,
+/// ...)` creates a new instance per communicator.
+#[pyfunction]
+pub(crate) fn register_backend(name: &str, backend_class: Py<PyAny>) {
+    py_backends()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(name.to_string(), backend_class);
+}
+
+fn py_backend(py: Python<'_>, name: &str) -> Option<Py<PyAny>> {
+    py_backends()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(name)
+        .map(|c| c.clone_ref(py))
+}
+
+/// Whether a backend of this name is registered (Rust backends linked in, or Python ones).
+#[pyfunction]
+pub(crate) fn _is_backend_registered(py: Python<'_>, name: &str) -> bool {
+    py_backend(py, name).is_some() || torchcomms::is_backend_registered(name)
+}
+
+/// Names of the backends registered in this process.
+#[pyfunction]
+pub(crate) fn _registered_backends() -> Vec<String> {
+    let mut v = torchcomms::backend_names();
+    v.extend(
+        py_backends()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .cloned(),
+    );
+    v.sort();
+    v.dedup();
+    v
+}
+
+/// The global allocator of `backend`: none is registered in this build.
+#[pyfunction]
+pub(crate) fn get_mem_allocator(backend: &str) -> PyResult<()> {
+    Err(no_allocator(backend))
+}
+
+pub(crate) fn python_comm(
+    py: Python<'_>,
+    instance: &Bound<'_, PyAny>,
+    backend_name: &str,
+    device: &Bound<'_, PyAny>,
+    options: PyCommOptions,
+) -> PyResult<Py<PyTorchComm>> {
+    let rank: usize = instance.call_method0("get_rank")?.extract()?;
+    let size: usize = instance.call_method0("get_size")?.extract()?;
+    let name: String = instance.call_method0("get_comm_name")?.extract()?;
+    let core = CommCore::new(
+        Backend::Python(instance.clone().unbind()),
+        backend_name,
+        &name,
+        (rank, size),
+        device.clone().unbind(),
+        options,
+    );
+    Py::new(
+        py,
+        PyTorchComm {
+            core: Arc::new(core),
+        },
+    )
+}
+
+/// Creates a communicator over all ranks (a collective). Rank and size come from the
+/// launcher's environment (torchrun, SLURM, MPI); the store from `store=` or
+/// `MASTER_ADDR`/`MASTER_PORT`.
+#[pyfunction]
+#[pyo3(signature = (backend, device, name, abort_process_on_timeout_or_error=None, timeout=None, is_high_priority_stream=None, store=None, enable_reconfigure=false, hints=None))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn new_comm(
+    py: Python<'_>,
+    backend: &str,
+    device: &Bound<'_, PyAny>,
+    name: &str,
+    abort_process_on_timeout_or_error: Option<bool>,
+    timeout: Option<&Bound<'_, PyAny>>,
+    is_high_priority_stream: Option<bool>,
+    store: Option<&Bound<'_, PyAny>>,
+    enable_reconfigure: bool,
+    hints: Hints,
+) -> PyResult<Py<PyTorchComm>> {
+    // Backend discovery: entry points first (importing a backend's module registers it); a
+    // failure only matters when nothing registered the name.
+    if let Err(e) = py
+        .import("torchcomms")
+        .and_then(|m| m.call_method1("_load_backend", (backend,)))
+    {
+        if !_is_backend_registered(py, backend) {
+            return Err(e);
+        }
+    }
+    if enable_reconfigure {
+        return Err(PyRuntimeError::new_err(format!(
+            "[TorchComm]: enable_reconfigure=true is not supported by backend: {backend}"
+        )));
+    }
+    let mut options = PyCommOptions::from_env()?;
+    if let Some(a) = abort_process_on_timeout_or_error {
+        options.abort_process_on_timeout_or_error = a;
+    }
+    if let Some(t) = timeout_arg(timeout, "new_comm")? {
+        options.timeout = t;
+    }
+    if let Some(h) = is_high_priority_stream {
+        options.is_high_priority_stream = h;
+    }
+    let store = store.filter(|s| !s.is_none());
+    options.store = store.map(|s| s.clone().unbind());
+    if let Some(h) = hints {
+        options.hints = h;
+    }
+    let torch_device = py
+        .import("torch")?
+        .getattr("device")?
+        .call1((device,))
+        .map_err(|e| value_error(format!("new_comm: invalid argument `device`: {e}")))?;
+
+    if let Some(cls) = py_backend(py, backend) {
+        let instance = cls.call0(py)?;
+        let opts = Py::new(py, options.copy(py))?;
+        instance.call_method1(py, "init", (&torch_device, name, opts))?;
+        return python_comm(py, instance.bind(py), backend, &torch_device, options);
+    }
+
+    let dev = parse_device(&torch_device)?;
+    check_supported_device(dev, &format!("new_comm: device {dev}"))?;
+    let api_store = match store {
+        Some(s) => Some(Arc::new(PyStore::new(s)?) as Arc<dyn ctran::bootstrap::Store>),
+        None => None,
+    };
+    let api_opts = torchcomms::CommOptions {
+        // The bindings abort the process themselves, after running the abort hooks.
+        abort_process_on_timeout_or_error: false,
+        timeout: options.timeout,
+        store: api_store,
+        hints: options.hints.clone().into_iter().collect(),
+        rank: None,
+        size: None,
+        high_priority_stream: options.is_high_priority_stream,
+    };
+    let comm = py
+        .detach(|| torchcomms::new_comm(backend, dev, name, api_opts))
+        .py()?;
+    let (rank, size) = (comm.get_rank(), comm.get_size());
+    let core = CommCore::new(
+        Backend::Native(NativeComm::new(comm)),
+        backend,
+        name,
+        (rank, size),
+        torch_device.unbind(),
+        options,
+    );
+    Py::new(
+        py,
+        PyTorchComm {
+            core: Arc::new(core),
+        },
+    )
+}
+
+/// Placeholder for upstream's RMA window type: windows need a GPU backend, so
+/// `TorchComm.new_window()` raises and no instance is ever created.
+#[pyclass(module = "torchcomms._comms", name = "TorchCommWindow", frozen)]
+#[derive(Debug)]
+pub(crate) struct PyTorchCommWindow {}

@@ -1,0 +1,149 @@
+//! The one place Rust errors become Python exceptions.
+//!
+//! Every error kind maps to a standard Python exception, and also derives from `RuntimeError`
+//! (upstream torchcomms raises `RuntimeError` for everything its C++ layer throws, so code that
+//! catches `RuntimeError` keeps working):
+//!
+//! | [`ErrorKind`]     | Python exception                                   |
+//! |-------------------|----------------------------------------------------|
+//! | `InvalidArgument` | `torchcomms.CommValueError(ValueError, RuntimeError)` |
+//! | `Timeout`         | `torchcomms.CommTimeoutError(TimeoutError, RuntimeError)` |
+//! | `Communication`   | `RuntimeError`                                      |
+//! | `NotSupported`    | `NotImplementedError` (a `RuntimeError`)            |
+//!
+//! Wrong Python types (a dtype we do not handle, a list where a tensor belongs) raise
+//! `torchcomms.CommTypeError(TypeError, RuntimeError)`.
+
+use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyTuple, PyType};
+use torchcomms::{Error, ErrorKind};
+
+/// A TorchComm API error with the rank that saw it (messages name the op already).
+#[derive(Debug)]
+pub(crate) struct CommError {
+    pub(crate) error: Error,
+    pub(crate) rank: Option<usize>,
+}
+
+impl From<Error> for CommError {
+    fn from(error: Error) -> Self {
+        CommError { error, rank: None }
+    }
+}
+
+impl From<ctran::Error> for CommError {
+    fn from(e: ctran::Error) -> Self {
+        CommError::from(Error::Engine(e))
+    }
+}
+
+impl From<CommError> for PyErr {
+    fn from(e: CommError) -> PyErr {
+        let text = e.error.to_string();
+        let msg = match e.rank {
+            // Engine messages already say "on rank N"; API messages name the op only.
+            Some(r) if !text.contains(&format!("rank {r}")) => format!("[rank {r}] {text}"),
+            _ => text,
+        };
+        Python::attach(|py| match e.error.kind() {
+            ErrorKind::InvalidArgument => new_err(py, &VALUE_ERROR, msg),
+            ErrorKind::Timeout => new_err(py, &TIMEOUT_ERROR, msg),
+            ErrorKind::Communication => PyRuntimeError::new_err(msg),
+            ErrorKind::NotSupported => PyNotImplementedError::new_err(msg),
+        })
+    }
+}
+
+/// Maps API results to Python results, naming the rank.
+pub(crate) trait ResultExt<T> {
+    /// Converts the error, tagging it with `rank`.
+    fn on_rank(self, rank: usize) -> PyResult<T>;
+    /// Converts the error without a rank (before a communicator exists).
+    fn py(self) -> PyResult<T>;
+}
+
+impl<T, E: Into<CommError>> ResultExt<T> for Result<T, E> {
+    fn on_rank(self, rank: usize) -> PyResult<T> {
+        self.map_err(|e| {
+            let mut c: CommError = e.into();
+            c.rank = Some(rank);
+            c.into()
+        })
+    }
+    fn py(self) -> PyResult<T> {
+        self.map_err(|e| e.into().into())
+    }
+}
+
+static VALUE_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static TIMEOUT_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static TYPE_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+
+fn make_type(py: Python<'_>, name: &str, base: &str, doc: &str) -> PyResult<Py<PyType>> {
+    let builtins = py.import("builtins")?;
+    let bases = PyTuple::new(
+        py,
+        [builtins.getattr(base)?, builtins.getattr("RuntimeError")?],
+    )?;
+    let ns = PyDict::new(py);
+    ns.set_item("__module__", "torchcomms")?;
+    ns.set_item("__doc__", doc)?;
+    let ty = builtins.getattr("type")?.call1((name, bases, ns))?;
+    Ok(ty.cast_into::<PyType>()?.unbind())
+}
+
+/// Creates the exception classes and adds them to the module.
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    for (cell, name, base, doc) in [
+        (
+            &VALUE_ERROR,
+            "CommValueError",
+            "ValueError",
+            "A bad argument to a torchcomms call (also a RuntimeError, like upstream).",
+        ),
+        (
+            &TIMEOUT_ERROR,
+            "CommTimeoutError",
+            "TimeoutError",
+            "A torchcomms operation missed its deadline (also a RuntimeError).",
+        ),
+        (
+            &TYPE_ERROR,
+            "CommTypeError",
+            "TypeError",
+            "An argument of the wrong type or dtype (also a RuntimeError).",
+        ),
+    ] {
+        let ty = make_type(py, name, base, doc)?;
+        let _ = cell.set(py, ty);
+        m.add(name, cell.get(py).expect("just set").clone_ref(py))?;
+    }
+    Ok(())
+}
+
+fn new_err(py: Python<'_>, cell: &PyOnceLock<Py<PyType>>, msg: String) -> PyErr {
+    match cell.get(py) {
+        Some(ty) => PyErr::from_type(ty.bind(py).clone(), msg),
+        None => PyRuntimeError::new_err(msg),
+    }
+}
+
+/// A `CommValueError` (bad argument found by the bindings themselves).
+pub(crate) fn value_error(msg: impl Into<String>) -> PyErr {
+    Python::attach(|py| new_err(py, &VALUE_ERROR, msg.into()))
+}
+
+/// A `CommTypeError` (wrong Python type or unsupported dtype).
+pub(crate) fn type_error(msg: impl Into<String>) -> PyErr {
+    Python::attach(|py| new_err(py, &TYPE_ERROR, msg.into()))
+}
+
+/// Upstream's text for an operation a backend does not implement.
+pub(crate) fn not_implemented(what: &str, comm: &str) -> PyErr {
+    PyNotImplementedError::new_err(format!(
+        "[TorchCommBackend]: {what} not implemented for communicator:{comm}"
+    ))
+}

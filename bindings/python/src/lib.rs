@@ -1,0 +1,70 @@
+//! # torchcomms._comms
+//!
+//! The compiled half of the `torchcomms` Python package: torchcomms' Python API (communicators,
+//! work handles, reduce ops, options, hooks, batches, Python backends) on the TorchComm API
+//! crate and the ctran engine. The pure-Python half (`python/torchcomms/`) re-exports it and
+//! adds `objcol`, `hooks` and backend discovery.
+//!
+//! Threading: every call that can block (init, synchronous operations, `wait()`, `split`,
+//! `finalize`) releases the GIL. Tensors are read through their Python attributes; the Python
+//! tensor object is handed to the engine as the owner of its memory, so async operations keep
+//! their tensors alive. Errors map once, in [`error`].
+//!
+//! Logging: the engine logs through `tracing`; set `TORCHCOMMS_LOG` (an `EnvFilter`, e.g.
+//! `debug` or `ctran=trace`) to see it on stderr. The default shows errors only.
+
+mod batch;
+mod comm;
+mod create;
+mod error;
+mod hooks;
+mod store;
+mod tensor;
+mod types;
+mod work;
+
+use pyo3::prelude::*;
+
+// Linking the backend crate registers `ctran`.
+use torchcomms_ctran as _;
+
+fn init_logging() {
+    let filter = std::env::var("TORCHCOMMS_LOG").unwrap_or_else(|_| "error".into());
+    let filter = tracing_subscriber::EnvFilter::try_new(&filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error"));
+    // Another library may have installed a subscriber already: keep it.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+#[pymodule]
+fn _comms(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    init_logging();
+    error::register(m)?;
+    hooks::register(m)?;
+    m.add_class::<types::RedOpType>()?;
+    m.add_class::<types::WorkStatus>()?;
+    m.add_class::<types::P2POpType>()?;
+    m.add_class::<types::WinAccessType>()?;
+    m.add_class::<types::OpName>()?;
+    m.add_class::<types::PyReduceOp>()?;
+    m.add_class::<types::PyCommOptions>()?;
+    m.add_class::<types::PyBatchP2POptions>()?;
+    m.add_class::<types::PyReconfigureOptions>()?;
+    m.add_class::<work::PyTorchWork>()?;
+    m.add_class::<comm::PyTorchComm>()?;
+    m.add_class::<create::PyTorchCommBackend>()?;
+    m.add_class::<create::PyTorchCommWindow>()?;
+    m.add_class::<batch::PyBatchSendRecv>()?;
+    m.add_class::<batch::PyP2POp>()?;
+    m.add_function(wrap_pyfunction!(create::new_comm, m)?)?;
+    m.add_function(wrap_pyfunction!(create::register_backend, m)?)?;
+    m.add_function(wrap_pyfunction!(create::_is_backend_registered, m)?)?;
+    m.add_function(wrap_pyfunction!(create::_registered_backends, m)?)?;
+    m.add_function(wrap_pyfunction!(create::get_mem_allocator, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("_ENGINE_VERSION", torchcomms_ctran::VERSION)?;
+    Ok(())
+}

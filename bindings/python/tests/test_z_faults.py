@@ -1,0 +1,111 @@
+"""Faults: a killed rank, a timeout, abort_process_on_timeout_or_error, destruction without
+finalize. Each test launches its own small job (fault_job.py) as separate processes, so a rank
+can die without taking the pytest session with it. Rank 0 launches them (the other ranks of the
+torchrun job skip, saying so); the file runs last so the others wait for it at the end.
+Set ``TORCHCOMMS_TEST_FAULTS=0`` to skip them (scripts/test-python.sh runs them once).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from conftest import RANK
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def launch(scenario: str, size: int, timeout: float = 90.0) -> list[tuple[int, str, list[dict[str, Any]]]]:
+    """Runs ``size`` ranks of ``scenario``; returns (returncode, output, results) per rank."""
+    if os.environ.get("TORCHCOMMS_TEST_FAULTS", "1") == "0":
+        pytest.skip("fault jobs disabled by TORCHCOMMS_TEST_FAULTS=0 (scripts/test-python.sh runs them once)")
+    if RANK != 0:
+        pytest.skip("fault jobs are launched by rank 0 only (they start their own processes)")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("TORCHELASTIC_", "RANK", "LOCAL_", "GROUP_", "ROLE_", "WORLD_SIZE"))
+    }
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), TORCHCOMM_SIZE=str(size))
+    procs = []
+    for r in range(size):
+        e = dict(env, TORCHCOMM_RANK=str(r))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, os.path.join(HERE, "fault_job.py"), scenario],
+                env=e,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    out = []
+    for p in procs:
+        try:
+            text, _ = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+        results = [json.loads(ln[len("RESULT "):]) for ln in text.splitlines() if ln.startswith("RESULT ")]
+        out.append((p.returncode, text, results))
+    return out
+
+
+def merged(results: list[dict[str, Any]]) -> dict[str, Any]:
+    m: dict[str, Any] = {}
+    for r in results:
+        m.update(r)
+    return m
+
+
+def test_killed_rank_survivors_raise_within_timeout() -> None:
+    ranks = launch("killed", 3)
+    assert ranks[2][0] == -signal.SIGKILL, ranks[2][1]
+    for rc, text, results in ranks[:2]:
+        assert rc == 0, text
+        r = merged(results)
+        assert r["raised"] == "RuntimeError", text
+        assert r["elapsed"] < r["timeout"], f"took {r['elapsed']:.1f}s, timeout {r['timeout']}s"
+        assert "all_reduce" in r["msg"] and "rank" in r["msg"], r["msg"]
+        assert r["later"] == "RuntimeError" and r["finalized"], text
+        assert text.count("ABORT_HOOK") == 1, text  # abort hooks run once per communicator
+
+
+def test_timeout_raises_timeout_error() -> None:
+    rc, text, results = launch("timeout", 2)[0]
+    assert rc == 0, text
+    r = merged(results)
+    assert r["raised"] == "CommTimeoutError" and r["is_runtime_error"], text
+    assert r["timeout"] <= r["elapsed"] < r["timeout"] + 5, text
+    assert "all_reduce" in r["msg"] and "rank 0" in r["msg"], r["msg"]
+    assert "ABORT_HOOK rank 0" in text
+
+
+def test_abort_process_on_error_runs_abort_hook_then_aborts() -> None:
+    ranks = launch("abort_process", 2)
+    rc, text, results = ranks[0]
+    assert rc == -signal.SIGABRT, f"exit {rc}\n{text}"
+    assert "ABORT_HOOK rank 0" in text
+    assert "aborting the process" in text
+    assert not results  # never reached "survived"
+
+
+def test_back_to_back_comms_and_no_finalize_do_not_abort() -> None:
+    for rc, text, results in launch("no_finalize", 2):
+        assert rc == 0, text
+        assert merged(results).get("clean_exit"), text
+        assert "ABORT_HOOK" not in text

@@ -1,0 +1,55 @@
+//! Cost of recording one operation (submit, start, algorithm, end): what tracing adds to every
+//! collective. Compare with the 8 B all_reduce latency of `torchcomms-perf`
+//! (docs/perf/colltrace.md).
+
+#![allow(missing_docs)] // criterion_group! generates an undocumented public fn.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use colltrace::{CommMeta, CommTrace, OpInfo, Outcome};
+use criterion::{criterion_group, criterion_main, Criterion};
+
+fn record(c: &mut Criterion) {
+    // As at communicator creation (sets up the clock).
+    colltrace::configure(&colltrace::TraceConfig::default());
+    c.bench_function("now_ns", |b| b.iter(|| black_box(colltrace::now_ns())));
+    let meta = CommMeta {
+        name: "bench".into(),
+        instance: 1,
+        rank: 0,
+        size: 4,
+        global_ranks: vec![0, 1, 2, 3],
+    };
+    for cap in [2000usize, 0] {
+        let trace = CommTrace::new(meta.clone(), cap);
+        let mut seq = 0;
+        c.bench_function(&format!("one all_reduce record, buffer {cap}"), |b| {
+            b.iter(|| {
+                seq += 1;
+                let mut h = trace.submit(
+                    false,
+                    seq,
+                    "all_reduce",
+                    Some(false),
+                    Duration::from_secs(600),
+                );
+                let info = || OpInfo {
+                    op: "all_reduce",
+                    dtype: Some("f32"),
+                    count: Some(2),
+                    in_bytes: 8,
+                    out_bytes: 8,
+                    reduce_op: Some("sum"),
+                    ..OpInfo::default()
+                };
+                trace.start(&mut h, info, Some("shm"), Some("shm"));
+                trace.finish(&mut h, Outcome::Completed);
+                black_box(h);
+            })
+        });
+    }
+}
+
+criterion_group!(benches, record);
+criterion_main!(benches);

@@ -1,0 +1,97 @@
+//! Recursive halving-doubling all_reduce (Rabenseifner): a reduce-scatter by recursive halving
+//! (at each of `log2 p` steps a rank swaps half of what it still reduces with a partner at
+//! distance `p/2, p/4, ..., 1`) then an all-gather by recursive doubling, moving
+//! `2 (p-1)/p` of the buffer per rank in `2 log2 p` steps: bandwidth-optimal with logarithmic
+//! latency.
+//!
+//! Any rank count works through the standard fix-up ([`Fold`]): with `p` the largest power of
+//! two not above `n`, the first `2 (n - p)` ranks pair up, the even one of each pair sends its
+//! buffer to the odd one and waits, and gets the finished result from it at the end.
+//!
+//! Each segment is reduced by one rank and copied to the others, so every rank ends with
+//! bitwise the same result. Partner data is received in staging chunks and reduced in place.
+
+use crate::algos::ctx::{self, partition, OpCtx};
+use crate::algos::pipe::{self, Fold, Join, Role};
+use crate::error::Result;
+use crate::kernels::Reducer;
+use crate::span::Span;
+use crate::types::{DataType, ReduceOp};
+
+/// Runs the halving-doubling all_reduce in place on `buf`.
+pub fn run(cx: &mut OpCtx<'_>, buf: Span, dtype: DataType, op: ReduceOp) -> Result<()> {
+    let (n, r) = (cx.size, cx.rank);
+    let red = Reducer::new(dtype, op, n)?;
+    let es = dtype.size_bytes();
+    ctx::prescale(&red, buf);
+    if n == 1 {
+        ctx::finish(&red, buf);
+        return Ok(());
+    }
+    let chunk = cx.staging.chunk_for(es);
+    let fold = Fold::new(n);
+    let (me, extra) = match fold.role(r) {
+        Role::Extra { partner } => {
+            pipe::exchange_chunked(cx, Some((partner, buf)), None, chunk)?;
+            return pipe::exchange_chunked(cx, None, Some((partner, buf)), chunk);
+        }
+        Role::Active { new, extra } => (new, extra),
+    };
+    if let Some(e) = extra {
+        pipe::exchange_reduce(cx, &red, None, e, buf, Join::Partial, chunk, 0)?;
+    }
+
+    let p = fold.p;
+    let segs = partition(buf.len() / es, p, es);
+    let range = |lo: usize, hi: usize| {
+        let start = segs[lo].0;
+        let end = segs[hi - 1].0 + segs[hi - 1].1;
+        buf.sub(start, end - start)
+    };
+    let (mut lo, mut hi) = (0, p);
+    let mut mask = p / 2;
+    while mask > 0 {
+        let peer = fold.real(me ^ mask);
+        let mid = lo + (hi - lo) / 2;
+        let (keep, give) = if me & mask == 0 {
+            ((lo, mid), (mid, hi))
+        } else {
+            ((mid, hi), (lo, mid))
+        };
+        pipe::exchange_reduce(
+            cx,
+            &red,
+            Some((peer, range(give.0, give.1))),
+            peer,
+            range(keep.0, keep.1),
+            Join::Partial,
+            chunk,
+            0,
+        )?;
+        (lo, hi) = keep;
+        mask /= 2;
+    }
+    ctx::finish(&red, range(lo, hi));
+    let mut mask = 1;
+    while mask < p {
+        let peer = fold.real(me ^ mask);
+        let w = hi - lo;
+        let other = if me & mask == 0 {
+            (hi, hi + w)
+        } else {
+            (lo - w, lo)
+        };
+        pipe::exchange_chunked(
+            cx,
+            Some((peer, range(lo, hi))),
+            Some((peer, range(other.0, other.1))),
+            chunk,
+        )?;
+        (lo, hi) = (lo.min(other.0), hi.max(other.1));
+        mask *= 2;
+    }
+    if let Some(e) = extra {
+        pipe::exchange_chunked(cx, Some((e, buf)), None, chunk)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,57 @@
+//! Binomial-tree scatter for small blocks: the root sends each child, in one message, the blocks
+//! of the child's whole subtree, and every rank passes on its children's parts the same way:
+//! `log2 n` steps instead of the root's `n-1` sends.
+//!
+//! A rank holds its subtree's blocks in one staging chunk, so this needs equal blocks (as
+//! scatter has) with `n x block <= chunk_bytes`.
+
+use crate::algos::ctx::OpCtx;
+use crate::algos::tree::{subtree, vrank, BinomialTree};
+use crate::error::{Error, Result};
+use crate::span::Span;
+
+/// True when every block of `n` fits one staging chunk of `chunk_bytes` together.
+pub fn applicable(n: usize, block: usize, chunk_bytes: usize) -> bool {
+    n.saturating_mul(block) <= chunk_bytes
+}
+
+fn inapplicable(what: &str) -> Error {
+    Error::invalid(
+        "algo",
+        format!("equal blocks that fit one staging chunk together for {what} tree"),
+        "tree",
+    )
+}
+
+/// Runs the tree scatter from `root`.
+pub fn run(cx: &mut OpCtx<'_>, inputs: &[Span], output: Span, root: usize) -> Result<()> {
+    let (n, r) = (cx.size, cx.rank);
+    let b = output.len();
+    let chunk = cx.staging.chunk_for(1);
+    if !applicable(n, b, chunk) || (r == root && inputs.iter().any(|s| s.len() != b)) {
+        return Err(inapplicable("scatter"));
+    }
+    let tree = BinomialTree::new(r, n, root);
+    let vr = vrank(r, n, root);
+    let slot = cx.staging.slot(0);
+    // The block of relative rank `v` sits at `(v - vr) * b` in the slot.
+    match tree.parent {
+        None => {
+            for v in 1..n {
+                slot.sub(v * b, b).copy_from(&inputs[(v + root) % n]);
+            }
+            output.copy_from(&inputs[root]);
+        }
+        Some(parent) => {
+            let req = cx.recv(parent, slot.sub(0, subtree(vr, n) * b))?;
+            cx.wait(req)?;
+            output.copy_from(&slot.sub(0, b));
+        }
+    }
+    let mut sends = Vec::with_capacity(tree.children.len());
+    for &c in &tree.children {
+        let vc = vrank(c, n, root);
+        sends.push(cx.send(c, slot.sub((vc - vr) * b, subtree(vc, n) * b))?);
+    }
+    cx.wait_all(&mut sends)
+}

@@ -1,0 +1,220 @@
+//! Measuring the cost model at communicator creation, and agreeing on it.
+//!
+//! Runs on the progress thread before the first operation, over the communicator's own
+//! transport, in three parts:
+//! 1. a ring all_gather of a small record per rank (host, cores, whether it wants a
+//!    measurement), from which every rank derives the same ranks-per-host and cores-per-host;
+//! 2. unless every parameter is configured on every rank, a short measurement in which all ranks
+//!    at once exchange messages with their ring neighbours, after two barriers so that they start
+//!    together: `PING_ROUNDS` empty round trips between rank pairs (alpha, the hop latency),
+//!    `FAN_ROUNDS` rounds of an empty message to each of the next `FAN` ranks (mu, the CPU cost
+//!    of a message), `BETA_ROUNDS` ring exchanges of `BETA_BYTES` (beta) — means over the rounds, and a local reduction of `BETA_BYTES` (about 10 ms in
+//!    all with 8 ranks on 2 loaded cores, well under 50 ms);
+//! 3. a ring all_reduce(max) of the parameters (configured values where given), so every rank
+//!    holds bitwise the same model and auto picks the same algorithm everywhere. The maximum
+//!    also makes the slowest link (and the slowest transport) set the parameters.
+
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::time::Instant;
+
+use crate::algos::all_gather;
+use crate::algos::all_reduce;
+use crate::algos::barrier;
+use crate::algos::ctx::OpCtx;
+use crate::algos::select::{CostModel, CostOverrides};
+use crate::error::Result;
+use crate::kernels::Reducer;
+use crate::span::Span;
+use crate::types::{DataType, ReduceOp};
+
+/// Round trips timed for alpha.
+const PING_ROUNDS: usize = 8;
+/// Most peers of the fan-out round timed for mu.
+const FAN: usize = 4;
+/// Fan-out rounds timed for mu.
+const FAN_ROUNDS: usize = 5;
+/// Exchanges of `BETA_BYTES` timed for beta.
+const BETA_ROUNDS: usize = 3;
+/// Message size of the bandwidth measurement.
+const BETA_BYTES: usize = 256 << 10;
+/// Bytes of one rank's record.
+const RECORD: usize = 24;
+
+fn host_id() -> u64 {
+    let mut h = DefaultHasher::new();
+    nix::unistd::gethostname()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default()
+        .hash(&mut h);
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .unwrap_or_default()
+        .hash(&mut h);
+    h.finish()
+}
+
+fn span_of<T>(v: &mut [T]) -> Span {
+    // SAFETY: every caller keeps `v` alive and untouched until the operation using the span
+    // returned (they run synchronously on this thread).
+    unsafe { Span::from_raw(v.as_mut_ptr().cast(), std::mem::size_of_val(v)) }
+}
+
+/// Mean seconds of one ring exchange of `bytes` (every rank sends right and receives from the
+/// left) over `rounds`.
+fn ring_exchange(cx: &mut OpCtx<'_>, bytes: usize, rounds: usize) -> Result<f64> {
+    let (n, r) = (cx.size, cx.rank);
+    let (right, left) = ((r + 1) % n, (r + n - 1) % n);
+    let mut out = vec![0u8; bytes];
+    let mut inc = vec![0u8; bytes];
+    let (o, i) = (span_of(&mut out), span_of(&mut inc));
+    let t0 = Instant::now();
+    for _ in 0..rounds {
+        cx.sendrecv(right, o, left, i)?;
+    }
+    Ok(t0.elapsed().as_secs_f64() / rounds as f64)
+}
+
+/// Mean seconds of one empty-message round trip between partners `r` and `r ^ 1`, all pairs at
+/// once; `None` on a rank without a partner (the last of an odd count).
+fn ping_pong(cx: &mut OpCtx<'_>, rounds: usize) -> Result<Option<f64>> {
+    let peer = cx.rank ^ 1;
+    if peer >= cx.size {
+        return Ok(None);
+    }
+    let first = cx.rank < peer;
+    let t0 = Instant::now();
+    for _ in 0..rounds {
+        if first {
+            let s = cx.send(peer, Span::EMPTY)?;
+            let r = cx.recv(peer, Span::EMPTY)?;
+            cx.wait(r)?;
+            cx.wait(s)?;
+        } else {
+            let r = cx.recv(peer, Span::EMPTY)?;
+            cx.wait(r)?;
+            let s = cx.send(peer, Span::EMPTY)?;
+            cx.wait(s)?;
+        }
+    }
+    Ok(Some(t0.elapsed().as_secs_f64() / rounds as f64))
+}
+
+/// Mean seconds of one round in which every rank sends an empty message to each of the next
+/// `k` ranks and receives one from each of the previous `k`.
+fn fan_exchange(cx: &mut OpCtx<'_>, k: usize, rounds: usize) -> Result<f64> {
+    let (n, r) = (cx.size, cx.rank);
+    let t0 = Instant::now();
+    for _ in 0..rounds {
+        let mut reqs = Vec::with_capacity(2 * k);
+        for d in 1..=k {
+            reqs.push(cx.recv((r + n - d) % n, Span::EMPTY)?);
+        }
+        for d in 1..=k {
+            reqs.push(cx.send((r + d) % n, Span::EMPTY)?);
+        }
+        cx.wait_all(&mut reqs)?;
+    }
+    Ok(t0.elapsed().as_secs_f64() / rounds as f64)
+}
+
+/// Seconds per byte of an f32 sum on this core (best of three).
+fn reduce_rate() -> f64 {
+    let red = Reducer::new(DataType::F32, ReduceOp::Sum, 2).expect("f32 sum is valid");
+    let mut dst = vec![1f32; BETA_BYTES / 4];
+    let src = vec![2f32; BETA_BYTES / 4];
+    let mut best = f64::MAX;
+    for _ in 0..3 {
+        let t0 = Instant::now();
+        red.combine(
+            bytemuck::cast_slice_mut(&mut dst),
+            bytemuck::cast_slice(&src),
+        );
+        best = best.min(t0.elapsed().as_secs_f64());
+    }
+    std::hint::black_box(&dst);
+    best / BETA_BYTES as f64
+}
+
+/// Measures (where not configured) and agrees on the cost model; every rank of the
+/// communicator must call it at the same point of its operation stream.
+pub fn run(cx: &mut OpCtx<'_>, given: &CostOverrides) -> Result<CostModel> {
+    let start = Instant::now();
+    let n = cx.size;
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get()) as u64;
+    let mut mine = [0u8; RECORD];
+    mine[0..8].copy_from_slice(&host_id().to_le_bytes());
+    mine[8..16].copy_from_slice(&cores.to_le_bytes());
+    mine[16..24].copy_from_slice(&u64::from(!given.complete()).to_le_bytes());
+    let mut all = vec![0u8; RECORD * n];
+    let out = span_of(&mut all);
+    let outputs: Vec<Span> = (0..n).map(|i| out.sub(i * RECORD, RECORD)).collect();
+    all_gather::ring::run(cx, span_of(&mut mine), &outputs)?;
+    let word =
+        |rec: &[u8], at: usize| u64::from_le_bytes(rec[at..at + 8].try_into().expect("8 bytes"));
+    let records: Vec<&[u8]> = all.chunks_exact(RECORD).collect();
+    let mut hosts: Vec<u64> = records.iter().map(|rec| word(rec, 0)).collect();
+    hosts.sort_unstable();
+    let ranks_per_host = hosts
+        .chunk_by(|a, b| a == b)
+        .map(<[u64]>::len)
+        .max()
+        .unwrap_or(1);
+    let cores_per_host = records.iter().map(|rec| word(rec, 8)).min().unwrap_or(1) as usize;
+    let measure = n > 1 && records.iter().any(|rec| word(rec, 16) != 0);
+
+    let defaults = CostModel::default();
+    let (mut alpha, mut mu, mut beta, mut gamma) =
+        (defaults.alpha, defaults.mu, defaults.beta, defaults.gamma);
+    if measure {
+        // Everyone in step first, so the timings do not include a late rank's start.
+        barrier::dissemination::run(cx)?;
+        barrier::dissemination::run(cx)?;
+        // Hop latency: half a round trip, every pair at once (a rank without a partner has no
+        // say; the agreement below takes the maximum).
+        let rtt = ping_pong(cx, PING_ROUNDS)?;
+        alpha = rtt.map_or(0.0, |t| t / 2.0);
+        // CPU per message: a round in which every rank sends `fan` messages costs about alpha
+        // plus the host's messages shared by its cores.
+        let fan = (n - 1).min(FAN);
+        let q = ranks_per_host.clamp(1, n) as f64;
+        let cores = (cores_per_host.max(1) as f64).min(q);
+        barrier::dissemination::run(cx)?;
+        let wide = fan_exchange(cx, fan, FAN_ROUNDS)?;
+        mu = ((wide - alpha) * cores / (q * fan as f64)).max(wide / 20.0);
+        // Bandwidth with every rank moving data, beyond the cost of an empty round.
+        let ring = alpha + q * mu / cores;
+        barrier::dissemination::run(cx)?;
+        let big = ring_exchange(cx, BETA_BYTES, BETA_ROUNDS)?;
+        beta = (big - ring).max(big / 4.0) / BETA_BYTES as f64;
+        gamma = reduce_rate();
+    }
+    if let Some(us) = given.alpha_us {
+        alpha = us * 1e-6;
+    }
+    if let Some(us) = given.mu_us {
+        mu = us * 1e-6;
+    }
+    if let Some(gbps) = given.beta_gbps {
+        beta = 1.0 / (gbps * 1e9);
+    }
+    if let Some(gbps) = given.gamma_gbps {
+        gamma = 1.0 / (gbps * 1e9);
+    }
+    let mut agreed = [alpha, mu, beta, gamma];
+    all_reduce::ring::run(cx, span_of(&mut agreed), DataType::F64, ReduceOp::Max)?;
+    let model = CostModel {
+        alpha: agreed[0],
+        mu: agreed[1],
+        beta: agreed[2],
+        gamma: agreed[3],
+        ranks_per_host,
+        cores_per_host: cores_per_host.max(1),
+        measured: measure,
+    };
+    tracing::debug!(
+        rank = cx.rank,
+        ?model,
+        took_ms = start.elapsed().as_secs_f64() * 1e3,
+        "cost model agreed"
+    );
+    Ok(model)
+}

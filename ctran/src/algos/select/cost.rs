@@ -1,0 +1,317 @@
+//! The latency-bandwidth cost model that `auto` picks algorithms with.
+//!
+//! An algorithm's time on `n` ranks is predicted as
+//!
+//! ```text
+//! T = H HOP alpha + (M_host / C) mu + max(B_busiest / kappa, B_average) beta + (R + P) gamma
+//! ```
+//!
+//! - `H`: hops on the critical path (message latencies that follow one another), each costing
+//!   a fraction [`HOP`] of the measured one-way latency alpha;
+//! - `M_host`: messages that the ranks of one host send, `C = min(cores, ranks per host)`: every
+//!   message costs CPU time (system calls, a wake-up), and ranks of one host share its cores;
+//! - `B`: bytes a rank moves (the larger of sent and received), for the busiest rank and on
+//!   average;
+//!   beta is measured with every rank moving data at once, which on a host with more ranks than
+//!   cores is `kappa = ranks per host / cores` times slower than a rank alone: a rank that works
+//!   while others wait goes `kappa` times faster, but never faster than the host's cores allow
+//!   for everyone's bytes;
+//! - `R`: bytes reduced on the critical path, `P`: bytes copied through staging.
+//!
+//! alpha, mu, beta and gamma are measured on the communicator's own transport at creation
+//! ([`calibrate`](super::calibrate)) or configured; the per-algorithm counts are below.
+
+use crate::algos::pipe::pow2_floor;
+use crate::algos::reduce_scatter::recursive_halving;
+use crate::algos::select::{Algo, Shape};
+
+/// Cost of a hop as a fraction of alpha, the one-way latency of an isolated round trip: inside
+/// a collective the receiver is often awake already. Fitted on TCP loopback with 2 to 8 ranks on
+/// 2 cores (`docs/perf/algorithms.md`).
+pub const HOP: f64 = 0.5;
+
+/// Extra cost per byte of algorithms that move whole halves step by step (recursive halving):
+/// a step's bytes must all arrive before they are reduced and passed on, where a ring overlaps
+/// pieces of consecutive steps. Fitted like [`HOP`].
+pub const STORE_FORWARD: f64 = 0.2;
+
+/// Parameters of the model, agreed by all ranks of a communicator.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CostModel {
+    /// Seconds per hop: the latency of one message while every rank exchanges one.
+    pub alpha: f64,
+    /// Seconds of CPU per message (posting, system calls, waking the receiver).
+    pub mu: f64,
+    /// Seconds per byte a rank sends and receives while every rank does.
+    pub beta: f64,
+    /// Seconds per byte one rank reduces.
+    pub gamma: f64,
+    /// Most ranks of the communicator on one host.
+    pub ranks_per_host: usize,
+    /// Fewest cores of a host of the communicator.
+    pub cores_per_host: usize,
+    /// Measured at creation (`false`: all configured or defaults).
+    pub measured: bool,
+}
+
+impl Default for CostModel {
+    /// Rough TCP-on-loopback values, used before calibration.
+    fn default() -> Self {
+        CostModel {
+            alpha: 20e-6,
+            mu: 5e-6,
+            beta: 1.0 / 2e9,
+            gamma: 1.0 / 4e9,
+            ranks_per_host: 1,
+            cores_per_host: 1,
+            measured: false,
+        }
+    }
+}
+
+/// What an algorithm does, counted for the model.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Profile {
+    /// Hops on the critical path: message latencies that follow one another.
+    pub hops: f64,
+    /// Messages sent by all ranks.
+    pub messages: f64,
+    /// Bytes the busiest rank sends or receives (the larger), in time order: transfers that
+    /// overlap count once.
+    pub busiest: f64,
+    /// Bytes sent by all ranks.
+    pub total: f64,
+    /// Bytes reduced on the critical path.
+    pub reduced: f64,
+    /// Bytes copied through staging on the critical path.
+    pub copied: f64,
+}
+
+fn log2_ceil(n: usize) -> f64 {
+    f64::from(usize::BITS - (n.max(1) - 1).leading_zeros())
+}
+
+/// Profile of `algo` for a call of `shape` on `n` ranks with staging chunks of `chunk` bytes.
+pub fn profile(algo: Algo, shape: &Shape, n: usize, chunk: usize) -> Profile {
+    use Algo::*;
+    let s = shape.bytes as f64;
+    if n <= 1 {
+        return Profile::default();
+    }
+    let nf = n as f64;
+    let l = log2_ceil(n);
+    let p = pow2_floor(n);
+    let (pf, lp, rem) = (p as f64, log2_ceil(p), (n - p) as f64);
+    let folded = if rem > 0.0 { 1.0 } else { 0.0 };
+    let c = chunk.max(1) as f64;
+    // Pieces of `x` bytes in chunks of `c` (none for nothing).
+    let pcs = |x: f64, c: f64| if x <= 0.0 { 0.0 } else { (x / c).ceil() };
+    // Direct reductions cut pieces so that one from every peer fits a chunk.
+    let direct_piece = (c / (nf - 1.0)).floor().max(shape.elem as f64);
+    let b = s / nf;
+    let halvings = |x: f64| {
+        (1..=lp as u32)
+            .map(|i| pcs(x / f64::from(1u32 << i), c))
+            .sum::<f64>()
+    };
+    let mut f = Profile::default();
+    match algo {
+        AllReduceRing => {
+            let k = pcs(b, c);
+            f.hops = 2.0 * (nf - 1.0) + (k - 1.0).max(0.0);
+            f.messages = nf * 2.0 * (nf - 1.0) * k;
+            f.busiest = 2.0 * (nf - 1.0) * b;
+            f.total = nf * 2.0 * (nf - 1.0) * b;
+            f.reduced = (nf - 1.0) * b;
+        }
+        AllReduceHalvingDoubling => {
+            f.hops += 2.0 * lp;
+            f.hops = 2.0 * folded + (pcs(s / 2.0, c) - 1.0).max(0.0);
+            f.messages = pf * 2.0 * halvings(s) + rem * 2.0 * pcs(s, c);
+            f.busiest = (1.0 + STORE_FORWARD) * 2.0 * (pf - 1.0) / pf * s + folded * s;
+            f.total = (1.0 + STORE_FORWARD) * 2.0 * (pf - 1.0) * s + rem * 2.0 * s;
+            f.reduced = (pf - 1.0) / pf * s + folded * s;
+        }
+        AllReduceDirect => {
+            let k = pcs(s, direct_piece);
+            f.hops = k.max(1.0);
+            f.messages = nf * (nf - 1.0) * k;
+            f.busiest = (nf - 1.0) * s;
+            f.total = nf * (nf - 1.0) * s;
+            f.reduced = (nf - 1.0) * s;
+            f.copied = 2.0 * s;
+        }
+        AllReduceTree => {
+            let k = pcs(s, c);
+            f.hops = 2.0 * l + 2.0 * (k - 1.0).max(0.0);
+            f.messages = 2.0 * (nf - 1.0) * k;
+            f.busiest = l * s;
+            f.total = 2.0 * (nf - 1.0) * s;
+            f.reduced = l * s;
+            f.copied = s;
+        }
+        AllGatherRing => {
+            let k = pcs(b, c);
+            f.hops = nf - 1.0 + (k - 1.0).max(0.0);
+            f.messages = nf * (nf - 1.0) * k;
+            f.busiest = (nf - 1.0) * b;
+            f.total = nf * (nf - 1.0) * b;
+        }
+        AllGatherRecursiveDoubling => {
+            let g = s / pf;
+            let doubling: f64 = (0..lp as u32)
+                .map(|i| pcs(g * f64::from(1u32 << i), c))
+                .sum();
+            f.hops += lp;
+            f.hops = 2.0 * folded;
+            f.messages = pf * doubling + rem * (pcs(b, c) + pcs(s - b, c));
+            f.busiest = (pf - 1.0) / pf * s + folded * s / 2.0;
+            f.total = (pf - 1.0) * s + rem * s;
+        }
+        AllGatherBruck => {
+            let mut have = 1usize;
+            while have < n {
+                let count = have.min(n - have) as f64;
+                f.messages += nf * pcs(count * b, c);
+                have *= 2;
+            }
+            f.hops += l;
+            f.busiest = (nf - 1.0) * b;
+            f.total = nf * (nf - 1.0) * b;
+        }
+        AllGatherDirect | AllToAllDirect => {
+            f.hops = 1.0;
+            f.messages = nf * (nf - 1.0);
+            f.busiest = (nf - 1.0) * b;
+            f.total = nf * (nf - 1.0) * b;
+        }
+        ReduceScatterRing => {
+            let k = pcs(b, c);
+            f.hops = nf - 1.0 + (k - 1.0).max(0.0);
+            f.messages = nf * (nf - 1.0) * k;
+            f.busiest = (nf - 1.0) * b;
+            f.total = nf * (nf - 1.0) * b;
+            f.reduced = (nf - 1.0) * b;
+        }
+        ReduceScatterRecursiveHalving => {
+            let round = recursive_halving::round_bytes(chunk, n, shape.elem).max(1) as f64;
+            let rounds = (shape.max_block as f64 / round).ceil().max(1.0);
+            f.hops += rounds * lp;
+            f.hops = rounds * 2.0 * folded;
+            f.messages = rounds * (pf * lp + 2.0 * rem);
+            f.busiest = (1.0 + STORE_FORWARD) * (pf - 1.0) / pf * s + folded * s;
+            f.total = (1.0 + STORE_FORWARD) * (pf - 1.0) * s + rem * (s + b);
+            f.reduced = (pf - 1.0) / pf * s + folded * s;
+            f.copied = s;
+        }
+        ReduceScatterDirect => {
+            let k = pcs(b, direct_piece);
+            f.hops = k.max(1.0);
+            f.messages = nf * (nf - 1.0) * k;
+            f.busiest = (nf - 1.0) * b;
+            f.total = nf * (nf - 1.0) * b;
+            f.reduced = (nf - 1.0) * b;
+            f.copied = 2.0 * b;
+        }
+        BroadcastTree => {
+            let k = pcs(s, c);
+            f.hops = l + (k - 1.0).max(0.0);
+            f.messages = (nf - 1.0) * k;
+            f.busiest = l * s;
+            f.total = (nf - 1.0) * s;
+        }
+        BroadcastChain => {
+            let k = pcs(s, c);
+            f.hops = nf - 1.0 + (k - 1.0).max(0.0);
+            f.messages = (nf - 1.0) * k;
+            f.busiest = s;
+            f.total = (nf - 1.0) * s;
+        }
+        BroadcastDirect => {
+            f.hops = 1.0;
+            f.messages = nf - 1.0;
+            f.busiest = (nf - 1.0) * s;
+            f.total = (nf - 1.0) * s;
+        }
+        ReduceTree => {
+            let k = pcs(s, c);
+            f.hops = l + (k - 1.0).max(0.0);
+            f.messages = (nf - 1.0) * k;
+            f.busiest = l * s;
+            f.total = (nf - 1.0) * s;
+            f.reduced = l * s;
+            f.copied = s;
+        }
+        ReduceDirect => {
+            let k = pcs(s, direct_piece);
+            f.hops = k.max(1.0);
+            f.messages = (nf - 1.0) * k;
+            f.busiest = (nf - 1.0) * s;
+            f.total = (nf - 1.0) * s;
+            f.reduced = (nf - 1.0) * s;
+            f.copied = 2.0 * s;
+        }
+        AllToAllPairwise => {
+            f.hops += nf - 1.0;
+            f.messages = nf * (nf - 1.0);
+            f.busiest = (nf - 1.0) * b;
+            f.total = nf * (nf - 1.0) * b;
+        }
+        AllToAllBruck => {
+            f.hops += l;
+            f.messages = nf * l;
+            f.busiest = l * s / 2.0;
+            f.total = nf * l * s / 2.0;
+            f.copied = (l + 2.0) * s;
+        }
+        ScatterDirect | GatherDirect => {
+            f.hops = 1.0;
+            f.messages = nf - 1.0;
+            f.busiest = (nf - 1.0) * b;
+            f.total = (nf - 1.0) * b;
+        }
+        ScatterTree | GatherTree => {
+            f.hops = l;
+            f.messages = nf - 1.0;
+            f.busiest = (nf - 1.0) * b;
+            f.total = l * s / 2.0;
+            f.copied = s;
+        }
+        BarrierDissemination => {
+            f.hops += l;
+            f.messages = nf * l;
+        }
+    }
+    f
+}
+
+impl CostModel {
+    /// Ranks of this communicator on one host (at most `n`).
+    fn local(&self, n: usize) -> f64 {
+        self.ranks_per_host.clamp(1, n.max(1)) as f64
+    }
+
+    /// How much slower a rank moves bytes when all local ranks do than when it works alone.
+    fn kappa(&self, n: usize) -> f64 {
+        (self.local(n) / self.cores_per_host.max(1) as f64).max(1.0)
+    }
+
+    /// Predicted seconds of a profile on `n` ranks.
+    pub fn time(&self, f: &Profile, n: usize) -> f64 {
+        let q = self.local(n);
+        let cores = (self.cores_per_host.max(1) as f64).min(q);
+        let nf = n.max(1) as f64;
+        let messages_host = f.messages * q / nf;
+        let bytes = (f.busiest / self.kappa(n)).max(f.total / nf);
+        f.hops * HOP * self.alpha
+            + messages_host / cores * self.mu
+            + bytes * self.beta
+            + (f.reduced + f.copied) * self.gamma
+    }
+
+    /// Predicted seconds of `algo` for a call of `shape` on `n` ranks with staging chunks of
+    /// `chunk` bytes.
+    pub fn cost(&self, algo: Algo, shape: &Shape, n: usize, chunk: usize) -> f64 {
+        self.time(&profile(algo, shape, n, chunk), n)
+    }
+}

@@ -1,0 +1,261 @@
+//! The reduction kernels of `kernels/reduce.cu` on one device: compiled at first use (see
+//! [`nvrtc`](super::nvrtc)), loaded once per device, launched on a caller's stream.
+//!
+//! The three steps follow [`Reducer`](crate::kernels::Reducer): **prescale** each input
+//! (`PremulSum`, float `Avg`), **combine** pairs of partials, **finish** the result (integer
+//! `Avg`). Scalars are rounded to the element type on the host, exactly as the CPU kernels do.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use half::{bf16, f16};
+
+use super::driver::{driver, Context, Function, Module, RawStream};
+use super::error::{CudaError, Result};
+use super::nvrtc;
+use crate::{DataType, ReduceOp};
+
+/// Source of the reduction kernels.
+pub const REDUCE_SOURCE: &str = include_str!("kernels/reduce.cu");
+/// Its name in logs and cache files.
+pub const REDUCE_SOURCE_NAME: &str = "ctran/src/cuda/kernels/reduce.cu";
+
+const BLOCK: u32 = 512;
+
+/// The reduction kernels loaded on one device.
+#[derive(Debug)]
+pub struct ReduceKernels {
+    ctx: Arc<Context>,
+    module: Module,
+    funcs: Mutex<HashMap<String, Function>>,
+    target: String,
+    from_cache: bool,
+}
+
+impl ReduceKernels {
+    /// The kernels of device `ctx`, compiled (or read from the cache) and loaded at first use.
+    pub fn get(ctx: &Arc<Context>) -> Result<Arc<ReduceKernels>> {
+        static LOADED: OnceLock<Mutex<HashMap<u32, Arc<ReduceKernels>>>> = OnceLock::new();
+        let mut map = LOADED
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(k) = map.get(&ctx.ordinal()) {
+            return Ok(Arc::clone(k));
+        }
+        let image = nvrtc::compile(
+            REDUCE_SOURCE_NAME,
+            REDUCE_SOURCE,
+            ctx.compute_capability(),
+            driver()?.version,
+        )?;
+        let module = Module::load(ctx, &image.bytes)?;
+        let k = Arc::new(ReduceKernels {
+            ctx: Arc::clone(ctx),
+            module,
+            funcs: Mutex::new(HashMap::new()),
+            target: image.target,
+            from_cache: image.from_cache,
+        });
+        map.insert(ctx.ordinal(), Arc::clone(&k));
+        Ok(k)
+    }
+
+    /// The target the kernels were built for (`sm_90`).
+    pub fn target(&self) -> &str {
+        &self.target
+    }
+
+    /// True when the image came from the disk cache.
+    pub fn from_cache(&self) -> bool {
+        self.from_cache
+    }
+
+    fn function(&self, name: &str, dtype: DataType, op: &str) -> Result<Function> {
+        let mut f = self.funcs.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(k) = f.get(name) {
+            return Ok(*k);
+        }
+        let k = self
+            .module
+            .function(name)
+            .map_err(|_| CudaError::NoKernel {
+                name: name.into(),
+                dtype: dtype.name().into(),
+                op: op.into(),
+            })?;
+        f.insert(name.to_string(), k);
+        Ok(k)
+    }
+
+    fn grid(&self, n: usize) -> u32 {
+        let blocks = n.div_ceil(BLOCK as usize).max(1);
+        let cap = (self.ctx.sm_count().max(1) as usize) * 8;
+        u32::try_from(blocks.min(cap)).unwrap_or(1)
+    }
+
+    /// `dst = a ⊕ b` over `n` elements (the pairwise step of `op`), on `stream`.
+    ///
+    /// # Safety
+    /// `dst`, `a` and `b` must be device addresses of this context holding `n` elements of
+    /// `dtype` until the kernel finishes; `dst` may equal `a` or `b`.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn combine(
+        &self,
+        dtype: DataType,
+        op: ReduceOp,
+        dst: u64,
+        a: u64,
+        b: u64,
+        n: usize,
+        stream: RawStream,
+    ) -> Result<()> {
+        crate::kernels::Reducer::new(dtype, op, 1).map_err(|e| CudaError::BadArgument {
+            call: "combine",
+            detail: e.to_string(),
+        })?;
+        if n == 0 {
+            return Ok(());
+        }
+        let pair = match op {
+            ReduceOp::Sum | ReduceOp::Avg | ReduceOp::PremulSum { .. } => "sum",
+            ReduceOp::Product => "prod",
+            ReduceOp::Min => "min",
+            ReduceOp::Max => "max",
+            ReduceOp::BAnd => "band",
+            ReduceOp::BOr => "bor",
+            ReduceOp::BXor => "bxor",
+        };
+        let f = self.function(&format!("tc_combine_{pair}_{}", dtype.name()), dtype, pair)?;
+        let (mut d, mut x, mut y, mut count) = (dst, a, b, n as u64);
+        let mut params: [*mut c_void; 4] = [
+            (&mut d as *mut u64).cast(),
+            (&mut x as *mut u64).cast(),
+            (&mut y as *mut u64).cast(),
+            (&mut count as *mut u64).cast(),
+        ];
+        self.ctx.bind()?;
+        // SAFETY: the kernel takes (T*, const T*, const T*, u64); the caller vouches for the
+        // buffers; the module lives as long as self.
+        unsafe { f.launch(self.grid(n), BLOCK, stream, &mut params) }
+    }
+
+    /// `dst = src × factor` over `n` elements (prescale), `factor` rounded to the dtype first
+    /// (through f32 for f16/bf16) like the CPU kernels.
+    ///
+    /// # Safety
+    /// As for [`ReduceKernels::combine`].
+    pub unsafe fn scale(
+        &self,
+        dtype: DataType,
+        dst: u64,
+        src: u64,
+        n: usize,
+        factor: f64,
+        stream: RawStream,
+    ) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        let mut factor = match dtype {
+            DataType::F32 => f64::from(factor as f32),
+            DataType::F16 => f64::from(f16::from_f32(factor as f32).to_f32()),
+            DataType::BF16 => f64::from(bf16::from_f32(factor as f32).to_f32()),
+            DataType::Bool => {
+                return Err(CudaError::BadArgument {
+                    call: "scale",
+                    detail: "bool tensors cannot be scaled".into(),
+                })
+            }
+            _ => factor,
+        };
+        let f = self.function(&format!("tc_scale_{}", dtype.name()), dtype, "scale")?;
+        let (mut d, mut s, mut count) = (dst, src, n as u64);
+        let mut params: [*mut c_void; 4] = [
+            (&mut d as *mut u64).cast(),
+            (&mut s as *mut u64).cast(),
+            (&mut count as *mut u64).cast(),
+            (&mut factor as *mut f64).cast(),
+        ];
+        self.ctx.bind()?;
+        // SAFETY: the kernel takes (T*, const T*, u64, double); see combine.
+        unsafe { f.launch(self.grid(n), BLOCK, stream, &mut params) }
+    }
+
+    /// `buf /= divisor` over `n` integer elements, truncating toward zero (integer `Avg`).
+    ///
+    /// # Safety
+    /// As for [`ReduceKernels::combine`].
+    pub unsafe fn divide(
+        &self,
+        dtype: DataType,
+        buf: u64,
+        n: usize,
+        divisor: i64,
+        stream: RawStream,
+    ) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        if dtype.is_float() || dtype == DataType::Bool || divisor == 0 {
+            return Err(CudaError::BadArgument {
+                call: "divide",
+                detail: format!("integer division of {dtype} by {divisor}"),
+            });
+        }
+        let f = self.function(&format!("tc_divide_{}", dtype.name()), dtype, "divide")?;
+        let (mut b, mut count, mut d) = (buf, n as u64, divisor);
+        let mut params: [*mut c_void; 3] = [
+            (&mut b as *mut u64).cast(),
+            (&mut count as *mut u64).cast(),
+            (&mut d as *mut i64).cast(),
+        ];
+        self.ctx.bind()?;
+        // SAFETY: the kernel takes (T*, u64, i64); see combine.
+        unsafe { f.launch(self.grid(n), BLOCK, stream, &mut params) }
+    }
+
+    /// Prescales `buf` in place for `op` over `nranks` ranks (nothing for most ops).
+    ///
+    /// # Safety
+    /// As for [`ReduceKernels::combine`].
+    pub unsafe fn prescale(
+        &self,
+        dtype: DataType,
+        op: ReduceOp,
+        nranks: usize,
+        buf: u64,
+        n: usize,
+        stream: RawStream,
+    ) -> Result<()> {
+        let factor = match op {
+            ReduceOp::PremulSum { factor } => factor,
+            ReduceOp::Avg if dtype.is_float() => 1.0 / nranks as f64,
+            _ => return Ok(()),
+        };
+        // SAFETY: forwarded.
+        unsafe { self.scale(dtype, buf, buf, n, factor, stream) }
+    }
+
+    /// Finishes the result of `op` over `nranks` ranks in place (integer `Avg` divides).
+    ///
+    /// # Safety
+    /// As for [`ReduceKernels::combine`].
+    pub unsafe fn finish(
+        &self,
+        dtype: DataType,
+        op: ReduceOp,
+        nranks: usize,
+        buf: u64,
+        n: usize,
+        stream: RawStream,
+    ) -> Result<()> {
+        if op == ReduceOp::Avg && !dtype.is_float() {
+            let d = i64::try_from(nranks).unwrap_or(i64::MAX);
+            // SAFETY: forwarded.
+            return unsafe { self.divide(dtype, buf, n, d, stream) };
+        }
+        Ok(())
+    }
+}

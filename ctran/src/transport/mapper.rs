@@ -1,0 +1,133 @@
+//! Picks the transport for each peer: shared memory for ranks on this host (when enabled), TCP
+//! for the rest. Algorithms see one [`Transport`]; request ids tell the two apart.
+
+use std::time::{Duration, Instant};
+
+use crate::span::Span;
+use crate::transport::shm::{ShmTransport, ID_BASE};
+use crate::transport::socket::SocketTransport;
+use crate::transport::{ReqId, Transport, TransportError};
+
+/// How long a rank waiting on shared memory goes between checks of the TCP side (traffic to
+/// remote peers, closed local peers).
+const SHM_SLICE: Duration = Duration::from_millis(2);
+
+/// Every transport of one communicator, and which one reaches each peer.
+#[derive(Debug)]
+pub struct Mapper {
+    socket: SocketTransport,
+    shm: Option<ShmTransport>,
+}
+
+impl Mapper {
+    /// Routes local peers through `shm` when given.
+    pub fn new(socket: SocketTransport, shm: Option<ShmTransport>) -> Mapper {
+        Mapper { socket, shm }
+    }
+
+    /// The shared-memory transport, when every rank of the communicator is on this host and
+    /// shared-memory collectives may run; with the liveness probe they need.
+    pub fn whole_comm_shm(
+        &mut self,
+    ) -> Option<(
+        &mut ShmTransport,
+        impl FnMut() -> Result<(), TransportError> + '_,
+    )> {
+        let shm = self.shm.as_mut().filter(|s| s.is_whole_comm())?;
+        let peers: Vec<usize> = shm.local_peers().collect();
+        let socket = &mut self.socket;
+        Some((shm, move || socket.probe_idle(peers.iter().copied())))
+    }
+
+    /// The transport names in use (for traces and `--print` output).
+    pub fn describe(&self) -> &'static str {
+        match &self.shm {
+            Some(s) if s.is_whole_comm() => "shm",
+            Some(_) => "shm+socket",
+            None => "socket",
+        }
+    }
+
+    fn via_shm(&self, peer: usize) -> bool {
+        self.shm.as_ref().is_some_and(|s| s.reaches(peer))
+    }
+}
+
+impl Transport for Mapper {
+    fn post_send(&mut self, peer: usize, data: Span) -> Result<ReqId, TransportError> {
+        match &mut self.shm {
+            Some(shm) if shm.reaches(peer) => shm.post_send(peer, data),
+            _ => self.socket.post_send(peer, data),
+        }
+    }
+
+    fn post_recv(&mut self, peer: usize, data: Span) -> Result<ReqId, TransportError> {
+        match &mut self.shm {
+            Some(shm) if shm.reaches(peer) => shm.post_recv(peer, data),
+            _ => self.socket.post_recv(peer, data),
+        }
+    }
+
+    fn test(&mut self, req: ReqId) -> Result<bool, TransportError> {
+        match &mut self.shm {
+            Some(shm) if req.0 >= ID_BASE => shm.test(req),
+            _ => self.socket.test(req),
+        }
+    }
+
+    fn peer_of(&self, req: ReqId) -> Option<usize> {
+        match &self.shm {
+            Some(shm) if req.0 >= ID_BASE => shm.peer_of(req),
+            _ => self.socket.peer_of(req),
+        }
+    }
+
+    fn progress(&mut self, until: Instant, watch_wake: bool) -> Result<(), TransportError> {
+        let Some(shm) = self.shm.as_mut() else {
+            return self.socket.progress(until, watch_wake);
+        };
+        if !shm.has_pending() {
+            return self.socket.progress(until, watch_wake);
+        }
+        let local: Vec<usize> = shm.local_peers().collect();
+        let socket = &mut self.socket;
+        if socket.has_pending() {
+            // Both sides busy: alternate short, non-sleeping turns.
+            socket.progress(Instant::now(), false)?;
+            let mut alive = || socket.probe_idle(local.iter().copied());
+            return shm.progress(
+                until.min(Instant::now() + Duration::from_micros(200)),
+                &mut alive,
+            );
+        }
+        let slice = if watch_wake {
+            Duration::from_millis(1)
+        } else {
+            SHM_SLICE
+        };
+        let mut alive = || socket.probe_idle(local.iter().copied());
+        shm.progress(until.min(Instant::now() + slice), &mut alive)
+    }
+
+    fn abort(&mut self, reason: &str) {
+        self.socket.abort(reason);
+        if let Some(shm) = &mut self.shm {
+            shm.abort();
+        }
+    }
+}
+
+impl Mapper {
+    /// Ends the communicator normally: peers learn this rank finished, not failed.
+    pub fn close(&mut self) {
+        self.socket.close();
+        if let Some(shm) = &mut self.shm {
+            shm.abort();
+        }
+    }
+
+    /// Whether `peer` is reached through shared memory.
+    pub fn is_local(&self, peer: usize) -> bool {
+        self.via_shm(peer)
+    }
+}

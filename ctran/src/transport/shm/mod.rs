@@ -1,0 +1,366 @@
+//! The shared-memory transport for ranks on one host.
+//!
+//! One segment per communicator and host holds, per ordered pair of local ranks, a
+//! single-producer single-consumer FIFO of fixed-size slots (so every generic algorithm and
+//! point-to-point transfer runs over shared memory with one copy in and one copy out), and per
+//! rank two collective buffers that the shared-memory collectives
+//! ([`collectives`]) read from each other directly. Waiting ranks spin briefly, then sleep on a
+//! futex doorbell that peers ring, so oversubscribed ranks leave the CPU to the ranks doing work.
+
+pub mod collectives;
+mod futex;
+mod layout;
+mod node;
+mod segment;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use crate::error::Result;
+use crate::span::Span;
+use crate::transport::{ReqId, TransportError};
+pub(crate) use layout::Sizes;
+use node::{Node, WaitEnd};
+
+/// Request ids of this transport live above this bit, apart from the socket transport's.
+pub(crate) const ID_BASE: u64 = 1 << 62;
+
+/// Tunables of the shared-memory transport.
+#[derive(Debug, Clone)]
+pub struct ShmConfig {
+    /// Slots per point-to-point FIFO.
+    pub fifo_slots: usize,
+    /// Bytes per FIFO slot.
+    pub fifo_slot_bytes: usize,
+    /// Bytes of each of a rank's two collective buffers.
+    pub coll_bytes: usize,
+    /// How long a waiting rank spins before sleeping (`None`: chosen from cores and ranks).
+    pub spin: Option<Duration>,
+}
+
+impl Default for ShmConfig {
+    fn default() -> Self {
+        ShmConfig {
+            fifo_slots: 4,
+            fifo_slot_bytes: 128 << 10,
+            coll_bytes: 2 << 20,
+            spin: None,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct PendingSend {
+    id: u64,
+    data: Span,
+    sent: usize,
+    started: bool,
+}
+
+#[derive(Debug)]
+struct PendingRecv {
+    id: u64,
+    data: Span,
+    got: usize,
+    started: bool,
+}
+
+/// Shared-memory connections to the ranks of this host.
+#[derive(Debug)]
+pub struct ShmTransport {
+    node: Node,
+    /// Local index of each global rank (None: on another host).
+    local_of: Vec<Option<usize>>,
+    /// Global rank of each local index.
+    global_of: Vec<usize>,
+    sends: Vec<VecDeque<PendingSend>>,
+    recvs: Vec<VecDeque<PendingRecv>>,
+    next_id: u64,
+    pending: HashMap<u64, usize>,
+    done: HashSet<u64>,
+    failed: HashMap<u64, TransportError>,
+    dead: Vec<Option<TransportError>>,
+    /// Collective buffers used so far (their parity picks the buffer) and barriers passed.
+    pub(crate) coll_rounds: u64,
+    pub(crate) arrivals: u64,
+}
+
+impl ShmTransport {
+    /// Joins the host's segment `name`. `local_ranks` are the global ranks on this host in
+    /// increasing order, `size` the communicator size, `rank` this rank.
+    pub(crate) fn attach(
+        name: &str,
+        rank: usize,
+        size: usize,
+        local_ranks: &[usize],
+        cfg: &ShmConfig,
+        deadline: Instant,
+    ) -> Result<ShmTransport> {
+        let nlocal = local_ranks.len();
+        let me = local_ranks
+            .iter()
+            .position(|&r| r == rank)
+            .expect("this rank is local to itself");
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        // Spinning only pays when every local rank has a core of its own.
+        let spin = cfg.spin.unwrap_or(if nlocal <= cores {
+            Duration::from_micros(30)
+        } else {
+            Duration::from_micros(2)
+        });
+        let sizes = Sizes {
+            nlocal,
+            fifo_slots: cfg.fifo_slots,
+            fifo_slot_bytes: cfg.fifo_slot_bytes,
+            coll_bytes: cfg.coll_bytes,
+        };
+        let node = Node::attach(name, sizes, me, spin, deadline)?;
+        let mut local_of = vec![None; size];
+        for (i, &g) in local_ranks.iter().enumerate() {
+            local_of[g] = Some(i);
+        }
+        Ok(ShmTransport {
+            node,
+            local_of,
+            global_of: local_ranks.to_vec(),
+            sends: (0..nlocal).map(|_| VecDeque::new()).collect(),
+            recvs: (0..nlocal).map(|_| VecDeque::new()).collect(),
+            next_id: ID_BASE,
+            pending: HashMap::new(),
+            done: HashSet::new(),
+            failed: HashMap::new(),
+            dead: vec![None; nlocal],
+            coll_rounds: 0,
+            arrivals: 0,
+        })
+    }
+
+    /// Whether `peer` is reached through this transport.
+    pub fn reaches(&self, peer: usize) -> bool {
+        self.local_of.get(peer).is_some_and(Option::is_some)
+    }
+
+    /// Whether every rank of the communicator is on this host.
+    pub fn is_whole_comm(&self) -> bool {
+        self.global_of.len() == self.local_of.len()
+    }
+
+    fn local(&self, peer: usize) -> Result<usize, TransportError> {
+        let l =
+            self.local_of
+                .get(peer)
+                .copied()
+                .flatten()
+                .ok_or_else(|| TransportError::PeerLost {
+                    peer,
+                    reason: "not on this host (no shared-memory path)".into(),
+                })?;
+        if let Some(e) = &self.dead[l] {
+            return Err(e.clone());
+        }
+        Ok(l)
+    }
+
+    fn new_id(&mut self, peer: usize) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.pending.insert(id, peer);
+        id
+    }
+
+    /// Posts a send to a local peer.
+    pub fn post_send(&mut self, peer: usize, data: Span) -> Result<ReqId, TransportError> {
+        let l = self.local(peer)?;
+        let id = self.new_id(peer);
+        self.sends[l].push_back(PendingSend {
+            id,
+            data,
+            sent: 0,
+            started: false,
+        });
+        Ok(ReqId(id))
+    }
+
+    /// Posts a receive from a local peer.
+    pub fn post_recv(&mut self, peer: usize, data: Span) -> Result<ReqId, TransportError> {
+        let l = self.local(peer)?;
+        let id = self.new_id(peer);
+        self.recvs[l].push_back(PendingRecv {
+            id,
+            data,
+            got: 0,
+            started: false,
+        });
+        Ok(ReqId(id))
+    }
+
+    /// Finished / failed / pending, as [`crate::transport::Transport::test`].
+    pub fn test(&mut self, req: ReqId) -> Result<bool, TransportError> {
+        if self.done.remove(&req.0) {
+            return Ok(true);
+        }
+        if let Some(e) = self.failed.remove(&req.0) {
+            return Err(e);
+        }
+        Ok(!self.pending.contains_key(&req.0))
+    }
+
+    /// The peer of a pending request.
+    pub fn peer_of(&self, req: ReqId) -> Option<usize> {
+        self.pending.get(&req.0).copied()
+    }
+
+    /// Whether any request is posted and unfinished.
+    pub fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    /// Local ranks other than this one, as global ranks.
+    pub fn local_peers(&self) -> impl Iterator<Item = usize> + '_ {
+        self.global_of
+            .iter()
+            .copied()
+            .filter(move |&g| Some(self.node.me) != self.local_of[g])
+    }
+
+    /// Fails every request to or from `peer` with `err`.
+    pub fn fail_peer(&mut self, peer: usize, err: TransportError) {
+        let Some(l) = self.local_of.get(peer).copied().flatten() else {
+            return;
+        };
+        self.dead[l].get_or_insert(err.clone());
+        let ids: Vec<u64> = self.sends[l]
+            .drain(..)
+            .map(|s| s.id)
+            .chain(self.recvs[l].drain(..).map(|r| r.id))
+            .collect();
+        for id in ids {
+            self.pending.remove(&id);
+            self.failed.insert(id, err.clone());
+        }
+    }
+
+    /// Fails everything (local abort).
+    pub fn abort(&mut self) {
+        for g in self.global_of.clone() {
+            self.fail_peer(g, TransportError::Aborted);
+        }
+    }
+
+    fn finish(&mut self, id: u64) {
+        self.pending.remove(&id);
+        self.done.insert(id);
+    }
+
+    /// One pass over every FIFO with work; returns whether anything moved.
+    pub fn pass(&mut self) -> bool {
+        let mut moved = false;
+        let me = self.node.me;
+        let k = self.node.layout().sizes.fifo_slots as u64;
+        for l in 0..self.node.nlocal() {
+            if l == me {
+                continue;
+            }
+            // Sends: fill free slots of the FIFO me -> l.
+            let pair = self.node.layout().pair(me, l);
+            let mut finished = Vec::new();
+            while let Some(s) = self.sends[l].front_mut() {
+                let idx = self.node.fifo(pair);
+                let head = idx.head.load(Ordering::Relaxed);
+                if head - idx.tail.load(Ordering::Acquire) >= k {
+                    break;
+                }
+                let (msg_len, chunk_len, payload) = self.node.fifo_slot(pair, (head % k) as usize);
+                let n = (s.data.len() - s.sent).min(payload.len());
+                payload.copy_from(&s.data.sub(s.sent, n));
+                msg_len.store(s.data.len() as u64, Ordering::Relaxed);
+                chunk_len.store(n as u64, Ordering::Relaxed);
+                idx.head.store(head + 1, Ordering::Release);
+                self.node.ring(l);
+                s.sent += n;
+                s.started = true;
+                moved = true;
+                if s.sent == s.data.len() {
+                    finished.push(s.id);
+                    self.sends[l].pop_front();
+                }
+            }
+            // Receives: drain filled slots of the FIFO l -> me.
+            let pair = self.node.layout().pair(l, me);
+            let mut error = None;
+            while let Some(r) = self.recvs[l].front_mut() {
+                let idx = self.node.fifo(pair);
+                let tail = idx.tail.load(Ordering::Relaxed);
+                if tail == idx.head.load(Ordering::Acquire) {
+                    break;
+                }
+                let (msg_len, chunk_len, payload) = self.node.fifo_slot(pair, (tail % k) as usize);
+                let total = msg_len.load(Ordering::Relaxed) as usize;
+                if !r.started && total != r.data.len() {
+                    error = Some(TransportError::SizeMismatch {
+                        peer: self.global_of[l],
+                        expected: r.data.len(),
+                        got: total,
+                    });
+                    break;
+                }
+                let n = chunk_len.load(Ordering::Relaxed) as usize;
+                r.data.sub(r.got, n).copy_from(&payload.sub(0, n));
+                idx.tail.store(tail + 1, Ordering::Release);
+                self.node.ring(l);
+                r.got += n;
+                r.started = true;
+                moved = true;
+                if r.got == r.data.len() {
+                    finished.push(r.id);
+                    self.recvs[l].pop_front();
+                }
+            }
+            for id in finished {
+                self.finish(id);
+            }
+            if let Some(e) = error {
+                self.fail_peer(self.global_of[l], e);
+                moved = true;
+            }
+        }
+        moved
+    }
+
+    /// True when a pass could move something now.
+    fn ready(&self, node: &Node) -> bool {
+        let me = node.me;
+        let k = node.layout().sizes.fifo_slots as u64;
+        (0..node.nlocal()).filter(|&l| l != me).any(|l| {
+            let out = node.fifo(node.layout().pair(me, l));
+            let inn = node.fifo(node.layout().pair(l, me));
+            (!self.sends[l].is_empty()
+                && out.head.load(Ordering::Relaxed) - out.tail.load(Ordering::Acquire) < k)
+                || (!self.recvs[l].is_empty()
+                    && inn.tail.load(Ordering::Relaxed) != inn.head.load(Ordering::Acquire))
+        })
+    }
+
+    /// Moves data until something finished or moved, or `until`; `alive` is consulted while
+    /// sleeping and its failure fails the requests of the peer it names.
+    pub fn progress(
+        &mut self,
+        until: Instant,
+        alive: &mut dyn FnMut() -> Result<(), TransportError>,
+    ) -> Result<(), TransportError> {
+        if self.pass() {
+            return Ok(());
+        }
+        let waited = self.node.wait_for(|n| self.ready(n), until, alive);
+        match waited {
+            Ok(()) | Err(WaitEnd::Deadline) => {}
+            Err(WaitEnd::Failed(e)) => match e.peer() {
+                Some(p) => self.fail_peer(p, e),
+                None => return Err(e),
+            },
+        }
+        self.pass();
+        Ok(())
+    }
+}

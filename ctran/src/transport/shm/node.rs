@@ -1,0 +1,214 @@
+//! The ranks of one host and the segment they share: typed views of the layout, doorbells, and
+//! the wait loop (spin briefly, then sleep on a futex, checking the deadline and peer liveness).
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use super::futex;
+use super::layout::{Control, FifoIndex, Layout, Sizes, MAGIC};
+use super::segment::Segment;
+use crate::error::{Error, Result};
+use crate::span::Span;
+
+/// What a wait ended with, when it did not succeed.
+#[derive(Debug)]
+pub(crate) enum WaitEnd {
+    /// The deadline passed.
+    Deadline,
+    /// The liveness check reported a failure.
+    Failed(crate::transport::TransportError),
+}
+
+/// This rank's view of the host's shared segment.
+#[derive(Debug)]
+pub(crate) struct Node {
+    seg: Segment,
+    layout: Layout,
+    /// This rank's index among the host's ranks.
+    pub(crate) me: usize,
+    spin: Duration,
+}
+
+impl Node {
+    /// Creates (local index 0) or opens the segment `name` and waits until it is initialised.
+    /// The creator unlinks the name once every local rank has mapped it.
+    pub(crate) fn attach(
+        name: &str,
+        sizes: Sizes,
+        me: usize,
+        spin: Duration,
+        deadline: Instant,
+    ) -> Result<Node> {
+        let layout = Layout::new(sizes);
+        let seg = if me == 0 {
+            Segment::create(name, layout.total)?
+        } else {
+            Segment::open(name, layout.total, deadline)?
+        };
+        let mut node = Node {
+            seg,
+            layout,
+            me,
+            spin,
+        };
+        if me == 0 {
+            node.header_word(0).store(MAGIC, Ordering::Release);
+        } else {
+            while node.header_word(0).load(Ordering::Acquire) != MAGIC {
+                if Instant::now() >= deadline {
+                    return Err(Error::Bootstrap {
+                        comm: String::new(),
+                        reason: format!("segment {name} was never initialised"),
+                    });
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+        node.control(me)
+            .pid
+            .store(std::process::id(), Ordering::Relaxed);
+        node.header_word(1).fetch_add(1, Ordering::AcqRel);
+        if me != 0 {
+            node.ring(0);
+        }
+        if me == 0 {
+            // Unlink as soon as everyone mapped it: a killed rank can then leave nothing behind.
+            let result = node.wait_plain(
+                |n| n.header_word(1).load(Ordering::Acquire) as usize == sizes.nlocal,
+                deadline,
+            );
+            node.seg.unlink();
+            if result.is_err() {
+                return Err(Error::Bootstrap {
+                    comm: String::new(),
+                    reason: format!(
+                        "not every local rank attached to shared memory segment {name} in time"
+                    ),
+                });
+            }
+        }
+        Ok(node)
+    }
+
+    fn word<T>(&self, offset: usize) -> &T {
+        debug_assert!(offset + std::mem::size_of::<T>() <= self.seg.len());
+        debug_assert_eq!(offset % std::mem::align_of::<T>(), 0);
+        // SAFETY: the offset lies inside the mapping (layout arithmetic), is aligned, and the
+        // types used here (atomics and structs of atomics) are valid for any bit pattern,
+        // including the zeroes a fresh segment holds. The mapping lives as long as `self`.
+        unsafe { &*self.seg.base().as_ptr().add(offset).cast::<T>() }
+    }
+
+    fn header_word(&self, i: usize) -> &AtomicU64 {
+        self.word(i * 8)
+    }
+
+    /// Number of ranks on this host.
+    pub(crate) fn nlocal(&self) -> usize {
+        self.layout.sizes.nlocal
+    }
+
+    pub(crate) fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    pub(crate) fn control(&self, i: usize) -> &Control {
+        self.word(self.layout.control(i))
+    }
+
+    pub(crate) fn fifo(&self, pair: usize) -> &FifoIndex {
+        self.word(self.layout.fifo_index(pair))
+    }
+
+    fn span_at(&self, offset: usize, len: usize) -> Span {
+        assert!(offset + len <= self.seg.len());
+        // SAFETY: inside the mapping, which outlives every span handed out (the node owns it and
+        // spans are used only while the node is alive, by the one thread that owns the node).
+        unsafe { Span::from_raw(self.seg.base().as_ptr().add(offset), len) }
+    }
+
+    /// FIFO slot `slot` of `pair`: header then payload.
+    pub(crate) fn fifo_slot(&self, pair: usize, slot: usize) -> (&AtomicU64, &AtomicU64, Span) {
+        let off = self.layout.fifo_slot(pair, slot);
+        (
+            self.word(off),
+            self.word(off + 8),
+            self.span_at(
+                off + super::layout::SLOT_HEADER,
+                self.layout.sizes.fifo_slot_bytes,
+            ),
+        )
+    }
+
+    /// Collective buffer `b` of local rank `i`.
+    pub(crate) fn coll(&self, i: usize, b: usize) -> Span {
+        self.span_at(self.layout.coll(i, b), self.layout.sizes.coll_bytes)
+    }
+
+    /// Tells local rank `i` that something it may wait for happened.
+    pub(crate) fn ring(&self, i: usize) {
+        let c = self.control(i);
+        c.doorbell.fetch_add(1, Ordering::SeqCst);
+        if c.sleeping.load(Ordering::SeqCst) != 0 {
+            futex::wake_all(&c.doorbell);
+        }
+    }
+
+    /// Rings every other local rank.
+    pub(crate) fn ring_others(&self) {
+        for i in (0..self.nlocal()).filter(|&i| i != self.me) {
+            self.ring(i);
+        }
+    }
+
+    fn my_bell(&self) -> &AtomicU32 {
+        &self.control(self.me).doorbell
+    }
+
+    /// Waits until `done` holds, spinning first, then sleeping on this rank's doorbell; calls
+    /// `alive` every few milliseconds while sleeping so a dead peer ends the wait.
+    pub(crate) fn wait_for(
+        &self,
+        mut done: impl FnMut(&Node) -> bool,
+        deadline: Instant,
+        alive: &mut dyn FnMut() -> std::result::Result<(), crate::transport::TransportError>,
+    ) -> std::result::Result<(), WaitEnd> {
+        let spin_until = Instant::now() + self.spin;
+        let mut spins = 0u32;
+        loop {
+            if done(self) {
+                return Ok(());
+            }
+            let now = Instant::now();
+            if now < spin_until {
+                spins += 1;
+                if spins % 64 == 0 {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
+                continue;
+            }
+            if now >= deadline {
+                return Err(WaitEnd::Deadline);
+            }
+            alive().map_err(WaitEnd::Failed)?;
+            let bell = self.my_bell().load(Ordering::SeqCst);
+            let me = self.control(self.me);
+            me.sleeping.store(1, Ordering::SeqCst);
+            if !done(self) {
+                let nap = (deadline - now).min(Duration::from_millis(5));
+                futex::wait(self.my_bell(), bell, nap);
+            }
+            me.sleeping.store(0, Ordering::SeqCst);
+        }
+    }
+
+    fn wait_plain(
+        &self,
+        done: impl FnMut(&Node) -> bool,
+        deadline: Instant,
+    ) -> std::result::Result<(), WaitEnd> {
+        self.wait_for(done, deadline, &mut || Ok(()))
+    }
+}

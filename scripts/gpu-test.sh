@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# GPU suite of torchcomms-rs, for a machine with NVIDIA GPUs, PyTorch and no Rust toolchain.
+# Runs from prebuilt binaries (build them elsewhere: `scripts/gpu-test.sh --build DIR` copies
+# target/release/{torchcomms-perf,torchcomms-gpu-test} into DIR).
+#
+#   scripts/gpu-test.sh [--bin DIR] [--out DIR] [--max BYTES] [--iters N] [--rounds N] [--quick]
+#
+# 1. torchcomms-gpu-test: environment, NVRTC reduction kernels vs the CPU kernels, and the
+#    rank tests (v-ops, stream semantics, split, abort on timeout) on all GPUs.
+# 2. Correctness: torchcomms-perf --device cuda --backend nccl, one process per GPU, every op x
+#    dtype (f32 f16 bf16 f64 i32 i64 i8 u8 bool) x reduce op, results checked element by element.
+# 3. Performance: torch.distributed+NCCL (scripts/bench/nccl_bench.py) and ours (nccl backend)
+#    on the same sizes in one run, joined into one table (scripts/bench/compare_gpu.py).
+# TODO(issue 7): CUDA graph capture/replay and the Python CUDA path run once the torchcomms
+# wheel lands (scripts/test-python.sh with CUDA tensors); the ctran column once ctran runs on GPUs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ "${1:-}" = --build ]; then
+    mkdir -p "$2"
+    cp target/release/torchcomms-perf target/release/torchcomms-gpu-test "$2"/
+    exit 0
+fi
+BIN=${BIN:-.gpu/bin}
+OUT=${OUT:-gpu-out}
+MAX=$((1 << 30))
+ITERS=100
+ROUNDS=2
+QUICK=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --bin) BIN=$2; shift 2 ;;
+        --out) OUT=$2; shift 2 ;;
+        --max) MAX=$2; shift 2 ;;
+        --iters) ITERS=$2; shift 2 ;;
+        --rounds) ROUNDS=$2; shift 2 ;;
+        --quick) QUICK=1; shift ;;
+        *) echo "gpu-test: unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+# NVLink multicast (NVLS) stays off on shared machines.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export TORCHCOMM_ABORT_ON_ERROR=0
+PYTHON=${PYTHON:-python3}
+export TORCHCOMMS_PYTHON=$PYTHON
+# Every step is bounded, so one hang cannot eat the machine's time.
+STEP=(timeout -k 10 "${STEP_TIMEOUT:-900}")
+mkdir -p "$OUT"
+PERF=$BIN/torchcomms-perf
+GPUTEST=$BIN/torchcomms-gpu-test
+for b in "$PERF" "$GPUTEST"; do
+    [ -x "$b" ] || { echo "gpu-test: $b missing (build with cargo build --release, then --build DIR)" >&2; exit 2; }
+done
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+if [ "${NGPU:-0}" = 0 ]; then
+    echo "SKIP: no NVIDIA GPU (nvidia-smi lists none)"
+    exit 0
+fi
+{
+    echo "- date: $(date -u +%Y-%m-%dT%H:%MZ)"
+    echo "- GPUs: $NGPU x $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), driver $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)"
+    echo "- $($PYTHON -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda, "NCCL", ".".join(map(str, torch.cuda.nccl.version())))')"
+    echo "- topology: $(nvidia-smi topo -m 2>/dev/null | sed -n 2p | tr -s ' \t' ' ')"
+} | tee "$OUT/env.md"
+
+status=0
+echo "== 1. torchcomms-gpu-test"
+"${STEP[@]}" "$GPUTEST" 2>&1 | tee "$OUT/gpu-test.log" || status=1
+
+echo "== 2. correctness: every op x dtype x reduce op on $NGPU GPUs (nccl backend)"
+if [ "$QUICK" = 1 ]; then SIZES=(-b 1 -e 64K -f 256); else SIZES=(-b 1 -e 1M -f 32); fi
+"${STEP[@]}" "$PERF" -n "$NGPU" --device cuda --backend nccl --op all -d all -o all "${SIZES[@]}" \
+    -w 1 -i 1 -c 1 --json "$OUT/correctness.json" >"$OUT/correctness.log" 2>&1 || status=1
+grep -E "Out of bounds|error" "$OUT/correctness.log" || true
+tail -n 4 "$OUT/correctness.log"
+
+echo "== 3. performance: torch.distributed+NCCL vs ours (nccl), f32, 8 B .. $MAX B"
+OPS=all_reduce,all_gather,reduce_scatter,broadcast,all_to_all
+# Rounds alternate torch and ours, so drifting clocks or a noisy neighbour hit both alike; the
+# table takes each side's best round per row.
+for r in $(seq 1 "$ROUNDS"); do
+    "${STEP[@]}" "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node "$NGPU" \
+        scripts/bench/nccl_bench.py -b 8 -e "$MAX" -w 10 -i "$ITERS" --op "$OPS" \
+        --json "$OUT/torch-$r.json" >"$OUT/torch-$r.log" 2>&1 || { cat "$OUT/torch-$r.log"; status=1; }
+    "${STEP[@]}" "$PERF" -n "$NGPU" --device cuda --backend nccl --op "$OPS" -b 8 -e "$MAX" -w 10 -i "$ITERS" -c 0 \
+        --json "$OUT/ours-$r.json" >"$OUT/ours-$r.log" 2>&1 || { cat "$OUT/ours-$r.log"; status=1; }
+done
+if ls "$OUT"/torch-*.json "$OUT"/ours-*.json >/dev/null 2>&1; then
+    "$PYTHON" scripts/bench/compare_gpu.py --torch "$OUT"/torch-*.json --ours "$OUT"/ours-*.json | tee "$OUT/compare.md"
+fi
+echo "gpu-test: $( [ $status = 0 ] && echo PASSED || echo FAILED ) (logs in $OUT)"
+exit $status
