@@ -214,6 +214,26 @@ fn one_slow_rank_is_named() {
     );
 }
 
+#[test]
+fn a_rank_that_never_joins_is_named() {
+    let dir = fresh_dir("absent");
+    // Rank 0 serves the store, so the absent rank is another one.
+    let outs = job(&["absent", "--rank", "2"], &dir, "3").run(&worker());
+    for o in &outs {
+        assert!(o.ok() && o.stdout.contains("RESULT"), "{}", show(&outs));
+    }
+    let (v, text) = report(&dir);
+    let w = world(&v);
+    assert_eq!(w["no_dump"], serde_json::json!([2]), "{text}");
+    assert_eq!(w["status"], "failed", "{text}");
+    for needle in [
+        "rank 2 never joined: no dump from it, and ranks 0,1,3 could not create the communicator without it",
+        "ranks 0,1,3 failed: init seq 1",
+    ] {
+        assert!(text.contains(needle), "`{needle}` missing from:\n{text}");
+    }
+}
+
 fn find_chromium() -> Option<PathBuf> {
     ["chromium", "chromium-browser", "google-chrome"]
         .iter()

@@ -43,6 +43,7 @@ fn record(c: &mut Criterion) {
                     reduce_op: Some("sum"),
                     ..OpInfo::default()
                 };
+                trace.publish(h.queued());
                 trace.start(&mut h, info, Some("shm"), Some("shm"));
                 trace.finish(&mut h, Outcome::Completed);
                 black_box(h);

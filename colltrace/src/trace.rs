@@ -1,6 +1,7 @@
 //! The per-communicator ring buffer and the handles the engine updates on its hot path.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -191,7 +192,6 @@ struct Queued {
 struct SubmitSide {
     queued: Vec<Queued>,
     misc: Ring,
-    next_id: u64,
     coll_enqueued: u64,
     p2p_enqueued: u64,
     comm_seq: u64,
@@ -250,6 +250,8 @@ pub struct CommTrace {
     clock: Clock,
     // Each side on cache lines of its own: the submitting thread's core and the progress
     // thread's core never write the same line.
+    /// Next record id (taken by submitting threads without a lock).
+    next_id: Padded<AtomicU64>,
     submit: Padded<Mutex<SubmitSide>>,
     exec: Padded<Mutex<ExecSide>>,
     status: Padded<Mutex<Status>>,
@@ -345,10 +347,10 @@ impl CommTrace {
             capacity,
             created_ns: now_ns(),
             clock: Clock::current(),
+            next_id: Padded(AtomicU64::new(1)),
             submit: Padded(Mutex::new(SubmitSide {
                 queued: vec![Queued::default(); capacity.min(QUEUED_SLOTS)],
                 misc: Ring::default(),
-                next_id: 1,
                 coll_enqueued: 0,
                 p2p_enqueued: 0,
                 comm_seq: 0,
@@ -377,9 +379,11 @@ impl CommTrace {
     }
 
     /// Records a submitted operation `op` with sequence number `seq` (collective or p2p, as
-    /// `p2p` says), queued. The progress thread passes the returned record to
-    /// [`CommTrace::start`] and [`CommTrace::finish`]. Call it in submission order (the engine
-    /// holds its submission lock).
+    /// `p2p` says). The progress thread passes the returned record to [`CommTrace::start`] and
+    /// [`CommTrace::finish`]; the submitting thread passes [`OpRecord::queued`] to
+    /// [`CommTrace::publish`] once the operation is on its way (off the critical path), so that
+    /// dumps show it queued until it starts. Call it in submission order (the engine holds its
+    /// submission lock).
     pub fn submit(
         &self,
         p2p: bool,
@@ -398,14 +402,7 @@ impl CommTrace {
         };
         let timeout_ms = u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX);
         let now = self.clock.now();
-        let mut g = lock(&self.submit);
-        let id = g.next_id;
-        g.next_id += 1;
-        if p2p {
-            g.p2p_enqueued = g.p2p_enqueued.max(seq);
-        } else {
-            g.coll_enqueued = g.coll_enqueued.max(seq);
-        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let q = Queued {
             id,
             seq,
@@ -416,10 +413,25 @@ impl CommTrace {
             async_op,
             refused: false,
         };
-        let slot = (id % g.queued.len() as u64) as usize;
-        g.queued[slot] = q;
-        drop(g);
         OpRecord { q, started: false }
+    }
+
+    /// Shows a submitted operation as queued (see [`CommTrace::submit`]); harmless after it
+    /// started or finished (the progress thread's record wins in dumps).
+    pub fn publish(&self, queued: QueuedOp) {
+        let q = queued.0;
+        if q.id == 0 {
+            return;
+        }
+        let mut g = lock(&self.submit);
+        match q.kind {
+            RecordKind::P2p => g.p2p_enqueued = g.p2p_enqueued.max(q.seq),
+            _ => g.coll_enqueued = g.coll_enqueued.max(q.seq),
+        }
+        let slot = (q.id % g.queued.len() as u64) as usize;
+        if g.queued[slot].id < q.id {
+            g.queued[slot] = q;
+        }
     }
 
     /// Records that a submitted operation was refused before it reached the progress thread.
@@ -531,8 +543,8 @@ impl CommTrace {
         let now = self.clock.now();
         let mut g = lock(&self.submit);
         g.comm_seq += 1;
-        let (id, seq) = (g.next_id, g.comm_seq);
-        g.next_id += 1;
+        let seq = g.comm_seq;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut r = live(id, RecordKind::Comm, seq, info, now, detail);
         r.state = State::Started;
         r.started_ns = now;
@@ -593,7 +605,8 @@ impl CommTrace {
             let g = lock(&self.submit);
             let misc: Vec<Record> = g.misc.iter().map(|r| r.to_record(clock)).collect();
             let queued: Vec<Queued> = g.queued.iter().filter(|q| q.id > 0).copied().collect();
-            (queued, misc, g.next_id, g.coll_enqueued, g.p2p_enqueued)
+            let next_id = self.next_id.load(Ordering::Relaxed);
+            (queued, misc, next_id, g.coll_enqueued, g.p2p_enqueued)
         };
         // Precedence: the progress thread's record, then full records of the submitting side
         // (communicator steps, refusals), then the queued stub.
@@ -624,12 +637,12 @@ impl CommTrace {
             dropped: (next_id - 1).saturating_sub(records.len() as u64),
             created_ns: self.created_ns,
             collective: SeqCounters {
-                enqueued: coll_enqueued,
+                enqueued: coll_enqueued.max(coll_started).max(coll_completed),
                 started: coll_started,
                 completed: coll_completed,
             },
             p2p: SeqCounters {
-                enqueued: p2p_enqueued,
+                enqueued: p2p_enqueued.max(p2p_started).max(p2p_completed),
                 started: p2p_started,
                 completed: p2p_completed,
             },
@@ -663,6 +676,12 @@ impl OpRecord {
         started: false,
     };
 
+    /// What [`CommTrace::publish`] needs, copied out before the record moves to the progress
+    /// thread.
+    pub fn queued(&self) -> QueuedOp {
+        QueuedOp(self.q)
+    }
+
     /// A record with only what the submitting thread knew.
     fn stub(&self) -> Live {
         let q = &self.q;
@@ -675,6 +694,10 @@ impl OpRecord {
         live(q.id, q.kind, q.seq, info, q.enqueued_ns, None)
     }
 }
+
+/// A submitted operation as [`CommTrace::publish`] records it (a small copy).
+#[derive(Debug, Clone, Copy)]
+pub struct QueuedOp(Queued);
 
 /// A handle to a communicator-level step (`init`, `split`), which the calling thread ends.
 #[derive(Debug, Default)]
@@ -732,6 +755,9 @@ mod tests {
         let mut a = sub(false, 1, "all_reduce");
         let mut b = sub(true, 1, "send");
         let c = sub(false, 2, "barrier");
+        for r in [&a, &b, &c] {
+            t.publish(r.queued());
+        }
         let d = t.snapshot();
         assert!(d.records.iter().all(|r| r.state == State::Queued));
         assert_eq!(

@@ -8,6 +8,8 @@
 //!   all_reduce; then every rank dumps through the API.
 //! - `slow --iters N --rank R --delay-ms D`: rank R sleeps D ms before every all_reduce; then
 //!   every rank dumps through the API.
+//! - `absent --rank R`: rank R exits without creating the communicator; the others time out
+//!   creating it.
 //!
 //! Prints `RESULT ok` or `RESULT error: ...` and exits 0 unless the scenario itself broke.
 
@@ -43,6 +45,10 @@ fn run(scenario: &str, args: &[String]) -> Result<()> {
     let odd = arg(args, "--rank", 2)?;
     let at = arg(args, "--at", 2)?;
     let delay = arg(args, "--delay-ms", 100)?;
+    if scenario == "absent" && std::env::var("TORCHCOMM_RANK").ok() == Some(odd.to_string()) {
+        println!("RESULT absent");
+        return Ok(());
+    }
     let comm = new_comm("ctran", Device::Cpu, "world", CommOptions::from_env()?)?;
     let me = comm.get_rank();
     let mut result: torchcomms::Result<()> = Ok(());
@@ -89,8 +95,16 @@ fn main() {
     let scenario = args.first().map(String::as_str).unwrap_or("");
     let r = match scenario {
         "skip" | "mismatch" | "slow" => run(scenario, &args),
+        "absent" => match run(scenario, &args) {
+            // The communicator cannot be created without the absent rank: that is the point.
+            Err(e) => {
+                println!("RESULT error: {e:#}");
+                Ok(())
+            }
+            ok => ok,
+        },
         other => Err(anyhow::anyhow!(
-            "unknown scenario {other:?}: expected skip, mismatch or slow"
+            "unknown scenario {other:?}: expected skip, mismatch, slow or absent"
         )),
     };
     if let Err(e) = r {

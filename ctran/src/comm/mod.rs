@@ -241,6 +241,8 @@ impl Comm {
             self.shared.trace.refuse(traced, &err);
             return Request::failed(name, seq, err);
         }
+        // Shown as queued once the task is on its way: off the caller's critical path.
+        let queued = traced.queued();
         let request = Request::new(name, seq);
         let task = Task {
             op,
@@ -266,6 +268,7 @@ impl Comm {
         drop(sub);
         self.ops_issued.fetch_add(1, Ordering::Relaxed);
         self.waker.wake();
+        self.shared.trace.publish(queued);
         request
     }
 
