@@ -7,12 +7,16 @@
 #
 # 1. torchcomms-gpu-test: environment, NVRTC reduction kernels vs the CPU kernels, and the
 #    rank tests (v-ops, stream semantics, split, abort on timeout) on all GPUs.
-# 2. Correctness: torchcomms-perf --device cuda --backend nccl, one process per GPU, every op x
+# 3. Correctness: torchcomms-perf --device cuda --backend nccl, one process per GPU, every op x
 #    dtype (f32 f16 bf16 f64 i32 i64 i8 u8 bool) x reduce op, results checked element by element.
-# 3. Performance: torch.distributed+NCCL (scripts/bench/nccl_bench.py) and ours (nccl backend)
+# 4. Performance: torch.distributed+NCCL (scripts/bench/nccl_bench.py) and ours (nccl backend)
 #    on the same sizes in one run, joined into one table (scripts/bench/compare_gpu.py).
-# TODO(issue 7): CUDA graph capture/replay and the Python CUDA path run once the torchcomms
-# wheel lands (scripts/test-python.sh with CUDA tensors); the ctran column once ctran runs on GPUs.
+#    The rank tests include CUDA graph capture (global mode) and replay with new inputs.
+# 2. Python: the torchcomms wheel (WHEEL_DIR, default .gpu/wheel; pytest from .gpu/pydeps when
+#    the machine has none) installed into a private folder; bindings/python/gpu_tests under
+#    torchrun on every GPU: CUDA tensors on the nccl backend, every op x dtype, the caller's
+#    current stream, torch.cuda.graph capture and replay, PREMUL_SUM with a device factor.
+# --skip-perf leaves out step 4 (the tables).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = --build ]; then
@@ -26,6 +30,7 @@ MAX=$((1 << 30))
 ITERS=100
 ROUNDS=2
 QUICK=0
+SKIP_PERF=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --bin) BIN=$2; shift 2 ;;
@@ -34,6 +39,7 @@ while [ $# -gt 0 ]; do
         --iters) ITERS=$2; shift 2 ;;
         --rounds) ROUNDS=$2; shift 2 ;;
         --quick) QUICK=1; shift ;;
+        --skip-perf) SKIP_PERF=1; shift ;;
         *) echo "gpu-test: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -66,14 +72,36 @@ status=0
 echo "== 1. torchcomms-gpu-test"
 "${STEP[@]}" "$GPUTEST" 2>&1 | tee "$OUT/gpu-test.log" || status=1
 
-echo "== 2. correctness: every op x dtype x reduce op on $NGPU GPUs (nccl backend)"
+echo "== 2. Python: torchcomms on CUDA tensors (nccl backend)"
+WHEEL_DIR=${WHEEL_DIR:-.gpu/wheel}
+PYDEPS=${PYDEPS:-.gpu/pydeps}
+PYTARGET="$OUT/pysite"
+rm -rf "$PYTARGET"
+extra=()
+"$PYTHON" -c "import pytest" 2>/dev/null || extra=("$PYDEPS"/*.whl)
+if "$PYTHON" -m pip install --quiet --no-deps --no-index --target "$PYTARGET" "$WHEEL_DIR"/torchcomms-*.whl "${extra[@]}"; then
+    PYTHONPATH="$PYTARGET${PYTHONPATH:+:$PYTHONPATH}" "${STEP[@]}" "$PYTHON" -m torch.distributed.run \
+        --standalone --nproc_per_node "$NGPU" -m pytest bindings/python/gpu_tests -q -rs \
+        -p no:cacheprovider 2>&1 | tee "$OUT/python-cuda.log"
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+    rm -rf "$PYTARGET"
+else
+    echo "gpu-test: cannot install the wheel from $WHEEL_DIR" >&2
+    status=1
+fi
+
+echo "== 3. correctness: every op x dtype x reduce op on $NGPU GPUs (nccl backend)"
 if [ "$QUICK" = 1 ]; then SIZES=(-b 1 -e 64K -f 256); else SIZES=(-b 1 -e 1M -f 32); fi
 "${STEP[@]}" "$PERF" -n "$NGPU" --device cuda --backend nccl --op all -d all -o all "${SIZES[@]}" \
     -w 1 -i 1 -c 1 --json "$OUT/correctness.json" >"$OUT/correctness.log" 2>&1 || status=1
 grep -E "Out of bounds|error" "$OUT/correctness.log" || true
 tail -n 4 "$OUT/correctness.log"
 
-echo "== 3. performance: torch.distributed+NCCL vs ours (nccl), f32, 8 B .. $MAX B"
+if [ "$SKIP_PERF" = 1 ]; then
+    echo "gpu-test: $( [ $status = 0 ] && echo PASSED || echo FAILED ) (logs in $OUT; perf skipped)"
+    exit $status
+fi
+echo "== 4. performance: torch.distributed+NCCL vs ours (nccl), f32, 8 B .. $MAX B"
 OPS=all_reduce,all_gather,reduce_scatter,broadcast,all_to_all
 # Rounds alternate torch and ours, so drifting clocks or a noisy neighbour hit both alike; the
 # table takes each side's best round per row.

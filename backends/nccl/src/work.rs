@@ -92,6 +92,10 @@ fn run(s: &Shared, rx: &Receiver<Msg>) {
     if let Err(e) = s.ctx.bind() {
         tracing::error!("watchdog: {e}");
     }
+    // The user may capture a CUDA graph (global mode) while we poll events: stay exempt.
+    if let Err(e) = ctran::cuda::relax_capture_mode_for_this_thread() {
+        tracing::warn!("watchdog: cannot relax the stream capture mode: {e}");
+    }
     let mut queue: VecDeque<Pending> = VecDeque::new();
     let mut last_health = Instant::now();
     let mut stopping = false;

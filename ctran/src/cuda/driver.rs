@@ -189,7 +189,7 @@ impl RawStream {
     /// The legacy default stream.
     pub const DEFAULT: RawStream = RawStream(0);
 
-    fn raw(self) -> sys::CUstream {
+    pub(super) fn raw(self) -> sys::CUstream {
         self.0 as usize as sys::CUstream
     }
 

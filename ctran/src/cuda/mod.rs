@@ -33,6 +33,7 @@
 
 pub mod driver;
 pub mod error;
+pub mod graph;
 pub mod kernels;
 pub mod libs;
 pub mod nvrtc;
@@ -42,4 +43,7 @@ pub use driver::{
     Module, RawStream, Stream,
 };
 pub use error::CudaError;
+pub use graph::{
+    begin_capture, end_capture, relax_capture_mode_for_this_thread, CaptureMode, Graph,
+};
 pub use kernels::ReduceKernels;

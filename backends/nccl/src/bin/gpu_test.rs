@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _, Result};
-use ctran::cuda::{self, Context, DeviceBuffer, RawStream, ReduceKernels, Stream};
+use ctran::cuda::{self, CaptureMode, Context, DeviceBuffer, RawStream, ReduceKernels, Stream};
 use ctran::kernels::Reducer;
 use ctran::{DataType, Device, ReduceOp};
 use torchcomms::{new_comm, CommOptions, OpOptions, Tensor, TorchComm};
@@ -241,6 +241,13 @@ fn dev_tensor(ctx: &Arc<Context>, dtype: DataType, vals: &[f64]) -> Result<Tenso
     )
 }
 
+/// The device buffer that owns a tensor made by dev_tensor.
+fn buf(t: &Tensor) -> Result<&DeviceBuffer> {
+    (**t.owner().context("owner")?)
+        .downcast_ref::<DeviceBuffer>()
+        .context("not a DeviceBuffer")
+}
+
 /// The f32 elements of a device tensor made by dev_tensor.
 fn read_f32(t: &Tensor) -> Result<Vec<f32>> {
     let b = (**t.owner().context("owner")?)
@@ -288,6 +295,7 @@ fn rank_main() -> Result<()> {
     }
     v_ops(&r).context("v ops")?;
     stream_semantics(&r).context("stream semantics")?;
+    graph_capture(&r).context("CUDA graph capture and replay")?;
     split(&r).context("split")?;
     abort_on_timeout(&r).context("abort on timeout")?;
     Ok(())
@@ -388,6 +396,63 @@ fn stream_semantics(r: &Rank) -> Result<()> {
         "default stream all_reduce"
     );
     r.say("wait_blocking / is_completed on the default stream");
+    Ok(())
+}
+
+/// Captures collectives issued on the caller's stream into a CUDA graph (global mode, like
+/// `torch.cuda.graph`), then replays it three times with new inputs: each replay must compute
+/// on the inputs of its own time, and nothing may run at capture time.
+fn graph_capture(r: &Rank) -> Result<()> {
+    let (me, n) = (r.rank, r.n);
+    let len = 1 << 16;
+    let caller = Stream::new(&r.ctx, false)?;
+    let cs = caller.as_raw();
+    let x = dev_tensor(&r.ctx, DataType::F32, &vec![-7.0; len])?;
+    let gathered: Vec<Tensor> = (0..n)
+        .map(|_| dev_tensor(&r.ctx, DataType::F32, &vec![0.0; 4]))
+        .collect::<Result<_>>()?;
+    let mine = dev_tensor(&r.ctx, DataType::F32, &[0.0; 4])?;
+    let sync = OpOptions::sync().with_stream(cs.0);
+    // Warm up outside the capture (NCCL connects lazily), as PyTorch users do.
+    r.comm.all_reduce(&x, ReduceOp::Sum, &sync)?.wait()?;
+    cs.synchronize()?;
+    cuda::begin_capture(&r.ctx, cs, CaptureMode::Global)?;
+    let issued = (|| -> Result<()> {
+        r.comm.all_reduce(&x, ReduceOp::Sum, &sync)?.wait()?;
+        let w = r
+            .comm
+            .all_gather(&gathered, &mine, &OpOptions::async_op().with_stream(cs.0))?;
+        w.wait()?;
+        Ok(())
+    })();
+    let graph = cuda::end_capture(&r.ctx, cs);
+    issued?;
+    let graph = graph?;
+    ensure!(
+        read_f32(&x)?.iter().all(|&v| v == -7.0 * n as f32),
+        "the capture ran the all_reduce (or the warm-up was wrong)"
+    );
+    for replay in 0..3usize {
+        let v = (me + 1 + 10 * replay) as f64;
+        buf(&x)?.write(0, &encode(DataType::F32, &vec![v; len]))?;
+        buf(&mine)?.write(0, &encode(DataType::F32, &[(100 * me + replay) as f64; 4]))?;
+        graph.launch(cs)?;
+        cs.synchronize()?;
+        let want: f64 = (0..n).map(|p| (p + 1 + 10 * replay) as f64).sum();
+        let got = read_f32(&x)?;
+        ensure!(
+            got.iter().all(|&g| g == want as f32),
+            "replay {replay}: all_reduce gave {} want {want}",
+            got[0]
+        );
+        for (p, g) in gathered.iter().enumerate() {
+            ensure!(
+                read_f32(g)? == vec![(100 * p + replay) as f32; 4],
+                "replay {replay}: all_gather block {p}"
+            );
+        }
+    }
+    r.say("CUDA graph: all_reduce + async all_gather captured (global mode), 3 replays with new inputs");
     Ok(())
 }
 

@@ -1,0 +1,252 @@
+"""CUDA tensors through ``torchcomms`` on the ``nccl`` backend, one process per GPU::
+
+    torchrun --nproc_per_node NGPU -m pytest bindings/python/gpu_tests -q -p no:cacheprovider
+
+Run by ``scripts/gpu-test.sh`` on a GPU machine. Every result is computed by torch on the device
+and compared with what the communicator produced. Stream semantics follow ProcessGroupNCCL: an
+operation runs after the work issued so far on the caller's current stream, and ``wait()`` makes
+the current stream wait for it without blocking the host.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import torch
+
+import torchcomms
+from torchcomms import ReduceOp
+
+RANK = int(os.environ.get("RANK", "0"))
+WORLD = int(os.environ.get("WORLD_SIZE", "1"))
+LOCAL = int(os.environ.get("LOCAL_RANK", "0"))
+
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device visible to torch", allow_module_level=True)
+
+DEV = torch.device("cuda", LOCAL % torch.cuda.device_count())
+torch.cuda.set_device(DEV)
+
+FLOATS = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
+INTS = [torch.int32, torch.int64, torch.int8, torch.uint8]
+DTYPES = FLOATS + INTS
+OPS = ["SUM", "PRODUCT", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR"]
+
+
+def dname(d: torch.dtype) -> str:
+    return str(d).replace("torch.", "")
+
+
+@pytest.fixture(scope="module")
+def comm() -> Any:
+    c = torchcomms.new_comm(
+        "nccl",
+        DEV,
+        "gpu_pytest",
+        abort_process_on_timeout_or_error=False,
+        timeout=timedelta(seconds=120),
+    )
+    assert c.get_rank() == RANK and c.get_size() == WORLD
+    assert c.get_backend() == "nccl"
+    yield c
+    c.finalize()
+
+
+def values(rank: int, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """Small values that every op keeps exact (products too), distinct per rank."""
+    i = torch.arange(n, dtype=torch.int64)
+    v = (i * 7 + rank * 3) % 5 + 1
+    if dtype == torch.int8 or dtype == torch.uint8:
+        v = (i + rank) % 3 + 1
+    return v.to(dtype)
+
+
+def expected(op: str, dtype: torch.dtype, n: int) -> torch.Tensor:
+    xs = [values(r, n, dtype).to(torch.float64 if dtype.is_floating_point else torch.int64)
+          for r in range(WORLD)]
+    acc = xs[0].clone()
+    for x in xs[1:]:
+        if op == "SUM" or op == "AVG":
+            acc = acc + x
+        elif op == "PRODUCT":
+            acc = acc * x
+        elif op == "MIN":
+            acc = torch.minimum(acc, x)
+        elif op == "MAX":
+            acc = torch.maximum(acc, x)
+        elif op == "BAND":
+            acc = acc & x
+        elif op == "BOR":
+            acc = acc | x
+        elif op == "BXOR":
+            acc = acc ^ x
+    if op == "AVG":
+        acc = acc / WORLD if dtype.is_floating_point else torch.div(acc, WORLD, rounding_mode="floor")
+    return acc.to(dtype)
+
+
+# Bitwise ops are defined for integers only (torch and NCCL refuse them on floats).
+REDUCTIONS = [
+    (d, op) for d in DTYPES for op in OPS
+    if not (d.is_floating_point and op in ("BAND", "BOR", "BXOR"))
+]
+
+
+@pytest.mark.parametrize("dtype,op", REDUCTIONS, ids=lambda v: dname(v) if isinstance(v, torch.dtype) else v)
+def test_all_reduce_every_dtype_and_op(comm: Any, dtype: torch.dtype, op: str) -> None:
+    n = 1031
+    t = values(RANK, n, dtype).to(DEV)
+    comm.all_reduce(t, getattr(ReduceOp, op), async_op=False)
+    want = expected(op, dtype, n)
+    got = t.cpu()
+    if dtype.is_floating_point:
+        torch.testing.assert_close(got.double(), want.double(), rtol=1e-2, atol=1e-2)
+    else:
+        assert torch.equal(got, want), f"{op} {dtype}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dname)
+def test_data_movement_ops(comm: Any, dtype: torch.dtype) -> None:
+    n = 257
+    mine = values(RANK, n, dtype).to(DEV)
+    allv = [values(r, n, dtype) for r in range(WORLD)]
+    # broadcast from the last rank
+    b = mine.clone()
+    comm.broadcast(b, WORLD - 1, async_op=False)
+    assert torch.equal(b.cpu(), allv[WORLD - 1])
+    # all_gather, all_gather_single
+    outs = [torch.empty(n, dtype=dtype, device=DEV) for _ in range(WORLD)]
+    comm.all_gather(outs, mine, async_op=False)
+    for r in range(WORLD):
+        assert torch.equal(outs[r].cpu(), allv[r])
+    flat = torch.empty(WORLD * n, dtype=dtype, device=DEV)
+    comm.all_gather_single(flat, mine, async_op=False)
+    assert torch.equal(flat.cpu(), torch.cat(allv))
+    # all_to_all_single: block j of rank r holds values(r) shifted by j
+    inp = torch.cat([values(RANK + 10 * j, n, dtype) for j in range(WORLD)]).to(DEV)
+    out = torch.empty_like(inp)
+    comm.all_to_all_single(out, inp, async_op=False)
+    want = torch.cat([values(s + 10 * RANK, n, dtype) for s in range(WORLD)])
+    assert torch.equal(out.cpu(), want)
+    # scatter / gather from/to rank 0
+    blocks = [values(100 + r, n, dtype).to(DEV) for r in range(WORLD)]
+    got = torch.empty(n, dtype=dtype, device=DEV)
+    comm.scatter(got, blocks if RANK == 0 else [], 0, async_op=False)
+    assert torch.equal(got.cpu(), values(100 + RANK, n, dtype))
+    gathered = [torch.empty(n, dtype=dtype, device=DEV) for _ in range(WORLD)] if RANK == 0 else []
+    comm.gather(gathered, mine, 0, async_op=False)
+    if RANK == 0:
+        for r in range(WORLD):
+            assert torch.equal(gathered[r].cpu(), allv[r])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64], ids=dname)
+def test_reductions_to_blocks(comm: Any, dtype: torch.dtype) -> None:
+    n = 129
+    want = expected("SUM", dtype, WORLD * n)
+    inp = values(RANK, WORLD * n, dtype).to(DEV)
+    out = torch.empty(n, dtype=dtype, device=DEV)
+    comm.reduce_scatter_single(out, inp, ReduceOp.SUM, async_op=False)
+    assert torch.equal(out.cpu(), want[RANK * n:(RANK + 1) * n])
+    out2 = torch.empty(n, dtype=dtype, device=DEV)
+    comm.reduce_scatter(out2, list(inp.chunk(WORLD)), ReduceOp.SUM, async_op=False)
+    assert torch.equal(out2.cpu(), want[RANK * n:(RANK + 1) * n])
+    r = inp.clone()
+    comm.reduce(r, 0, ReduceOp.SUM, async_op=False)
+    if RANK == 0:
+        assert torch.equal(r.cpu(), want)
+
+
+def test_send_recv_ring_and_batch(comm: Any) -> None:
+    if WORLD < 2:
+        pytest.skip("needs 2 ranks")
+    nxt, prv = (RANK + 1) % WORLD, (RANK - 1) % WORLD
+    x = torch.full((1000,), float(RANK), device=DEV)
+    y = torch.empty(1000, device=DEV)
+    if RANK % 2 == 0:
+        comm.send(x, nxt, async_op=False)
+        comm.recv(y, prv, async_op=False)
+    else:
+        w = comm.recv(y, prv, async_op=True)
+        comm.send(x, nxt, async_op=False)
+        w.wait()
+    assert torch.equal(y.cpu(), torch.full((1000,), float(prv)))
+    batch = comm.batch_op_create()
+    z = torch.empty(1000, device=DEV)
+    batch.send(x * 2, nxt)
+    batch.recv(z, prv)
+    batch.issue(async_op=False)
+    assert torch.equal(z.cpu(), torch.full((1000,), 2.0 * prv))
+    comm.barrier(async_op=False)
+
+
+def test_premul_sum_with_device_tensor_factor(comm: Any) -> None:
+    factor = torch.tensor([0.5], device=DEV) * 3  # 1.5, computed on the device
+    t = torch.full((4096,), float(RANK + 1), device=DEV)
+    comm.all_reduce(t, ReduceOp.PREMUL_SUM(factor), async_op=False)
+    want = 1.5 * sum(range(1, WORLD + 1))
+    assert torch.equal(t.cpu(), torch.full((4096,), want))
+
+
+def test_runs_on_the_current_stream(comm: Any) -> None:
+    """On a side stream: x = x * 2; all_reduce(x); x = x + 1 — only stream order gives the
+    right answer; wait() returns without blocking the host."""
+    s = torch.cuda.Stream(device=DEV)
+    x = torch.full((1 << 22,), float(RANK + 1), device=DEV)
+    torch.cuda.synchronize(DEV)
+    with torch.cuda.stream(s):
+        x.mul_(2)
+        w = comm.all_reduce(x, ReduceOp.SUM, async_op=True)
+        w.wait()
+        x.add_(1)
+    s.synchronize()
+    want = 2 * sum(range(1, WORLD + 1)) + 1
+    assert torch.equal(x.cpu(), torch.full((1 << 22,), float(want)))
+    assert w.is_completed()
+
+
+def test_async_tensor_kept_alive(comm: Any) -> None:
+    works = []
+    for i in range(8):
+        t = torch.full((1 << 16,), float(i), device=DEV)
+        works.append((comm.all_reduce(t, ReduceOp.SUM, async_op=True), t.data_ptr()))
+        del t  # the op keeps the tensor alive until it completes
+    for w, _ in works:
+        w.wait()
+    torch.cuda.synchronize(DEV)
+
+
+def test_cuda_graph_capture_and_replay(comm: Any) -> None:
+    """Captured in a torch.cuda.graph (global capture mode, PyTorch's default) and replayed
+    three times with new inputs written before each replay."""
+    x = torch.zeros(1 << 16, device=DEV)
+    outs = [torch.empty(16, device=DEV) for _ in range(WORLD)]
+    mine = torch.zeros(16, device=DEV)
+    s = torch.cuda.Stream(device=DEV)
+    s.wait_stream(torch.cuda.current_stream(DEV))
+    with torch.cuda.stream(s):  # warm-up outside the capture, as PyTorch recommends
+        comm.all_reduce(x, ReduceOp.SUM, async_op=False)
+    torch.cuda.current_stream(DEV).wait_stream(s)
+    torch.cuda.synchronize(DEV)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        comm.all_reduce(x, ReduceOp.SUM, async_op=False)
+        w = comm.all_gather(outs, mine, async_op=True)
+        w.wait()
+    for replay in range(3):
+        x.fill_(float(RANK + 1 + 10 * replay))
+        mine.fill_(float(100 * RANK + replay))
+        g.replay()
+        torch.cuda.synchronize(DEV)
+        want = sum(r + 1 + 10 * replay for r in range(WORLD))
+        assert torch.equal(x.cpu(), torch.full((1 << 16,), float(want))), f"replay {replay}"
+        for r in range(WORLD):
+            assert torch.equal(outs[r].cpu(), torch.full((16,), float(100 * r + replay)))
+
+
+def test_wrong_device_is_a_clear_error(comm: Any) -> None:
+    with pytest.raises(ValueError, match="device"):
+        comm.all_reduce(torch.ones(4), ReduceOp.SUM, async_op=False)
