@@ -206,6 +206,77 @@ fn killed_rank_during_shm_all_reduce_leaves_no_segment() {
     assert!(ours().is_empty(), "segments left behind: {:?}", ours());
 }
 
+/// The same with cross-memory attach turned off: the all_reduce copies through the segment's
+/// buffers (the test above reads peers' memory directly where the kernel allows it).
+#[test]
+fn killed_rank_during_shm_all_reduce_without_cma_fails_every_survivor() {
+    let mut job = Job::new(3, &["kill-allreduce", "--victim", "1"])
+        .env("TORCHCOMM_TIMEOUT_SECONDS", &FAULT_TIMEOUT_S.to_string())
+        .env("CTRAN_BACKENDS", "socket,shm")
+        .env("CTRAN_SHM_CMA", "0");
+    job.timeout = Duration::from_secs(FAULT_TIMEOUT_S * 3);
+    let outs = job.run(&worker());
+    assert_survivors_failed(&outs, 1, "all_reduce", Some(4), "peer 1");
+}
+
+/// Ranks that disagree about a collective's size over shared memory all fail at once with an
+/// error naming the mismatch (never a hang, a timeout or corrupt memory): under the
+/// cross-memory-attach threshold, over it, and straddling it (ranks would take different
+/// paths).
+#[test]
+fn shm_size_mismatch_fails_every_rank_naming_it() {
+    let cases = [
+        ("all_reduce", "small"),
+        ("all_reduce", "mixed"),
+        ("all_reduce", "large"),
+        ("all_gather", "small"),
+        ("all_gather", "large"),
+        ("broadcast", "large"),
+        ("reduce_scatter", "small"),
+        ("reduce_scatter", "large"),
+    ];
+    for (op, size) in cases {
+        let mut job = Job::new(3, &["mismatch", "--op", op, "--size", size])
+            .env("CTRAN_BACKENDS", "socket,shm")
+            .env("TORCHCOMM_TIMEOUT_SECONDS", "30");
+        job.timeout = Duration::from_secs(60);
+        let outs = job.run(&worker());
+        assert_all_ok(&outs, &format!("{op} {size} mismatch"));
+        assert_eq!(outs.len(), 3);
+        for o in &outs {
+            let line = o
+                .stdout
+                .lines()
+                .find(|l| l.starts_with(&format!("MISMATCH rank {}", o.rank)))
+                .unwrap_or_else(|| panic!("{op} {size}: rank {} printed {}", o.rank, o.stdout));
+            assert!(
+                line.contains("mismatch with peer") && line.contains(op),
+                "{op} {size}: rank {} did not name the mismatch: {line}",
+                o.rank
+            );
+            assert!(
+                o.elapsed < Duration::from_secs(20),
+                "{op} {size}: rank {} took {:?} (a timeout, not a detected mismatch)",
+                o.rank,
+                o.elapsed
+            );
+        }
+    }
+}
+
+#[test]
+fn suite_4_ranks_shm_without_cma() {
+    let outs = Job::new(4, &["suite", "--large", &(3 << 20).to_string()])
+        .env("CTRAN_BACKENDS", "socket,shm")
+        .env("CTRAN_SHM_CMA", "0")
+        .run(&worker());
+    assert_all_ok(
+        &outs,
+        "suite with 4 ranks, shared memory without cross-memory attach",
+    );
+    assert_eq!(outs.len(), 4);
+}
+
 #[test]
 fn killed_rank_during_send_recv_fails_the_sender() {
     let outs = fault_job(3, "kill-sendrecv", 1);

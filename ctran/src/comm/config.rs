@@ -75,6 +75,8 @@ impl CommConfig {
         let shm = ShmConfig {
             coll_bytes: cv.ctran_shm_buffer_bytes(),
             spin: cv.ctran_shm_spin_us(),
+            cma: cv.ctran_shm_cma(),
+            cma_min_bytes: cv.ctran_shm_cma_min_bytes(),
             ..ShmConfig::default()
         };
         let mut algos = AlgoConfig::default();

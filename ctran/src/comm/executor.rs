@@ -227,9 +227,14 @@ impl Executor {
         self.shared
             .trace
             .start(&mut task.trace, info, Some("shm"), Some("shm"));
+        if matches!(task.op, Op::AllToAll { .. }) && !shm.uses_cma() {
+            // Only cross-memory attach has an all_to_all of its own.
+            return None;
+        }
         let mut cx = ShmCtx {
             shm,
             deadline: Instant::now() + task.timeout,
+            seq: task.seq,
             alive: &mut alive,
         };
         let reducer = |dtype, op| Reducer::new(dtype, op, size);
@@ -258,6 +263,7 @@ impl Executor {
             },
             Op::AllGather { input, outputs } => collectives::all_gather(&mut cx, *input, outputs),
             Op::Broadcast { buf, root } => collectives::broadcast(&mut cx, *buf, *root),
+            Op::AllToAll { inputs, outputs } => collectives::all_to_all(&mut cx, inputs, outputs),
             _ => return None,
         };
         drop(alive);
@@ -269,6 +275,13 @@ impl Executor {
                     rank,
                     peer: waiting_for,
                     timeout: task.timeout,
+                },
+                ShmFail::Mismatch { peer, detail } => Error::Mismatch {
+                    op: task.op.name().into(),
+                    seq: task.seq,
+                    rank,
+                    peer,
+                    detail,
                 },
                 ShmFail::Peer(e) => OpCtx::new(
                     rank,

@@ -727,6 +727,65 @@ fn errors() -> Result<()> {
     Ok(())
 }
 
+/// Ranks that disagree about the size of a collective (rank 0 passes half of what the others
+/// pass) must each fail with an error that names the mismatch, within the timeout, instead of
+/// hanging or corrupting memory. `--op` picks the collective, `--size small|mixed|large` the
+/// sizes.
+fn mismatch(args: &[String]) -> Result<()> {
+    let size = args
+        .iter()
+        .position(|a| a == "--size")
+        .and_then(|i| args.get(i + 1))
+        .map_or("small", String::as_str);
+    let op = args
+        .iter()
+        .position(|a| a == "--op")
+        .and_then(|i| args.get(i + 1))
+        .map_or("all_reduce", String::as_str);
+    let comm = comm_from_env("mismatch")?;
+    let me = comm.get_rank();
+    let n = comm.get_size();
+    // small: both under the cross-memory-attach threshold (256 KiB by default); large: both
+    // over it; mixed: rank 0 under, the others over (ranks would take different paths).
+    let base = match size {
+        "large" => 1 << 20,
+        "mixed" => 48 << 10,
+        _ => 256,
+    };
+    let count = base * if me == 0 { 1 } else { 2 };
+    let sync = OpOptions::sync();
+    let t = Tensor::zeros(DataType::F32, count);
+    let start = Instant::now();
+    let result = match op {
+        "all_reduce" => comm.all_reduce(&t, ReduceOp::Sum, &sync),
+        "broadcast" => comm.broadcast(&t, 0, &sync),
+        "all_gather" => {
+            // Every rank believes each block has its own size: rank 0 receives smaller blocks
+            // than the others send.
+            let outs: Vec<Tensor> = (0..n)
+                .map(|_| Tensor::zeros(DataType::F32, count))
+                .collect();
+            comm.all_gather(&outs, &t, &sync)
+        }
+        "reduce_scatter" => {
+            let ins: Vec<Tensor> = (0..n)
+                .map(|_| Tensor::zeros(DataType::F32, count))
+                .collect();
+            comm.reduce_scatter(&t, &ins, ReduceOp::Sum, &sync)
+        }
+        other => bail!("unknown --op {other}"),
+    }
+    .and_then(|w| w.wait());
+    match result {
+        Ok(_) => bail!("rank {me}: {op} with mismatched sizes succeeded"),
+        Err(e) => println!(
+            "MISMATCH rank {me} after {} ms: {e}",
+            start.elapsed().as_millis()
+        ),
+    }
+    Ok(())
+}
+
 fn main() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
@@ -743,7 +802,8 @@ fn main() {
         "back-to-back" => back_to_back(&args),
         "simple" => simple(),
         "errors" => errors(),
-        other => Err(anyhow::anyhow!("unknown scenario {other:?}: expected suite, kill-allreduce, kill-sendrecv, stall, back-to-back, simple, errors")),
+        "mismatch" => mismatch(&args),
+        other => Err(anyhow::anyhow!("unknown scenario {other:?}: expected suite, kill-allreduce, kill-sendrecv, stall, back-to-back, simple, errors, mismatch")),
     };
     if let Err(e) = result {
         eprintln!("tc-worker {scenario}: {e:#}");

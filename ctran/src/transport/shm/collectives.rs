@@ -6,13 +6,26 @@
 //! all_reduce: every rank copies its chunk in (prescaled), then reduces one slice of the chunk
 //! straight from every peer's buffer in rank order, then copies every reduced slice out. Each
 //! slice is reduced by exactly one rank, so all ranks end with bitwise the same result.
+//!
+//! Large messages skip the shared buffers when every local rank can read the others' memory
+//! (cross-memory attach, probed at init; see [`super::cma`]): ranks publish their buffers'
+//! addresses with the first barrier and copy straight from each other's buffers, one copy
+//! instead of two. all_reduce then reduces its own slice in place, reading the peers' pieces of
+//! it through a small cache-resident buffer, and reads every other reduced slice from its owner;
+//! a closing barrier keeps every buffer valid until all peers finished reading it.
+//!
+//! Every rank publishes what it is about to do (sequence number, collective, its size, a hash of
+//! the rest) with the first barrier, and checks everyone's against its own, so ranks that
+//! disagree fail with a [`ShmFail::Mismatch`] naming the peer and the sizes rather than reading
+//! past a buffer or waiting for rounds that never come.
 
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use super::node::WaitEnd;
-use super::ShmTransport;
-use crate::algos::ctx::{chunks, combine, finish, load_input, partition};
+use super::{cma, ShmTransport};
+use crate::algos::ctx::{chunks, combine, combine_input, finish, load_input, partition, prescale};
 use crate::kernels::Reducer;
 use crate::span::Span;
 use crate::transport::TransportError;
@@ -27,6 +40,59 @@ pub enum ShmFail {
     },
     /// A peer failed.
     Peer(TransportError),
+    /// Ranks disagree about the operation (sizes, element type, reduce op, root, or which
+    /// operation it is).
+    Mismatch {
+        /// The (global) rank whose description differs from this rank's.
+        peer: usize,
+        /// What differs.
+        detail: String,
+    },
+}
+
+/// Which collective a published descriptor belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u64)]
+enum Kind {
+    AllReduce = 1,
+    Reduce = 2,
+    ReduceScatter = 3,
+    AllGather = 4,
+    Broadcast = 5,
+    AllToAll = 6,
+}
+
+impl Kind {
+    fn name(code: u64) -> &'static str {
+        match code {
+            1 => "all_reduce",
+            2 => "reduce",
+            3 => "reduce_scatter",
+            4 => "all_gather",
+            5 => "broadcast",
+            6 => "all_to_all",
+            _ => "nothing",
+        }
+    }
+}
+
+fn hash_of(v: impl Hash) -> u64 {
+    let mut h = DefaultHasher::new();
+    v.hash(&mut h);
+    h.finish()
+}
+
+/// Element type and reduce op, which every rank of a reduction must agree on.
+fn red_args(red: &Reducer, extra: impl Hash) -> u64 {
+    hash_of((format!("{:?}/{:?}", red.dtype(), red.op()), extra))
+}
+
+/// What this rank is about to do, as it publishes it.
+#[derive(Debug, Clone, Copy)]
+struct Desc {
+    kind: Kind,
+    bytes: usize,
+    args: u64,
 }
 
 /// What a shared-memory collective needs besides its buffers.
@@ -35,6 +101,8 @@ pub struct ShmCtx<'a> {
     pub shm: &'a mut ShmTransport,
     /// When to give up.
     pub deadline: Instant,
+    /// The operation's sequence number (ranks check that they agree on it).
+    pub seq: u64,
     /// Reports dead peers while waiting.
     pub alive: &'a mut dyn FnMut() -> Result<(), TransportError>,
 }
@@ -69,6 +137,108 @@ impl ShmCtx<'_> {
         self.shm.coll_rounds += 1;
     }
 
+    /// Global rank of local rank `l`.
+    fn global(&self, l: usize) -> usize {
+        self.shm.global_of[l]
+    }
+
+    /// Whether a message of `bytes` goes by cross-memory attach. Callers pass a size every rank
+    /// agrees on (checked with the first barrier), so all take the same path.
+    fn use_cma(&self, bytes: usize) -> bool {
+        self.shm.cma && bytes >= self.shm.cma_min_bytes.max(1)
+    }
+
+    /// Publishes `d` and `blocks` (buffers peers may read directly) with the next barrier.
+    fn publish(&mut self, d: Desc, blocks: &[Span]) {
+        let b = ((self.shm.arrivals + 1) % 2) as usize;
+        self.shm.published = b;
+        let node = &self.shm.node;
+        let desc = node.desc(node.me, b);
+        desc.seq.store(self.seq, Ordering::Relaxed);
+        desc.kind.store(d.kind as u64, Ordering::Relaxed);
+        desc.bytes.store(d.bytes as u64, Ordering::Relaxed);
+        desc.args.store(d.args, Ordering::Relaxed);
+        for (j, s) in blocks.iter().enumerate() {
+            let blk = node.block(node.me, b, j);
+            blk.addr.store(s.addr() as u64, Ordering::Relaxed);
+            blk.len.store(s.len() as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// After the barrier that went with [`ShmCtx::publish`]: checks that every rank published
+    /// the same operation, sequence number and arguments as this one, and that rank `j`'s size
+    /// is `expect(j)`.
+    fn check(&self, d: Desc, expect: impl Fn(usize) -> usize) -> Result<(), ShmFail> {
+        let node = &self.shm.node;
+        let b = self.shm.published;
+        for j in (0..self.n()).filter(|&j| j != self.me()) {
+            let p = node.desc(j, b);
+            let (seq, kind) = (
+                p.seq.load(Ordering::Relaxed),
+                p.kind.load(Ordering::Relaxed),
+            );
+            let bytes = p.bytes.load(Ordering::Relaxed) as usize;
+            let what = Kind::name(d.kind as u64);
+            let detail = if seq != self.seq || kind != d.kind as u64 {
+                format!(
+                    "this rank runs {what} (seq {}) while the peer runs {} (seq {seq}) \
+                     over shared memory",
+                    self.seq,
+                    Kind::name(kind)
+                )
+            } else if bytes != expect(j) {
+                format!(
+                    "{what} sizes disagree: this rank expects {} bytes from the peer, \
+                     the peer has {bytes}",
+                    expect(j)
+                )
+            } else if p.args.load(Ordering::Relaxed) != d.args {
+                format!("{what} arguments disagree (element type, reduce op, root or block sizes)")
+            } else {
+                continue;
+            };
+            return Err(ShmFail::Mismatch {
+                peer: self.global(j),
+                detail,
+            });
+        }
+        Ok(())
+    }
+
+    /// Block `k` that local rank `j` published for this operation: (address, length).
+    fn peer_block(&self, j: usize, k: usize) -> (usize, usize) {
+        let b = self.shm.published;
+        let blk = self.shm.node.block(j, b, k);
+        (
+            blk.addr.load(Ordering::Relaxed) as usize,
+            blk.len.load(Ordering::Relaxed) as usize,
+        )
+    }
+
+    /// Copies `local.len()` bytes from `offset` into block `k` of local rank `j` (published
+    /// with the last barrier and checked to be long enough).
+    fn read(&mut self, j: usize, k: usize, offset: usize, local: Span) -> Result<(), ShmFail> {
+        let (addr, len) = self.peer_block(j, k);
+        if offset + local.len() > len {
+            return Err(ShmFail::Mismatch {
+                peer: self.global(j),
+                detail: format!(
+                    "the peer's buffer has {len} bytes, this rank needs {} from offset {offset}",
+                    local.len()
+                ),
+            });
+        }
+        let pid = self.shm.node.control(j).pid.load(Ordering::Relaxed);
+        cma::read(pid, addr + offset, local).map_err(|e| {
+            // A peer that died is the likely cause; its closed connection says so for sure.
+            let cause = (self.alive)().err();
+            ShmFail::Peer(cause.unwrap_or_else(|| TransportError::PeerLost {
+                peer: self.global(j),
+                reason: format!("cross-memory read of its buffer failed: {e}"),
+            }))
+        })
+    }
+
     /// Announces this rank's arrival and waits for everyone's.
     fn barrier(&mut self) -> Result<(), ShmFail> {
         self.shm.arrivals += 1;
@@ -95,10 +265,101 @@ impl ShmCtx<'_> {
     }
 }
 
-/// In-place all_reduce of `buf`. Per round: copy in only the slices peers reduce, reduce this
-/// rank's slice from its own buffer and the peers' shared copies, then copy
-/// every reduced slice out.
+/// The cache-resident buffer peers' data is read into before it is combined.
+fn scratch(cx: &mut ShmCtx<'_>) -> Span {
+    // SAFETY: the buffer belongs to the transport, which the progress thread owns and lends to
+    // this collective alone; it is neither resized nor otherwise touched while the span is used.
+    unsafe { Span::from_slice(&mut cx.shm.cma_buf) }
+}
+
+/// `dst ⊕= prescale(peer j's block k from offset)`, through the scratch buffer in pieces.
+fn combine_from_peer(
+    cx: &mut ShmCtx<'_>,
+    red: &Reducer,
+    dst: Span,
+    j: usize,
+    k: usize,
+    offset: usize,
+) -> Result<(), ShmFail> {
+    let es = red.dtype().size_bytes();
+    let tmp = scratch(cx);
+    let piece = (tmp.len() / es).max(1) * es;
+    for (o, l) in chunks(dst.len(), piece) {
+        let t = tmp.sub(0, l);
+        cx.read(j, k, offset + o, t)?;
+        combine_input(red, dst.sub(o, l), t);
+    }
+    Ok(())
+}
+
+/// `dst = prescale(own) ⊕ prescale(block k of every peer, from offset)`, combined in pieces that
+/// stay in cache across peers, peers in rank order. `dst` may be `own` itself.
+fn reduce_from_peers(
+    cx: &mut ShmCtx<'_>,
+    red: &Reducer,
+    dst: Span,
+    own: Span,
+    k: usize,
+    offset: usize,
+) -> Result<(), ShmFail> {
+    let (n, me) = (cx.n(), cx.me());
+    let es = red.dtype().size_bytes();
+    let piece = (cx.shm.cma_buf.len() / es).max(1) * es;
+    for (o, l) in chunks(dst.len(), piece) {
+        let d = dst.sub(o, l);
+        let src = own.sub(o, l);
+        if d == src {
+            prescale(red, d);
+        } else {
+            load_input(red, d, src);
+        }
+        for j in (0..n).filter(|&j| j != me) {
+            combine_from_peer(cx, red, d, j, k, offset + o)?;
+        }
+        finish(red, d);
+    }
+    Ok(())
+}
+
+/// In-place all_reduce of `buf`.
 pub fn all_reduce(cx: &mut ShmCtx<'_>, buf: Span, red: &Reducer) -> Result<(), ShmFail> {
+    let d = Desc {
+        kind: Kind::AllReduce,
+        bytes: buf.len(),
+        args: red_args(red, ()),
+    };
+    if cx.use_cma(buf.len()) {
+        all_reduce_cma(cx, buf, red, d)
+    } else {
+        all_reduce_slots(cx, buf, red, d)
+    }
+}
+
+/// all_reduce by cross-memory attach: each rank reduces its slice in place reading the peers'
+/// copies of it, then reads every other slice from the rank that reduced it.
+fn all_reduce_cma(cx: &mut ShmCtx<'_>, buf: Span, red: &Reducer, d: Desc) -> Result<(), ShmFail> {
+    let (n, me) = (cx.n(), cx.me());
+    let es = red.dtype().size_bytes();
+    cx.publish(d, &[buf]);
+    cx.barrier()?;
+    cx.check(d, |_| buf.len())?;
+    let slices = partition(buf.len() / es, n, es);
+    let (so, sl) = slices[me];
+    let mine = buf.sub(so, sl);
+    reduce_from_peers(cx, red, mine, mine, 0, so)?;
+    // Every slice is reduced and no one reads inputs any more: copy the others' results.
+    cx.barrier()?;
+    for (j, &(so, sl)) in slices.iter().enumerate().filter(|&(j, _)| j != me) {
+        cx.read(j, 0, so, buf.sub(so, sl))?;
+    }
+    // Keep this rank's slice unchanged until every peer has it.
+    cx.barrier()
+}
+
+/// all_reduce through the shared buffers. Per round: copy in only the slices peers reduce,
+/// reduce this rank's slice from its own buffer and the peers' shared copies, then copy every
+/// reduced slice out.
+fn all_reduce_slots(cx: &mut ShmCtx<'_>, buf: Span, red: &Reducer, d: Desc) -> Result<(), ShmFail> {
     let (n, me) = (cx.n(), cx.me());
     let es = red.dtype().size_bytes();
     let chunk = (cx.capacity() / es) * es;
@@ -112,7 +373,13 @@ pub fn all_reduce(cx: &mut ShmCtx<'_>, buf: Span, red: &Reducer) -> Result<(), S
         {
             load_input(red, cx.buf(me).sub(so, sl), buf.sub(off + so, sl));
         }
+        if off == 0 {
+            cx.publish(d, &[]);
+        }
         cx.barrier()?;
+        if off == 0 {
+            cx.check(d, |_| buf.len())?;
+        }
         let (so, sl) = slices[me];
         let acc = cx.buf(me).sub(so, sl);
         let own = buf.sub(off + so, sl);
@@ -134,13 +401,36 @@ pub fn all_reduce(cx: &mut ShmCtx<'_>, buf: Span, red: &Reducer) -> Result<(), S
 /// all_gather (blocks may differ in size): `outputs[j]` receives rank `j`'s input.
 pub fn all_gather(cx: &mut ShmCtx<'_>, input: Span, outputs: &[Span]) -> Result<(), ShmFail> {
     let me = cx.me();
-    let longest = outputs.iter().map(Span::len).max().unwrap_or(0);
+    let lens: Vec<usize> = outputs.iter().map(Span::len).collect();
+    let d = Desc {
+        kind: Kind::AllGather,
+        bytes: input.len(),
+        args: hash_of(&lens),
+    };
+    let expect = |j: usize| lens[j];
+    if cx.use_cma(lens.iter().sum()) {
+        cx.publish(d, &[input]);
+        cx.barrier()?;
+        cx.check(d, expect)?;
+        outputs[me].copy_from(&input);
+        for (j, out) in outputs.iter().enumerate().filter(|&(j, _)| j != me) {
+            cx.read(j, 0, 0, *out)?;
+        }
+        return cx.barrier();
+    }
+    let longest = lens.iter().copied().max().unwrap_or(0);
     let cap = cx.capacity();
     for off in (0..longest).step_by(cap) {
         let piece = |s: &Span| s.sub(off.min(s.len()), s.len().saturating_sub(off).min(cap));
         let mine = piece(&input);
         cx.buf(me).copy_from(&mine);
+        if off == 0 {
+            cx.publish(d, &[]);
+        }
         cx.barrier()?;
+        if off == 0 {
+            cx.check(d, expect)?;
+        }
         for (j, out) in outputs.iter().enumerate() {
             let dst = piece(out);
             dst.copy_from(&cx.buf(j).sub(0, dst.len()));
@@ -150,14 +440,34 @@ pub fn all_gather(cx: &mut ShmCtx<'_>, input: Span, outputs: &[Span]) -> Result<
     Ok(())
 }
 
-/// broadcast of `root`'s `buf`.
+/// broadcast of `root`'s `buf` (`root` is a local index).
 pub fn broadcast(cx: &mut ShmCtx<'_>, buf: Span, root: usize) -> Result<(), ShmFail> {
     let me = cx.me();
+    let d = Desc {
+        kind: Kind::Broadcast,
+        bytes: buf.len(),
+        args: hash_of(root),
+    };
+    if cx.use_cma(buf.len()) {
+        cx.publish(d, &[buf]);
+        cx.barrier()?;
+        cx.check(d, |_| buf.len())?;
+        if me != root {
+            cx.read(root, 0, 0, buf)?;
+        }
+        return cx.barrier();
+    }
     for (off, len) in chunks(buf.len(), cx.capacity()) {
         if me == root {
             cx.buf(me).copy_from(&buf.sub(off, len));
         }
+        if off == 0 {
+            cx.publish(d, &[]);
+        }
         cx.barrier()?;
+        if off == 0 {
+            cx.check(d, |_| buf.len())?;
+        }
         if me != root {
             buf.sub(off, len).copy_from(&cx.buf(root).sub(0, len));
         }
@@ -175,17 +485,38 @@ pub fn reduce_scatter(
     red: &Reducer,
 ) -> Result<(), ShmFail> {
     let (n, me) = (cx.n(), cx.me());
+    let lens: Vec<usize> = inputs.iter().map(Span::len).collect();
+    let d = Desc {
+        kind: Kind::ReduceScatter,
+        bytes: output.len(),
+        args: red_args(red, &lens),
+    };
+    let expect = |j: usize| lens[j];
+    if cx.use_cma(lens.iter().sum()) {
+        cx.publish(d, inputs);
+        cx.barrier()?;
+        cx.check(d, expect)?;
+        // `output` may be this rank's own input block (in place); no peer reads that one.
+        reduce_from_peers(cx, red, output, inputs[me], me, 0)?;
+        return cx.barrier();
+    }
     let es = red.dtype().size_bytes();
     // Each round carries one piece of every block, side by side in the buffer.
     let piece_cap = (cx.capacity() / n / es).max(1) * es;
-    let longest = inputs.iter().map(Span::len).max().unwrap_or(0);
+    let longest = lens.iter().copied().max().unwrap_or(0);
     for off in (0..longest).step_by(piece_cap) {
         let piece = |s: &Span| s.sub(off.min(s.len()), s.len().saturating_sub(off).min(piece_cap));
         for (j, inp) in inputs.iter().enumerate() {
             let src = piece(inp);
             load_input(red, cx.buf(me).sub(j * piece_cap, src.len()), src);
         }
+        if off == 0 {
+            cx.publish(d, &[]);
+        }
         cx.barrier()?;
+        if off == 0 {
+            cx.check(d, expect)?;
+        }
         let dst = piece(&output);
         let len = dst.len();
         let at = me * piece_cap;
@@ -202,14 +533,34 @@ pub fn reduce_scatter(
     Ok(())
 }
 
-/// reduce onto `root`; other ranks' buffers are only read.
+/// reduce onto `root` (a local index); other ranks' buffers are only read.
 pub fn reduce(cx: &mut ShmCtx<'_>, buf: Span, red: &Reducer, root: usize) -> Result<(), ShmFail> {
     let (n, me) = (cx.n(), cx.me());
+    let d = Desc {
+        kind: Kind::Reduce,
+        bytes: buf.len(),
+        args: red_args(red, root),
+    };
+    if cx.use_cma(buf.len()) {
+        cx.publish(d, &[buf]);
+        cx.barrier()?;
+        cx.check(d, |_| buf.len())?;
+        if me == root {
+            reduce_from_peers(cx, red, buf, buf, 0, 0)?;
+        }
+        return cx.barrier();
+    }
     let es = red.dtype().size_bytes();
     let chunk = (cx.capacity() / es) * es;
     for (off, len) in chunks(buf.len(), chunk) {
         load_input(red, cx.buf(me).sub(0, len), buf.sub(off, len));
+        if off == 0 {
+            cx.publish(d, &[]);
+        }
         cx.barrier()?;
+        if off == 0 {
+            cx.check(d, |_| buf.len())?;
+        }
         if me == root {
             let acc = cx.buf(me).sub(0, len);
             for j in (0..n).filter(|&j| j != me) {
@@ -221,4 +572,34 @@ pub fn reduce(cx: &mut ShmCtx<'_>, buf: Span, red: &Reducer, root: usize) -> Res
         cx.next_round();
     }
     Ok(())
+}
+
+/// all_to_all by cross-memory attach (only when it is available): `outputs[j]` receives rank
+/// `j`'s `inputs[me]`, read straight from rank `j`'s memory.
+pub fn all_to_all(cx: &mut ShmCtx<'_>, inputs: &[Span], outputs: &[Span]) -> Result<(), ShmFail> {
+    let me = cx.me();
+    let d = Desc {
+        kind: Kind::AllToAll,
+        bytes: 0,
+        args: 0,
+    };
+    cx.publish(d, inputs);
+    cx.barrier()?;
+    cx.check(d, |_| 0)?;
+    outputs[me].copy_from(&inputs[me]);
+    for (j, out) in outputs.iter().enumerate().filter(|&(j, _)| j != me) {
+        let (_, len) = cx.peer_block(j, me);
+        if len != out.len() {
+            return Err(ShmFail::Mismatch {
+                peer: cx.global(j),
+                detail: format!(
+                    "all_to_all sizes disagree: this rank expects {} bytes from the peer, \
+                     the peer sends {len}",
+                    out.len()
+                ),
+            });
+        }
+        cx.read(j, me, 0, *out)?;
+    }
+    cx.barrier()
 }

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 /// Padding unit.
 pub(crate) const LINE: usize = 128;
 /// Written by the creator once the segment is initialised.
-pub(crate) const MAGIC: u64 = 0x7463_7273_5348_4d31; // "tcrsSHM1"
+pub(crate) const MAGIC: u64 = 0x7463_7273_5348_4d32; // "tcrsSHM2"
 
 /// Sizes chosen by configuration.
 #[derive(Debug, Clone, Copy)]
@@ -32,8 +32,39 @@ pub(crate) struct Control {
     pub(crate) sleeping: AtomicU32,
     /// Collective arrival counter (see `sync`).
     pub(crate) arrived: AtomicU64,
-    /// The rank's process id (diagnostics).
+    /// The rank's process id (diagnostics, and the target of cross-memory reads).
     pub(crate) pid: AtomicU32,
+    /// Cross-memory attach probe: 0 not yet, 1 this rank read every peer, 2 it could not.
+    pub(crate) cma_state: AtomicU32,
+    /// Address of a word in this rank's memory that peers read to probe cross-memory attach.
+    pub(crate) probe_addr: AtomicU64,
+    /// The value that word holds.
+    pub(crate) probe_value: AtomicU64,
+}
+
+/// What a rank publishes before the first barrier of a shared-memory collective: enough for
+/// every peer to check that they agree on the operation, and the addresses of its buffers for
+/// cross-memory reads. Two per rank, picked by the parity of the barrier they go with, so a fast
+/// rank never overwrites one a slow rank may still read.
+#[repr(C)]
+#[derive(Debug)]
+pub(crate) struct OpDesc {
+    /// The operation's sequence number on the communicator.
+    pub(crate) seq: AtomicU64,
+    /// Which collective (`collectives::Kind`).
+    pub(crate) kind: AtomicU64,
+    /// This rank's main size in bytes (what the error message names).
+    pub(crate) bytes: AtomicU64,
+    /// Hash of everything else ranks must agree on (dtype, reduce op, root, block sizes).
+    pub(crate) args: AtomicU64,
+}
+
+/// One published buffer: address in the publishing process and length.
+#[repr(C)]
+#[derive(Debug)]
+pub(crate) struct Block {
+    pub(crate) addr: AtomicU64,
+    pub(crate) len: AtomicU64,
 }
 
 /// Head and tail of one single-producer single-consumer FIFO, each on its own line.
@@ -58,6 +89,8 @@ pub(crate) struct Layout {
     controls: usize,
     fifo_index: usize,
     fifo_data: usize,
+    descs: usize,
+    desc_bytes: usize,
     coll: usize,
     pub(crate) total: usize,
 }
@@ -70,13 +103,20 @@ impl Layout {
         let fifo_index = controls + n * LINE;
         let fifo_data = fifo_index + pairs * std::mem::size_of::<FifoIndex>();
         let slot = SLOT_HEADER + sizes.fifo_slot_bytes;
-        let coll = (fifo_data + pairs * sizes.fifo_slots * slot).next_multiple_of(4096);
+        let descs = fifo_data + pairs * sizes.fifo_slots * slot;
+        // A descriptor, then one block per local rank (all_to_all and reduce_scatter publish one
+        // buffer per destination).
+        let desc_bytes = (std::mem::size_of::<OpDesc>() + n * std::mem::size_of::<Block>())
+            .next_multiple_of(LINE);
+        let coll = (descs + n * 2 * desc_bytes).next_multiple_of(4096);
         let total = coll + n * 2 * sizes.coll_bytes;
         Layout {
             sizes,
             controls,
             fifo_index,
             fifo_data,
+            descs,
+            desc_bytes,
             coll,
             total,
         }
@@ -99,6 +139,16 @@ impl Layout {
     pub(crate) fn fifo_slot(&self, pair: usize, slot: usize) -> usize {
         let s = SLOT_HEADER + self.sizes.fifo_slot_bytes;
         self.fifo_data + (pair * self.sizes.fifo_slots + slot) * s
+    }
+
+    /// Descriptor `b` (0 or 1) of local rank `i`; its blocks follow it.
+    pub(crate) fn desc(&self, i: usize, b: usize) -> usize {
+        self.descs + (i * 2 + b) * self.desc_bytes
+    }
+
+    /// Block `j` of descriptor `b` of local rank `i`.
+    pub(crate) fn block(&self, i: usize, b: usize, j: usize) -> usize {
+        self.desc(i, b) + std::mem::size_of::<OpDesc>() + j * std::mem::size_of::<Block>()
     }
 
     /// Collective buffer `b` (0 or 1) of local rank `i`.

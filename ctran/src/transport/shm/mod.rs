@@ -7,6 +7,7 @@
 //! ([`collectives`]) read from each other directly. Waiting ranks spin briefly, then sleep on a
 //! futex doorbell that peers ring, so oversubscribed ranks leave the CPU to the ranks doing work.
 
+mod cma;
 pub mod collectives;
 mod futex;
 mod layout;
@@ -23,6 +24,63 @@ use crate::transport::{ReqId, TransportError};
 pub(crate) use layout::Sizes;
 use node::{Node, WaitEnd};
 
+/// Finds out whether every local rank can read every other's memory: each publishes the address
+/// and value of a word of its own, reads every peer's word with `process_vm_readv`, and publishes
+/// whether all reads returned the published values; cross-memory attach is used only when every
+/// rank succeeded (so all agree). `enabled` false (the cvar) counts as a failed probe.
+fn probe_cma(node: &Node, probe: &u64, enabled: bool, deadline: Instant) -> Result<bool> {
+    let me = node.me;
+    let n = node.nlocal();
+    if enabled {
+        cma::allow_siblings();
+    }
+    let c = node.control(me);
+    c.probe_addr
+        .store(probe as *const u64 as u64, Ordering::Relaxed);
+    c.probe_value.store(*probe, Ordering::Relaxed);
+    node.header(2).fetch_add(1, Ordering::AcqRel);
+    node.ring_others();
+    let timed_out = |what: &str| crate::error::Error::Bootstrap {
+        comm: String::new(),
+        reason: format!("not every local rank {what} before the deadline"),
+    };
+    node.wait_plain(
+        |nd| nd.header(2).load(Ordering::Acquire) as usize == n,
+        deadline,
+    )
+    .map_err(|_| timed_out("published its cross-memory probe"))?;
+    let works = enabled
+        && (0..n).filter(|&j| j != me).all(|j| {
+            let pc = node.control(j);
+            let pid = pc.pid.load(Ordering::Relaxed);
+            let addr = pc.probe_addr.load(Ordering::Relaxed) as usize;
+            let want = pc.probe_value.load(Ordering::Relaxed);
+            let mut got = [0u8; 8];
+            // SAFETY: `got` is a local array, untouched by anything else during the read.
+            let span = unsafe { Span::from_slice(&mut got) };
+            match cma::read(pid, addr, span) {
+                Ok(()) if u64::from_ne_bytes(got) == want => true,
+                Ok(()) => {
+                    tracing::info!(peer = j, "cross-memory probe read a wrong value (another pid namespace?); not using it");
+                    false
+                }
+                Err(e) => {
+                    tracing::info!(peer = j, "cross-memory attach unavailable ({e}); shared memory copies through its buffers");
+                    false
+                }
+            }
+        });
+    c.cma_state
+        .store(if works { 1 } else { 2 }, Ordering::Release);
+    node.ring_others();
+    node.wait_plain(
+        |nd| (0..n).all(|j| nd.control(j).cma_state.load(Ordering::Acquire) != 0),
+        deadline,
+    )
+    .map_err(|_| timed_out("finished its cross-memory probe"))?;
+    Ok((0..n).all(|j| node.control(j).cma_state.load(Ordering::Acquire) == 1))
+}
+
 /// Request ids of this transport live above this bit, apart from the socket transport's.
 pub(crate) const ID_BASE: u64 = 1 << 62;
 
@@ -37,6 +95,12 @@ pub struct ShmConfig {
     pub coll_bytes: usize,
     /// How long a waiting rank spins before sleeping (`None`: chosen from cores and ranks).
     pub spin: Option<Duration>,
+    /// Read peers' buffers directly (cross-memory attach) when a probe at init works everywhere.
+    pub cma: bool,
+    /// Messages of at least this many bytes per rank go by cross-memory attach.
+    pub cma_min_bytes: usize,
+    /// Bytes of the cache-resident buffer that peers' data is read into before it is reduced.
+    pub cma_chunk_bytes: usize,
 }
 
 impl Default for ShmConfig {
@@ -46,6 +110,9 @@ impl Default for ShmConfig {
             fifo_slot_bytes: 128 << 10,
             coll_bytes: 2 << 20,
             spin: None,
+            cma: true,
+            cma_min_bytes: 256 << 10,
+            cma_chunk_bytes: 256 << 10,
         }
     }
 }
@@ -84,6 +151,16 @@ pub struct ShmTransport {
     /// Collective buffers used so far (their parity picks the buffer) and barriers passed.
     pub(crate) coll_rounds: u64,
     pub(crate) arrivals: u64,
+    /// Which of the two descriptors the current collective published (see `collectives`).
+    pub(crate) published: usize,
+    /// Every local rank can read every other's memory (cross-memory attach), agreed at init.
+    pub(crate) cma: bool,
+    /// Smallest message sent by cross-memory attach.
+    pub(crate) cma_min_bytes: usize,
+    /// Where peers' data is read before it is reduced (cross-memory attach only).
+    pub(crate) cma_buf: Vec<u8>,
+    /// The word peers read to probe cross-memory attach; must live as long as the segment.
+    _probe: Box<u64>,
 }
 
 impl ShmTransport {
@@ -116,6 +193,14 @@ impl ShmTransport {
             coll_bytes: cfg.coll_bytes,
         };
         let node = Node::attach(name, sizes, me, spin, deadline)?;
+        let probe = Box::new(rand::random::<u64>() | 1);
+        let cma = probe_cma(&node, &probe, cfg.cma, deadline)?;
+        tracing::info!(
+            rank,
+            local_ranks = nlocal,
+            cross_memory_attach = cma,
+            "shared memory attached"
+        );
         let mut local_of = vec![None; size];
         for (i, &g) in local_ranks.iter().enumerate() {
             local_of[g] = Some(i);
@@ -133,7 +218,22 @@ impl ShmTransport {
             dead: vec![None; nlocal],
             coll_rounds: 0,
             arrivals: 0,
+            published: 0,
+            cma,
+            cma_min_bytes: cfg.cma_min_bytes,
+            cma_buf: if cma {
+                vec![0u8; cfg.cma_chunk_bytes.max(4096)]
+            } else {
+                Vec::new()
+            },
+            _probe: probe,
         })
+    }
+
+    /// Whether shared-memory collectives read peers' memory directly (agreed by every local
+    /// rank at init).
+    pub fn uses_cma(&self) -> bool {
+        self.cma
     }
 
     /// Whether `peer` is reached through this transport.

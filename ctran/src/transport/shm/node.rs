@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::futex;
-use super::layout::{Control, FifoIndex, Layout, Sizes, MAGIC};
+use super::layout::{Block, Control, FifoIndex, Layout, OpDesc, Sizes, MAGIC};
 use super::segment::Segment;
 use crate::error::{Error, Result};
 use crate::span::Span;
@@ -116,6 +116,22 @@ impl Node {
         self.word(self.layout.control(i))
     }
 
+    /// Descriptor `b` (0 or 1) of local rank `i`.
+    pub(crate) fn desc(&self, i: usize, b: usize) -> &OpDesc {
+        self.word(self.layout.desc(i, b))
+    }
+
+    /// Block `j` of descriptor `b` of local rank `i`.
+    pub(crate) fn block(&self, i: usize, b: usize, j: usize) -> &Block {
+        self.word(self.layout.block(i, b, j))
+    }
+
+    /// Shared header word `i` (0: magic, 1: ranks attached, 2: ranks that published their
+    /// cross-memory probe).
+    pub(crate) fn header(&self, i: usize) -> &AtomicU64 {
+        self.header_word(i)
+    }
+
     pub(crate) fn fifo(&self, pair: usize) -> &FifoIndex {
         self.word(self.layout.fifo_index(pair))
     }
@@ -204,7 +220,7 @@ impl Node {
         }
     }
 
-    fn wait_plain(
+    pub(crate) fn wait_plain(
         &self,
         done: impl FnMut(&Node) -> bool,
         deadline: Instant,

@@ -1,0 +1,89 @@
+//! Cross-memory attach: copying straight out of another local rank's address space with
+//! `process_vm_readv(2)`, one copy instead of two through a shared buffer. This is the only
+//! place that names the system calls; callers pass a peer's pid and the address it published.
+//!
+//! Whether a rank may read another depends on the kernel's ptrace access rules (same user, Yama's
+//! `ptrace_scope`, seccomp filters in containers), so the transport probes it between every pair
+//! of local ranks at init and only uses it when every probe succeeded.
+
+use std::io;
+
+use crate::span::Span;
+
+/// Copies `local.len()` bytes at `remote` in process `pid` into `local`.
+///
+/// `remote` must be an address the peer published for this operation and that it keeps valid,
+/// unwritten, until this rank has signalled that it finished reading (the collectives' closing
+/// barrier). A bad address or a gone process is an error, never memory unsafety here: the kernel
+/// checks the remote range, and `local` is a valid span by its own contract.
+pub(crate) fn read(pid: u32, remote: usize, local: Span) -> io::Result<()> {
+    let mut done = 0usize;
+    while done < local.len() {
+        let dst = local.sub(done, local.len() - done);
+        let liov = libc::iovec {
+            iov_base: dst.as_ptr().cast(),
+            iov_len: dst.len(),
+        };
+        let riov = libc::iovec {
+            iov_base: (remote + done) as *mut libc::c_void,
+            iov_len: dst.len(),
+        };
+        // SAFETY: `liov` describes `dst`, memory valid for writes of `dst.len()` bytes that no one
+        // else touches during the operation (Span's contract); the kernel validates `riov` in the
+        // other process and fails with EFAULT instead of touching anything of ours. Both iovec
+        // arrays live on this stack frame for the duration of the call.
+        let n = unsafe { libc::process_vm_readv(pid as libc::pid_t, &liov, 1, &riov, 1, 0) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "process_vm_readv moved no byte",
+            ));
+        }
+        done += n as usize;
+    }
+    Ok(())
+}
+
+/// Yama's `ptrace_scope` (0: classic, 1: restricted to descendants, 2: admin only, 3: none), or
+/// `None` when Yama is not built in.
+pub(crate) fn ptrace_scope() -> Option<u32> {
+    std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Under Yama scope 1 a process may only read its descendants, so sibling ranks (children of one
+/// launcher, as under torchrun) could not read each other. Declaring the parent as this
+/// process's ptracer lets the parent and every descendant of it (the siblings) attach, and
+/// nobody else. Returns whether the declaration was made (it is not needed under scope 0, and
+/// cannot help under 2 and 3, or when the parent is init, which would open it to everyone).
+pub(crate) fn allow_siblings() -> bool {
+    if ptrace_scope() != Some(1) {
+        return false;
+    }
+    let parent = std::os::unix::process::parent_id();
+    if parent <= 1 {
+        return false;
+    }
+    // SAFETY: prctl(PR_SET_PTRACER, pid) takes plain integers and changes only this process's
+    // Yama exception; no memory is passed.
+    let rc = unsafe {
+        libc::prctl(
+            libc::PR_SET_PTRACER,
+            parent as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+        )
+    };
+    rc == 0
+}
