@@ -104,8 +104,17 @@ impl PyBatchSendRecv {
         } else {
             OpOptions::sync()
         };
-        opts.hints = hints.into_iter().collect();
-        opts.timeout = Some(timeout).filter(|t| !t.is_zero());
+        // The communicator's hints and default timeout (`set_hints`/`set_timeout`) apply
+        // where the batch's options leave them unset.
+        let settings = self.comm.get().core.settings();
+        let mut all = settings.hints;
+        all.extend(hints);
+        opts.hints = all.into_iter().collect();
+        opts.timeout = Some(
+            Some(timeout)
+                .filter(|t| !t.is_zero())
+                .unwrap_or(settings.timeout),
+        );
         let ops = self
             .ops
             .iter()

@@ -56,6 +56,13 @@ impl Drop for NativeComm {
     }
 }
 
+/// The communicator's default timeout and hints, which `set_timeout()`/`set_hints()` change.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub(crate) timeout: std::time::Duration,
+    pub(crate) hints: HashMap<String, String>,
+}
+
 /// State shared by a `TorchComm`, its works, batches and hook handles.
 #[derive(Debug)]
 pub(crate) struct CommCore {
@@ -66,6 +73,8 @@ pub(crate) struct CommCore {
     pub(crate) size: usize,
     device: Py<PyAny>,
     options: PyCommOptions,
+    /// What `set_timeout()`/`set_hints()` changed after creation.
+    settings: Mutex<Settings>,
     hooks: Mutex<Hooks>,
     abort_hooks_ran: AtomicBool,
     user_aborted: AtomicBool,
@@ -86,6 +95,10 @@ impl CommCore {
             name: name.to_string(),
             rank,
             size,
+            settings: Mutex::new(Settings {
+                timeout: options.timeout,
+                hints: options.hints.clone(),
+            }),
             device,
             options,
             hooks: Mutex::new(Hooks::default()),
@@ -113,36 +126,47 @@ impl CommCore {
     /// communicator itself (timeout, lost peer) runs the abort hooks once, then aborts the
     /// process when `abort_process_on_timeout_or_error` is set, like upstream's watchdog.
     /// Bad arguments and calls after `finalize()` or `abort()` do neither.
-    pub(crate) fn on_failure(&self, py: Python<'_>, e: &Error) {
+    pub(crate) fn on_failure(self: &Arc<Self>, py: Python<'_>, e: &Error) {
+        if !self.is_fatal(e) {
+            return;
+        }
+        crate::watchdog::set_unhealthy();
+        if self.options.abort_process_on_timeout_or_error {
+            crate::watchdog::abort_process(Some(py), self, e);
+        }
+        self.run_abort_hooks_once(py);
+    }
+
+    /// Whether this communicator aborts the process on a timeout or error.
+    pub(crate) fn aborts_process(&self) -> bool {
+        self.options.abort_process_on_timeout_or_error
+    }
+
+    /// Whether `e` breaks the communicator (a timeout, a lost peer) rather than reporting a bad
+    /// argument, a call after `finalize()`, or the consequence of the user's own `abort()`.
+    pub(crate) fn is_fatal(&self, e: &Error) -> bool {
         let after_finalize = matches!(
             e,
             Error::Finalized { .. } | Error::Engine(ctran::Error::Finalized { .. })
         );
-        let fatal = matches!(e.kind(), ErrorKind::Timeout | ErrorKind::Communication)
+        matches!(e.kind(), ErrorKind::Timeout | ErrorKind::Communication)
             && !after_finalize
-            && !self.user_aborted.load(Ordering::Acquire);
-        if !fatal {
-            return;
-        }
+            && !self.user_aborted.load(Ordering::Acquire)
+    }
+
+    /// Runs the abort hooks unless they already ran for this communicator.
+    pub(crate) fn run_abort_hooks_once(&self, py: Python<'_>) {
         if !self.abort_hooks_ran.swap(true, Ordering::AcqRel) {
             hooks::run_abort(py, self);
         }
-        if self.options.abort_process_on_timeout_or_error {
-            tracing::error!(comm = %self.name, rank = self.rank, "{e}");
-            eprintln!(
-                "torchcomms: aborting the process (abort_process_on_timeout_or_error=True) after \
-                 an error on communicator `{}`, rank {}: {e}",
-                self.name, self.rank
-            );
-            // Whatever Python buffered (the abort hooks' output, say) is lost otherwise.
-            for stream in ["stdout", "stderr"] {
-                let _ = py
-                    .import("sys")
-                    .and_then(|sys| sys.getattr(stream))
-                    .and_then(|s| s.call_method0("flush"));
-            }
-            std::process::abort();
-        }
+    }
+
+    /// The current default timeout and hints.
+    pub(crate) fn settings(&self) -> Settings {
+        self.settings
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     fn native(&self) -> Option<&TorchComm> {
@@ -182,8 +206,17 @@ impl CommCore {
         } else {
             OpOptions::sync()
         };
-        o.hints = hints.unwrap_or_default().into_iter().collect();
-        o.timeout = timeout_arg(timeout, &self.tag(op))?;
+        let settings = self.settings();
+        // The communicator's hints (`set_hints`), overridden by the operation's own.
+        let mut all = settings.hints;
+        all.extend(hints.unwrap_or_default());
+        o.hints = all.into_iter().collect();
+        // An operation without a timeout uses the communicator's (`set_timeout` changes it).
+        o.timeout = Some(
+            timeout_arg(timeout, &self.tag(op))?
+                .filter(|t| !t.is_zero())
+                .unwrap_or(settings.timeout),
+        );
         Ok(o)
     }
 
@@ -205,7 +238,11 @@ impl CommCore {
         hooks::run_pre(py, self.as_ref(), name, op_id, pre)?;
         let inner = match (&self.backend, native) {
             (Backend::Native(c), Some(f)) => match py.detach(|| f(c)) {
-                Ok(w) => WorkInner::Native(w),
+                Ok(w) => {
+                    let w = Arc::new(w);
+                    crate::watchdog::watch(&w, self);
+                    WorkInner::Native(w)
+                }
                 Err(e) => {
                     self.on_failure(py, &e);
                     return Err(e).on_rank(self.rank);
@@ -321,7 +358,11 @@ impl PyTorchComm {
     }
     /// A copy of the options this communicator was created with.
     fn get_options(&self, py: Python<'_>) -> PyCommOptions {
-        self.core.options.copy(py)
+        let mut o = self.core.options.copy(py);
+        let s = self.core.settings();
+        o.timeout = s.timeout;
+        o.hints = s.hints;
+        o
     }
     /// The `torch.device` this communicator serves.
     fn get_device(&self, py: Python<'_>) -> Py<PyAny> {
@@ -369,27 +410,88 @@ impl PyTorchComm {
     fn get_init_handle(&self) -> PyResult<String> {
         Err(not_implemented("getInitHandle", &self.core.name))
     }
-    /// Not supported by this build.
+    /// Re-forms the communicator from `init_handles` (a collective of the new members). Only
+    /// the `fake` backend implements it (its work completes at once); `ctran` raises.
     #[pyo3(signature = (uuid, init_handles, timeout=None, hints=None))]
     fn reconfigure(
         &self,
+        py: Python<'_>,
         uuid: i64,
         init_handles: &Bound<'_, PyAny>,
         timeout: Option<&Bound<'_, PyAny>>,
         hints: Hints,
-    ) -> PyResult<()> {
-        let _ = (uuid, init_handles, timeout, hints);
-        Err(not_implemented("reconfigure", &self.core.name))
-    }
-    /// Not supported by this build (pass `timeout=` per operation or to `new_comm`).
-    fn set_timeout(&self, timeout: &Bound<'_, PyAny>) -> PyResult<()> {
-        let _ = timeout;
-        Err(not_implemented("setTimeout", &self.core.name))
-    }
-    /// Not supported by this build (pass `hints=` per operation or to `new_comm`).
-    fn set_hints(&self, hints: &Bound<'_, PyAny>) -> PyResult<()> {
+    ) -> PyResult<Py<PyTorchWork>> {
         let _ = hints;
-        Err(not_implemented("setHints", &self.core.name))
+        let op = "reconfigure";
+        let handles_ok = (init_handles.is_instance_of::<PyList>()
+            || init_handles.is_instance_of::<pyo3::types::PySet>())
+            && init_handles.try_iter()?.all(|h| {
+                h.map(|h| h.is_instance_of::<pyo3::types::PyString>())
+                    .unwrap_or(false)
+            });
+        if !handles_ok {
+            return Err(crate::error::type_error(format!(
+                "{}: argument `init_handles` must be a list or set of str",
+                self.core.tag(op)
+            )));
+        }
+        if uuid < 0 {
+            return Err(value_error(format!(
+                "{}: invalid argument `uuid`: expected a non-negative int, got {uuid}",
+                self.core.tag(op)
+            )));
+        }
+        timeout_arg(timeout, &self.core.tag(op))?;
+        if self.core.backend_name != crate::fake::NAME || !self.core.options.enable_reconfigure {
+            return Err(not_implemented(op, &self.core.name));
+        }
+        Py::new(
+            py,
+            PyTorchWork::new(WorkInner::Done, Arc::clone(&self.core)),
+        )
+    }
+    /// Sets the default timeout of later operations (those called without `timeout=`).
+    fn set_timeout(&self, py: Python<'_>, timeout: &Bound<'_, PyAny>) -> PyResult<()> {
+        let t = timeout_arg(Some(timeout), &self.core.tag("set_timeout"))?.ok_or_else(|| {
+            crate::error::type_error(format!(
+                "{}: argument `timeout` must be a datetime.timedelta, got None",
+                self.core.tag("set_timeout")
+            ))
+        })?;
+        if let Backend::Python(b) = &self.core.backend {
+            if !b.bind(py).hasattr("set_timeout")? {
+                return Err(not_implemented("setTimeout", &self.core.name));
+            }
+            b.call_method1(py, "set_timeout", (timeout,))?;
+        }
+        self.core
+            .settings
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .timeout = t;
+        Ok(())
+    }
+    /// Replaces the communicator's hints: later operations see them (their own `hints=`
+    /// override single keys).
+    fn set_hints(&self, py: Python<'_>, hints: &Bound<'_, PyAny>) -> PyResult<()> {
+        let h: HashMap<String, String> = hints.extract().map_err(|_| {
+            crate::error::type_error(format!(
+                "{}: argument `hints` must be a dict[str, str]",
+                self.core.tag("set_hints")
+            ))
+        })?;
+        if let Backend::Python(b) = &self.core.backend {
+            if !b.bind(py).hasattr("set_hints")? {
+                return Err(not_implemented("setHints", &self.core.name));
+            }
+            b.call_method1(py, "set_hints", (hints,))?;
+        }
+        self.core
+            .settings
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .hints = h;
+        Ok(())
     }
     /// Registers a tensor's memory with the backend: CPU tensors need no registration, so this
     /// only checks the tensor.

@@ -137,9 +137,12 @@ pub(crate) fn new_comm(
             return Err(e);
         }
     }
-    if enable_reconfigure {
+    // Only the fake backend implements reconfigure (as upstream's `supportsReconfigure`).
+    if enable_reconfigure && backend != crate::fake::NAME {
         return Err(PyRuntimeError::new_err(format!(
-            "[TorchComm]: enable_reconfigure=true is not supported by backend: {backend}"
+            "[TorchComm]: enable_reconfigure=true is not supported by backend: {backend}. Only \
+             backends that implement supportsReconfigure() can use reconfigure for fault \
+             tolerance."
         )));
     }
     let mut options = PyCommOptions::from_env()?;
@@ -157,6 +160,7 @@ pub(crate) fn new_comm(
     if let Some(h) = hints {
         options.hints = h;
     }
+    options.enable_reconfigure = enable_reconfigure;
     let torch_device = py
         .import("torch")?
         .getattr("device")?

@@ -17,10 +17,12 @@ mod batch;
 mod comm;
 mod create;
 mod error;
+mod fake;
 mod hooks;
 mod store;
 mod tensor;
 mod types;
+mod watchdog;
 mod work;
 
 use pyo3::prelude::*;
@@ -39,9 +41,21 @@ fn init_logging() {
         .try_init();
 }
 
+/// The colltrace records of every communicator of this process (the engine's flight recorder),
+/// as the JSON of `colltrace::snapshot` (a list of per-rank dumps, schema
+/// `docs/colltrace-schema.md`). `FlightRecorderHook` reads operation states and times from it.
+#[pyfunction]
+fn _colltrace_snapshot(py: Python<'_>) -> PyResult<String> {
+    let dumps =
+        py.detach(|| colltrace::snapshot(colltrace::Trigger::Api, Some("FlightRecorderHook")));
+    serde_json::to_string(&dumps)
+        .map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(format!("colltrace snapshot: {e}")))
+}
+
 #[pymodule]
 fn _comms(m: &Bound<'_, PyModule>) -> PyResult<()> {
     init_logging();
+    fake::register();
     error::register(m)?;
     hooks::register(m)?;
     m.add_class::<types::RedOpType>()?;
@@ -64,6 +78,8 @@ fn _comms(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(create::_is_backend_registered, m)?)?;
     m.add_function(wrap_pyfunction!(create::_registered_backends, m)?)?;
     m.add_function(wrap_pyfunction!(create::get_mem_allocator, m)?)?;
+    m.add_function(wrap_pyfunction!(_colltrace_snapshot, m)?)?;
+    m.add_function(wrap_pyfunction!(watchdog::_health_check, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("_ENGINE_VERSION", torchcomms_ctran::VERSION)?;
     Ok(())

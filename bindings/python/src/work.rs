@@ -12,7 +12,7 @@ use crate::types::WorkStatus;
 #[derive(Debug)]
 pub(crate) enum WorkInner {
     /// An operation of a Rust backend.
-    Native(torchcomms::Work),
+    Native(Arc<torchcomms::Work>),
     /// Finished when returned (a Python backend returned None).
     Done,
     /// The object a Python backend returned; `wait()` calls its `wait()`.

@@ -17,6 +17,7 @@ import torch
 
 import torchcomms
 from torchcomms import ReduceOp
+from torchcomms.hooks import FlightRecorderHook
 
 RANK = int(os.environ["TORCHCOMM_RANK"])
 
@@ -58,6 +59,7 @@ def killed() -> None:
         result(raised=None)
     except RuntimeError as e:
         result(raised=type(e).__name__, msg=str(e), elapsed=time.monotonic() - t0, timeout=timeout)
+    result(healthy=torchcomms._comms._health_check())
     # The communicator is now failed: later work fails at once, also through wait().
     try:
         comm.barrier(async_op=True).wait()
@@ -69,9 +71,14 @@ def killed() -> None:
 
 
 def timeout() -> None:
-    """Rank 1 never joins the collective: rank 0's wait raises TimeoutError after ~timeout."""
+    """Rank 1 never joins the collective: rank 0's wait raises TimeoutError after ~timeout.
+    The timeout is set after creation (set_timeout), and the flight recorder shows the engine's
+    verdict on the operation."""
     limit = 1.5
-    comm = make("fault_timeout", limit, abort=False)
+    comm = make("fault_timeout", 60.0, abort=False)
+    comm.set_timeout(timedelta(seconds=limit))
+    fr = FlightRecorderHook(isolated=True)
+    fr.register_with_comm(comm)
     healthy_round(comm)
     if RANK == 1:
         time.sleep(limit + 4)
@@ -89,6 +96,8 @@ def timeout() -> None:
             elapsed=time.monotonic() - t0,
             timeout=limit,
         )
+    last = json.loads(fr.dump_json())["entries"][-1]
+    result(fr_last={k: last.get(k) for k in ("profiling_name", "state", "engine_state", "error", "retired")})
     os._exit(0)
 
 
@@ -101,6 +110,39 @@ def abort_process() -> None:
     time.sleep(0.2)
     comm.all_reduce(torch.ones(1 << 16), ReduceOp.SUM, async_op=False)
     result(survived=True)  # must not be reached
+
+
+def watchdog() -> None:
+    """An async operation fails while Python never waits on it: with
+    abort_process_on_timeout_or_error=True the watchdog runs the abort hook and aborts the
+    process (upstream's watchdog thread); without it the process carries on and the error
+    surfaces at the next wait. ``sys.argv[2]``: ``timeout`` (rank 1 stalls), ``killed`` (rank 1
+    dies) or ``off`` (rank 1 dies, the flag is off)."""
+    mode = sys.argv[2]
+    limit = 2.0
+    comm = make("fault_watchdog", limit, abort=mode != "off")
+    healthy_round(comm)
+    if RANK == 1:
+        if mode == "timeout":
+            time.sleep(8)
+            os._exit(0)
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.2)
+    work = comm.all_reduce(torch.ones(1 << 10), ReduceOp.SUM, async_op=True)
+    result(issued=time.time())
+    del work  # dropped: nobody will ever wait on it
+    t0 = time.monotonic()
+    busy = 0
+    while time.monotonic() - t0 < 15:  # Python keeps running (and taking the GIL)
+        busy += sum(range(1000))
+        time.sleep(0.01)
+    result(survived=True, healthy=torchcomms._comms._health_check())
+    try:
+        comm.barrier(async_op=True).wait()
+        result(later=None)
+    except RuntimeError as e:
+        result(later=type(e).__name__)
+    os._exit(0)
 
 
 def no_finalize() -> None:
@@ -116,6 +158,12 @@ def no_finalize() -> None:
 
 
 if __name__ == "__main__":
-    {"killed": killed, "timeout": timeout, "abort_process": abort_process, "no_finalize": no_finalize}[
+    {
+        "killed": killed,
+        "timeout": timeout,
+        "abort_process": abort_process,
+        "watchdog": watchdog,
+        "no_finalize": no_finalize,
+    }[
         sys.argv[1]
     ]()

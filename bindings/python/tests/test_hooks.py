@@ -257,3 +257,112 @@ def test_clog(tmp_path: Any) -> None:
     assert any(ln.startswith("split|parent=clog_comm|child=clog_child|ranks=") for ln in lines)
     assert any(ln.startswith("new_comm|comm=clog_child") for ln in lines)
     assert any(ln.startswith("WARN|comm=clog_comm|leaked work_id=") for ln in lines)
+
+
+def test_flight_recorder_reads_the_engine_trace(fresh: Any) -> None:
+    """Entries of a ctran communicator carry the engine's record of the operation: its state,
+    start/end times, sequence number, algorithm and transport; engine-internal collectives
+    (the split's exchange) are not mistaken for the user's operations."""
+    comm = fresh("fr_engine")
+    fr = FlightRecorderHook(max_entries=100, isolated=True)
+    fr.register_with_comm(comm)
+    child = comm.split(list(range(WORLD)), "fr_engine_child")
+    t = torch.ones(64)
+    comm.all_reduce(t, ReduceOp.SUM, async_op=False)
+    w = comm.all_gather_single(torch.empty(WORLD * 64), t, async_op=True)
+    w.wait()
+    comm.barrier(async_op=False)
+    entries = [
+        e for e in json.loads(fr.dump_json())["entries"] if e["process_group"][0] == comm.get_name()
+    ]
+    assert [e["profiling_name"] for e in entries] == ["ctran:all_reduce", "ctran:all_gather_single", "ctran:barrier"]
+    for e in entries:
+        assert e["engine_state"] == "completed" and e["state"] == "completed" and e["retired"], e
+        assert 0 < e["time_discovered_started_ns"] <= e["time_discovered_completed_ns"], e
+        assert e["duration_ms"] >= 0 and "algorithm" in e and "transport" in e
+        assert e["time_created_ns"] - 10**6 <= e["time_discovered_started_ns"]
+    seqs = [e["pg_seq_id"] for e in entries]
+    assert seqs == [seqs[0], seqs[0] + 1, seqs[0] + 2], seqs
+    child.finalize()
+
+
+def test_flight_recorder_without_engine_trace_uses_the_work() -> None:
+    """Backends without colltrace (fake) still get entries, completed through their work."""
+    comm = torchcomms.new_comm("fake", "cpu", "fr_fake")
+    fr = FlightRecorderHook(isolated=True)
+    fr.register_with_comm(comm)
+    comm.all_reduce(torch.ones(2), ReduceOp.SUM, async_op=True)
+    (e,) = json.loads(fr.dump_json())["entries"]
+    assert e["profiling_name"] == "fake:all_reduce" and e["state"] == "completed"
+    assert "engine_state" not in e
+    comm.finalize()
+
+
+def test_hook_modules_under_comms() -> None:
+    """Upstream's binding names: torchcomms._comms.hooks.{fr,clog}."""
+    from torchcomms._comms.hooks import clog as clog_mod
+    from torchcomms._comms.hooks import fr as fr_mod
+
+    assert fr_mod.FlightRecorderHook is FlightRecorderHook
+    assert clog_mod.clog is clog
+    assert torchcomms._comms.hooks.fr.FlightRecorderHook is torchcomms.hooks.fr.FlightRecorderHook
+
+
+def _post(sock: str, path: str) -> tuple[int, bytes]:
+    import http.client
+    import socket
+
+    class Conn(http.client.HTTPConnection):
+        def connect(self) -> None:
+            self.sock = socket.socket(socket.AF_UNIX)
+            self.sock.settimeout(30)
+            self.sock.connect(sock)
+
+    c = Conn("localhost", timeout=30)
+    c.request("POST", path)
+    r = c.getresponse()
+    return r.status, r.read()
+
+
+def test_debug_server_handlers(fresh: Any, monkeypatch: Any) -> None:
+    """The control-plane handlers answer through torch's worker server (what
+    torch.distributed.debug.start_debug_server runs on every rank)."""
+    import tempfile
+    import time
+
+    from torch._C._distributed_c10d import _WorkerServer
+
+    comm = fresh("fr_debug")
+    fr = FlightRecorderHook()  # the shared recorder, which the handlers dump
+    fr.register_with_comm(comm)
+    comm.barrier(async_op=False)
+    d = tempfile.mkdtemp(prefix="tcdbg")
+    sock = os.path.join(d, "ws.sock")
+    server = _WorkerServer(sock)
+    try:
+        status, body = _post(sock, "/handler/torchcomms_fr_trace_json")
+        assert status == 200, body
+        data = json.loads(body)
+        mine = [e for e in data.get("entries", []) if e["process_group"][0] == comm.get_name()]
+        assert [e["profiling_name"] for e in mine] == ["ctran:barrier"] and mine[0]["state"] == "completed"
+        status, body = _post(sock, "/handler/torchcomms_fr_trace_json?onlyactive=true")
+        assert status == 200
+        assert not [e for e in json.loads(body).get("entries", []) if e["state"] == "completed"]
+        status, body = _post(sock, "/handler/torchcomms_fr_trace_json?includecollectives=false")
+        assert status == 200 and "entries" not in json.loads(body)
+        status, body = _post(sock, "/handler/torchcomms_fr_trace_json?onlyactive=maybe")
+        assert status == 400, body
+        status, body = _post(sock, "/handler/torchcomms_health_check")
+        assert status == 200 and json.loads(body) == {"healthy": True}
+        monkeypatch.setenv("TORCHCOMM_FR_DUMP_TEMP_FILE", os.path.join(d, "fr_rank_"))
+        status, body = _post(sock, "/handler/torchcomms_fr_dump_file")
+        assert status == 200, body
+        target = os.path.join(d, f"fr_rank_{RANK}")
+        deadline = time.monotonic() + 60
+        while not os.path.exists(target):
+            assert time.monotonic() < deadline, "torchcomms_fr_dump_file wrote nothing in 60 s"
+            time.sleep(0.05)
+        with open(target, "rb") as f:
+            assert comm.get_name() in pickle.load(f)["pg_config"]
+    finally:
+        server.shutdown()

@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -28,7 +29,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def launch(scenario: str, size: int, timeout: float = 90.0) -> list[tuple[int, str, list[dict[str, Any]]]]:
+def launch(
+    scenario: str, size: int, timeout: float = 90.0, args: tuple[str, ...] = ()
+) -> list[tuple[int, str, list[dict[str, Any]]]]:
     """Runs ``size`` ranks of ``scenario``; returns (returncode, output, results) per rank."""
     if os.environ.get("TORCHCOMMS_TEST_FAULTS", "1") == "0":
         pytest.skip("fault jobs disabled by TORCHCOMMS_TEST_FAULTS=0 (scripts/test-python.sh runs them once)")
@@ -45,7 +48,7 @@ def launch(scenario: str, size: int, timeout: float = 90.0) -> list[tuple[int, s
         e = dict(env, TORCHCOMM_RANK=str(r))
         procs.append(
             subprocess.Popen(
-                [sys.executable, os.path.join(HERE, "fault_job.py"), scenario],
+                [sys.executable, os.path.join(HERE, "fault_job.py"), scenario, *args],
                 env=e,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -53,6 +56,7 @@ def launch(scenario: str, size: int, timeout: float = 90.0) -> list[tuple[int, s
             )
         )
     out = []
+    ended.clear()
     for p in procs:
         try:
             text, _ = p.communicate(timeout=timeout)
@@ -60,9 +64,16 @@ def launch(scenario: str, size: int, timeout: float = 90.0) -> list[tuple[int, s
             for q in procs:
                 q.kill()
             raise
-        results = [json.loads(ln[len("RESULT "):]) for ln in text.splitlines() if ln.startswith("RESULT ")]
+        # raw_decode: the engine's log (stderr, same pipe) may land on the same line.
+        decode = json.JSONDecoder().raw_decode
+        results = [decode(ln[len("RESULT "):])[0] for ln in text.splitlines() if ln.startswith("RESULT ")]
         out.append((p.returncode, text, results))
+        ended.append(time.time())
     return out
+
+
+# When launch() saw each rank's process end (an upper bound of its exit time).
+ended: list[float] = []
 
 
 def merged(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -82,6 +93,7 @@ def test_killed_rank_survivors_raise_within_timeout() -> None:
         assert r["elapsed"] < r["timeout"], f"took {r['elapsed']:.1f}s, timeout {r['timeout']}s"
         assert "all_reduce" in r["msg"] and "rank" in r["msg"], r["msg"]
         assert r["later"] == "RuntimeError" and r["finalized"], text
+        assert r["healthy"] is False, text  # torchcomms_health_check reports the failure
         assert text.count("ABORT_HOOK") == 1, text  # abort hooks run once per communicator
 
 
@@ -93,6 +105,10 @@ def test_timeout_raises_timeout_error() -> None:
     assert r["timeout"] <= r["elapsed"] < r["timeout"] + 5, text
     assert "all_reduce" in r["msg"] and "rank 0" in r["msg"], r["msg"]
     assert "ABORT_HOOK rank 0" in text
+    # The flight recorder has the engine's verdict on the operation that timed out.
+    fr = r["fr_last"]
+    assert fr["profiling_name"] == "ctran:all_reduce" and fr["engine_state"] == "timed_out", fr
+    assert fr["state"] == "started" and fr["retired"] and fr["error"], fr
 
 
 def test_abort_process_on_error_runs_abort_hook_then_aborts() -> None:
@@ -102,6 +118,30 @@ def test_abort_process_on_error_runs_abort_hook_then_aborts() -> None:
     assert "ABORT_HOOK rank 0" in text
     assert "aborting the process" in text
     assert not results  # never reached "survived"
+
+
+@pytest.mark.parametrize("mode", ["timeout", "killed"])
+def test_watchdog_aborts_on_async_failure_nobody_waits_for(mode: str) -> None:
+    """abort_process_on_timeout_or_error: the process aborts when the failure reaches the
+    watchdog, even though Python never waits on the failed work (upstream's semantics)."""
+    ranks = launch("watchdog", 2, args=(mode,))
+    rc, text, results = ranks[0]
+    assert rc == -signal.SIGABRT, f"exit {rc}\n{text}"
+    assert "ABORT_HOOK rank 0" in text, text
+    assert "(watchdog)" in text and "aborting the process" in text, text
+    r = merged(results)
+    assert "survived" not in r, text
+    # Aborted within the op's timeout (2 s) plus margins, long before the 15 s of Python work.
+    assert ended[0] - r["issued"] < 12, f"aborted {ended[0] - r['issued']:.1f}s after the issue\n{text}"
+
+
+def test_watchdog_off_lets_the_process_run_on() -> None:
+    rc, text, results = launch("watchdog", 2, args=("off",))[0]
+    assert rc == 0, text
+    r = merged(results)
+    assert r["survived"] and r["healthy"] is False, text
+    assert r["later"] == "RuntimeError", text
+    assert "ABORT_HOOK rank 0" in text  # the hooks still ran, once, when the failure surfaced
 
 
 def test_back_to_back_comms_and_no_finalize_do_not_abort() -> None:

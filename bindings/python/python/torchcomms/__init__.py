@@ -92,6 +92,26 @@ from torchcomms._comms import (  # noqa: E402, F401
 )
 import torchcomms.hooks as hooks  # noqa: E402, F401
 import torchcomms.objcol as objcol  # noqa: E402, F401
+from torchcomms import _comms  # noqa: E402
+
+
+def _alias_hook_modules() -> None:
+    """Upstream binds its hooks in C++ as ``torchcomms._comms.hooks.{fr,clog}``; ours are
+    Python classes, published under the same names (attributes and ``sys.modules``)."""
+    import types
+
+    pkg = types.ModuleType("torchcomms._comms.hooks", "Hook submodules (aliases of torchcomms.hooks).")
+    fr = types.ModuleType("torchcomms._comms.hooks.fr", "FlightRecorderHook.")
+    fr.FlightRecorderHook = hooks.FlightRecorderHook
+    clog = types.ModuleType("torchcomms._comms.hooks.clog", "clog.")
+    clog.clog = hooks.clog
+    pkg.fr, pkg.clog = fr, clog
+    _comms.hooks = pkg
+    for mod in (pkg, fr, clog):
+        sys.modules[mod.__name__] = mod
+
+
+_alias_hook_modules()
 
 if os.environ.get("TORCHCOMMS_PATCH_FOR_COMPILE") == "1":
     warnings.warn(

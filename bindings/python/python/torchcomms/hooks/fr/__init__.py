@@ -2,11 +2,25 @@
 the format of PyTorch's flight recorder (``python -m torch.distributed.flight_recorder.fr_trace``
 reads the files ``dump_file`` writes).
 
-Implemented in Python for now (the engine's colltrace will back it later). Compared with
-upstream's recorder it also records the rank, the real completion of CPU operations (an entry is
-``completed`` once its work finished), the communicator's real timeout, whether an operation is
-point-to-point, the reduce op, root/peer and async flag, and it tolerates op ids that are not
-contiguous.
+The hooks record what Python sees (op id, sizes, dtypes, reduce op, root/peer, async flag);
+the engine's colltrace (``torchcomms._comms._colltrace_snapshot()``) supplies what happened to
+the operation: at every dump each entry of a ``ctran`` communicator is joined with the engine's
+record of the same operation (same communicator, kind and op, enqueued between the entry's pre-
+and post-hook, in order), which gives its real state (``scheduled``, ``started``, ``completed``;
+a failed or timed-out operation stays ``started`` with ``error`` and ``engine_state`` set), the
+engine's start and end times, the duration, the algorithm and transport, and the communicator's
+own sequence number (``pg_seq_id``). Entries of backends without colltrace (``fake``, Python
+backends) fall back to their work's completion.
+
+Compared with upstream's recorder it also records the rank, the real completion and duration of
+CPU operations, the communicator's real timeout, whether an operation is point-to-point, the
+reduce op, root/peer and async flag, and it tolerates op ids that are not contiguous.
+
+Control-plane handlers for ``torch.distributed.debug.start_debug_server`` are registered at
+import (where this torch has ``_register_handler``): ``torchcomms_fr_trace_json``
+(``includecollectives``, ``onlyactive``), ``torchcomms_fr_dump_file`` (single-flight, 503 until
+a communicator is registered) and ``torchcomms_health_check`` (``{"healthy": bool}``: false once
+any communicator of this process failed or timed out).
 
 Environment:
     ``TORCHCOMM_FR_BUFFER_SIZE``: entries of the shared recorder (2000; 0 disables it).
@@ -52,6 +66,24 @@ _DTYPE_NAMES = {
 }
 
 _P2P = {OpName.send, OpName.recv, OpName.batch_op_issue}
+
+# The engine's name of each operation (colltrace's ``op``): the v/single variants run as their
+# base collective.
+_ENGINE_OP = {
+    OpName.all_gather_v: "all_gather",
+    OpName.all_gather_single: "all_gather",
+    OpName.reduce_scatter_v: "reduce_scatter",
+    OpName.reduce_scatter_single: "reduce_scatter",
+    OpName.all_to_all_single: "all_to_all",
+    OpName.all_to_all_v_single: "all_to_all",
+    OpName.gather_single: "gather",
+}
+
+# How far an engine timestamp may sit outside the hooks' window (colltrace may timestamp with
+# the TSC, re-anchored to the system clock every second).
+_SLACK_NS = 1_000_000
+
+_ENGINE_STATE = {"queued": "scheduled", "started": "started", "completed": "completed"}
 
 # (inputs, outputs) of each operation's pre-hook args: attribute names, "*" marks a list.
 _IO = {
@@ -154,6 +186,7 @@ class FlightRecorderHook:
             timeout_ms = int(comm.get_options().timeout / timedelta(milliseconds=1))
         except Exception:  # noqa: BLE001 (Python backends may lack options)
             timeout_ms = 600000
+        trace_id = _colltrace_identity(comm)
         with rec.lock:
             pg_id = rec.pg_ids.setdefault(name, len(rec.pg_ids))
             rec.pg_config[name] = {"name": name, "desc": backend, "ranks": str(ranks)}
@@ -194,6 +227,10 @@ class FlightRecorderHook:
                 "is_p2p": op in _P2P,
                 "async_op": bool(getattr(args, "async_op", False)),
                 "_work": None,
+                "_trace": trace_id,
+                "_kind": "p2p" if op in _P2P else "collective",
+                "_engine_op": _ENGINE_OP.get(op, op.name),
+                "_post_ns": None,
             }
             for attr in ("root", "peer"):
                 if hasattr(args, attr):
@@ -220,6 +257,7 @@ class FlightRecorderHook:
             if entry is None:
                 return
             now = time.time_ns()
+            entry["_post_ns"] = now
             entry["duration_ms"] = (now - entry["time_created_ns"]) / 1e6
             entry["time_discovered_started_ns"] = entry["time_created_ns"]
             work = getattr(args, "_work", None)
@@ -270,59 +308,222 @@ class FlightRecorderHook:
 
     # ----- dumps -----
 
-    def _snapshot(self, include_completed: bool, for_json: bool) -> dict[str, Any]:
-        rec = self._rec
-        now = time.time_ns()
-        with rec.lock:
-            entries = []
-            for e in rec.entries:
-                if e["record_id"] < rec.epoch_start:
-                    continue
-                ref = e.get("_work")
-                work = ref() if ref is not None else None
-                if e["state"] != "completed" and work is not None and work.is_completed():
-                    e["state"] = "completed"
-                    e["time_discovered_completed_ns"] = now
-                    e["retired"] = True
-                if not include_completed and e["state"] == "completed":
-                    continue
-                out = {k: v for k, v in e.items() if not k.startswith("_")}
-                if for_json:
-                    for k in ("time_discovered_started_ns", "time_discovered_completed_ns"):
-                        if out[k] is None:
-                            out[k] = 0
-                entries.append(out)
-            data: dict[str, Any] = {
-                "version": _VERSION,
-                "comm_lib_version": "",
-                "rank": rec.rank,
-                "pg_config": {k: dict(v) for k, v in rec.pg_config.items()},
-                "pg_status": {},
-            }
-        if entries:
-            data["entries"] = entries
-        return data
-
     def dump_json(self, include_completed: bool = True) -> str:
         """The trace as JSON (entries are omitted when there are none)."""
-        return json.dumps(self._snapshot(include_completed, for_json=True))
+        return json.dumps(_snapshot(self._rec, include_completed, for_json=True))
 
     def dump_file(self, rank: int, include_completed: bool = True) -> str:
         """Writes the trace as a pickle (``pickle.load``-able) and returns the path."""
-        path = os.environ.get("TORCHCOMM_FR_DUMP_TEMP_FILE")
-        if path and os.environ.get("TORCHCOMM_FR_DUMP_DYNAMIC_FILE_NAME") == "1":
-            target = path
-        else:
-            if not path:
-                cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(
-                    os.path.expanduser("~"), ".cache"
-                )
-                path = os.path.join(cache, "torch", "comm_lib_trace_rank_")
-            target = f"{path}{rank}"
-        os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
-        data = self._snapshot(include_completed, for_json=False)
-        tmp = f"{target}.tmp{os.getpid()}"
-        with open(tmp, "wb") as f:
-            pickle.dump(data, f)
-        os.replace(tmp, target)
-        return target
+        return _dump_file(self._rec, rank, include_completed)
+
+
+def _colltrace_comms() -> dict[tuple[str, int, int, int], dict[str, Any]]:
+    """The engine's communicators of this process, by (name, instance, rank, size)."""
+    try:
+        dumps = json.loads(_comms._colltrace_snapshot())
+    except Exception:  # noqa: BLE001 (a recorder must dump even if the engine cannot)
+        return {}
+    out: dict[tuple[str, int, int, int], dict[str, Any]] = {}
+    for d in dumps:
+        for c in d.get("comms", []):
+            out[(c["name"], c["instance"], c["rank"], c["size"])] = c
+    return out
+
+
+def _colltrace_identity(comm: Any) -> Optional[tuple[str, int, int, int]]:
+    """The engine trace of ``comm``: its newest instance of that name, rank and size that is
+    still running (None for backends without colltrace)."""
+    name, rank, size = comm.get_name(), comm.get_rank(), comm.get_size()
+    best = None
+    for key, c in _colltrace_comms().items():
+        if key[0] == name and key[2] == rank and key[3] == size and c.get("state") != "finalized":
+            if best is None or key[1] > best[1]:
+                best = key
+    return best
+
+
+def _join_engine(entries: list[dict[str, Any]]) -> None:
+    """Sets the engine fields of entries of colltrace-backed communicators (see the module
+    documentation): each entry takes the first unclaimed engine record of its communicator,
+    kind and op that was enqueued within its pre/post-hook window, in order."""
+    wanted = {e["_trace"] for e in entries if e.get("_trace") is not None}
+    if not wanted:
+        return
+    comms = _colltrace_comms()
+    queues: dict[tuple[Any, str], list[dict[str, Any]]] = {}
+    for key in wanted:
+        c = comms.get(key)
+        if c is None:
+            continue
+        for r in sorted(c.get("records", []), key=lambda r: r["id"]):
+            if r.get("kind") in ("collective", "p2p"):
+                queues.setdefault((key, r["kind"]), []).append(r)
+    for e in sorted(entries, key=lambda e: e["time_created_ns"]):
+        q = queues.get((e.get("_trace"), e["_kind"]))
+        if not q or e["_post_ns"] is None:
+            continue
+        lo, hi = e["time_created_ns"] - _SLACK_NS, e["_post_ns"] + _SLACK_NS
+        for i, r in enumerate(q):
+            if r["enqueued_ns"] > hi:
+                break
+            if r["enqueued_ns"] >= lo and r["op"] == e["_engine_op"]:
+                del q[: i + 1]  # earlier ones belong to nobody (the engine's own)
+                _apply_engine(e, r)
+                break
+
+
+def _apply_engine(e: dict[str, Any], r: dict[str, Any]) -> None:
+    state = r.get("state", "queued")
+    e["engine_state"] = state
+    e["state"] = _ENGINE_STATE.get(state, "started")
+    e["pg_seq_id"] = r.get("seq")
+    e["colltrace_id"] = r.get("id")
+    e["algorithm"] = r.get("algorithm")
+    e["transport"] = r.get("transport")
+    e["timeout_ms"] = r.get("timeout_ms", e["timeout_ms"])
+    started, ended = r.get("started_ns") or 0, r.get("ended_ns") or 0
+    e["time_discovered_started_ns"] = started or None
+    if state == "completed":
+        e["time_discovered_completed_ns"] = ended or None
+        e["retired"] = True
+    else:
+        e["time_discovered_completed_ns"] = None
+        e["retired"] = state in ("failed", "timed_out")
+    if started and ended:
+        e["duration_ms"] = (ended - started) / 1e6
+    if r.get("error"):
+        e["error"] = r["error"]
+    e["_engine"] = True
+
+
+def _snapshot(rec: "_Recorder", include_completed: bool, for_json: bool) -> dict[str, Any]:
+    now = time.time_ns()
+    with rec.lock:
+        live = [e for e in rec.entries if e["record_id"] >= rec.epoch_start]
+    _join_engine(live)
+    with rec.lock:
+        entries = []
+        for e in live:
+            ref = e.get("_work")
+            work = ref() if ref is not None else None
+            if (
+                not e.get("_engine")
+                and e["state"] != "completed"
+                and work is not None
+                and work.is_completed()
+            ):
+                e["state"] = "completed"
+                e["time_discovered_completed_ns"] = now
+                e["retired"] = True
+            if not include_completed and e["state"] == "completed":
+                continue
+            out = {k: v for k, v in e.items() if not k.startswith("_")}
+            if for_json:
+                for k in ("time_discovered_started_ns", "time_discovered_completed_ns"):
+                    if out[k] is None:
+                        out[k] = 0
+            entries.append(out)
+        data: dict[str, Any] = {
+            "version": _VERSION,
+            "comm_lib_version": "",
+            "rank": rec.rank,
+            "pg_config": {k: dict(v) for k, v in rec.pg_config.items()},
+            "pg_status": {},
+        }
+    if entries:
+        data["entries"] = entries
+    return data
+
+
+def _dump_file(rec: "_Recorder", rank: int, include_completed: bool) -> str:
+    path = os.environ.get("TORCHCOMM_FR_DUMP_TEMP_FILE")
+    if path and os.environ.get("TORCHCOMM_FR_DUMP_DYNAMIC_FILE_NAME") == "1":
+        target = path
+    else:
+        if not path:
+            cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(
+                os.path.expanduser("~"), ".cache"
+            )
+            path = os.path.join(cache, "torch", "comm_lib_trace_rank_")
+        target = f"{path}{rank}"
+    os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
+    data = _snapshot(rec, include_completed, for_json=False)
+    tmp = f"{target}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        pickle.dump(data, f)
+    os.replace(tmp, target)
+    return target
+
+
+# ----- control-plane handlers (torch.distributed.debug.start_debug_server) -----
+
+_DUMP_LOCK = threading.Lock()
+_DUMP_THREAD: Optional[threading.Thread] = None
+
+
+def _bool_param(req: Any, name: str, default: bool) -> Optional[bool]:
+    value = req.get_param(name)
+    if value == "":
+        return default
+    return {"true": True, "false": False}.get(value)
+
+
+def _handle_trace_json(req: Any, resp: Any) -> None:
+    include_collectives = _bool_param(req, "includecollectives", True)
+    only_active = _bool_param(req, "onlyactive", False)
+    if include_collectives is None or only_active is None:
+        resp.set_status(400)
+        resp.set_content(
+            "Invalid value for includecollectives/onlyactive: valid values are true or false",
+            "text/plain",
+        )
+        return
+    data = _snapshot(_global_recorder(), not only_active, for_json=True)
+    if not include_collectives:
+        data.pop("entries", None)
+    resp.set_content(json.dumps(data), "application/json")
+    resp.set_status(200)
+
+
+def _handle_dump_file(req: Any, resp: Any) -> None:
+    global _DUMP_THREAD
+    rec = _global_recorder()
+    rank = rec.rank
+    if rank < 0:
+        resp.set_status(503)
+        resp.set_content(
+            "Flight Recorder has not been registered with any communicator yet", "text/plain"
+        )
+        return
+    with _DUMP_LOCK:
+        if _DUMP_THREAD is not None and _DUMP_THREAD.is_alive():
+            resp.set_status(200)
+            resp.set_content(
+                f"Flight Recorder dump already in progress for rank {rank}", "text/plain"
+            )
+            return
+        _DUMP_THREAD = threading.Thread(
+            target=_dump_file, args=(rec, rank, True), name="torchcomms-fr-dump", daemon=True
+        )
+        _DUMP_THREAD.start()
+    resp.set_status(200)
+    resp.set_content(f"Flight Recorder dump started for rank {rank}", "text/plain")
+
+
+def _handle_health_check(req: Any, resp: Any) -> None:
+    healthy = bool(_comms._health_check())
+    resp.set_content(json.dumps({"healthy": healthy}), "application/json")
+    resp.set_status(200)
+
+
+def _register_handlers() -> None:
+    try:
+        from torch._C._distributed_c10d import _register_handler
+    except ImportError:  # torch without the control plane (or without distributed)
+        return
+    _register_handler("torchcomms_fr_trace_json", _handle_trace_json)
+    _register_handler("torchcomms_fr_dump_file", _handle_dump_file)
+    _register_handler("torchcomms_health_check", _handle_health_check)
+
+
+_register_handlers()

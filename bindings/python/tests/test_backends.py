@@ -1,0 +1,150 @@
+"""Backend discovery (§2) and the `fake` backend upstream ships for testing; per-communicator
+settings (`set_timeout`, `set_hints`) and `reconfigure` (§7)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import torch
+
+import torchcomms
+from conftest import WORLD, need_ranks
+from torchcomms import ReduceOp
+from torchcomms._comms import OpName
+
+
+def test_fake_is_an_installed_backend() -> None:
+    assert torchcomms.is_backend_built("fake"), "install the package (pip install ./bindings/python)"
+    assert {"fake", "ctran"} <= set(torchcomms.built_backends())
+    torchcomms._load_backend("fake")  # the entry point imports torchcomms._comms
+    assert torchcomms._is_backend_registered("fake")
+
+
+def test_fake_needs_no_launcher() -> None:
+    """Upstream's unit tests create fake communicators in a plain process: no rank, no store."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("MASTER_", "RANK", "WORLD_SIZE", "LOCAL_", "TORCHELASTIC_", "GROUP_", "ROLE_", "TORCHCOMM_RANK", "TORCHCOMM_SIZE"))
+    }
+    code = (
+        "import torch, torchcomms\n"
+        "c = torchcomms.new_comm('fake', torch.device('cpu'), name='plain')\n"
+        "assert (c.get_rank(), c.get_size()) == (0, 1)\n"
+        "c.all_reduce(torch.ones(3), torchcomms.ReduceOp.SUM, async_op=False)\n"
+        "c.finalize()\n"
+        "print('FAKE_OK')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0 and "FAKE_OK" in out.stdout, out.stdout + out.stderr
+
+
+def test_fake_ops_complete_and_run_hooks() -> None:
+    comm = torchcomms.new_comm("fake", torch.device("cpu"), name="fake_ops")
+    assert comm.get_backend() == "fake" and comm.get_backend_version().startswith("fake ")
+    assert (comm.get_rank(), comm.get_size(), comm.get_name()) == (0, 1, "fake_ops")
+    seen: list[tuple[Any, int]] = []
+    comm.register_pre_hook(lambda name, op_id, args: seen.append((name, op_id)))
+    t = torch.arange(4.0)
+    works = [
+        comm.all_reduce(t, ReduceOp.SUM, async_op=True),
+        comm.broadcast(t, 0, async_op=True),
+        comm.reduce(t, 0, ReduceOp.MAX, async_op=False),
+        comm.all_gather([torch.empty(4)], t, async_op=True),
+        comm.all_gather_single(torch.empty(4), t, async_op=True),
+        comm.reduce_scatter(torch.empty(4), [t], ReduceOp.SUM, async_op=True),
+        comm.reduce_scatter_single(torch.empty(4), t, ReduceOp.SUM, async_op=True),
+        comm.all_to_all_single(torch.empty(4), t, async_op=True),
+        comm.all_to_all_v_single(torch.empty(4), t, [4], [4], async_op=True),
+        comm.all_to_all([torch.empty(4)], [t], async_op=True),
+        comm.barrier(async_op=True),
+        comm.scatter(torch.empty(4), [t], 0, async_op=True),
+        comm.gather([torch.empty(4)], t, 0, async_op=True),
+    ]
+    assert all(w.is_completed() for w in works)
+    for w in works:
+        w.wait()
+    assert torch.equal(t, torch.arange(4.0))  # the fake moves no data
+    assert [n for n, _ in seen][:2] == [OpName.all_reduce, OpName.broadcast]
+    ids = [i for _, i in seen]
+    assert ids == sorted(ids) and len(set(ids)) == len(works)
+    # The API's argument checks still apply.
+    with pytest.raises(ValueError, match="root"):
+        comm.broadcast(t, 1, async_op=False)
+    child = comm.split([0], "fake_child")
+    assert child is not None and child.get_backend() == "fake" and child.get_name() == "fake_child"
+    assert comm.split([], "nobody") is None
+    child.finalize()
+    comm.finalize()
+
+
+def test_reconfigure_only_where_supported() -> None:
+    comm = torchcomms.new_comm("fake", "cpu", name="fake_reconf", enable_reconfigure=True)
+    assert comm.get_options().enable_reconfigure
+    w = comm.reconfigure(uuid=7, init_handles=["a", "b"], timeout=timedelta(seconds=5))
+    assert w.is_completed()
+    comm.reconfigure(8, {"a"})
+    with pytest.raises(TypeError, match="init_handles"):
+        comm.reconfigure(9, "abc")
+    comm.finalize()
+    with pytest.raises(RuntimeError, match="enable_reconfigure=true is not supported by backend: ctran"):
+        torchcomms.new_comm("ctran", "cpu", name="never", enable_reconfigure=True)
+    plain = torchcomms.new_comm("fake", "cpu", name="fake_plain")
+    with pytest.raises(NotImplementedError, match="reconfigure not implemented for communicator:fake_plain"):
+        plain.reconfigure(1, ["a"])
+    plain.finalize()
+
+
+def test_unknown_backend_names_the_entry_point_group() -> None:
+    with pytest.raises(ModuleNotFoundError, match="failed to find backend nonesuch, is it registered via entry_points.txt"):
+        torchcomms.new_comm("nonesuch", "cpu", name="x")
+
+
+def test_set_timeout_and_hints_reach_the_engine(fresh: Any) -> None:
+    comm = fresh("settings")
+    comm.set_timeout(timedelta(seconds=77))
+    assert comm.get_options().timeout == timedelta(seconds=77)
+    with pytest.raises(TypeError, match="timeout"):
+        comm.set_timeout("soon")
+    comm.set_hints({"algo": "not-an-algorithm"})
+    assert comm.get_options().hints == {"algo": "not-an-algorithm"}
+    if WORLD > 1:
+        # The engine sees the communicator's hints: it refuses the unknown algorithm, naming it.
+        with pytest.raises(ValueError, match="algo.*not-an-algorithm"):
+            comm.all_reduce(torch.ones(8), ReduceOp.SUM, async_op=False)
+        # An operation's own hint wins over the communicator's.
+        t = torch.ones(8)
+        comm.all_reduce(t, ReduceOp.SUM, async_op=False, hints={"algo": "auto"})
+        assert torch.all(t == WORLD)
+    comm.set_hints({})
+    t = torch.ones(8)
+    comm.all_reduce(t, ReduceOp.SUM, async_op=False)
+    assert torch.all(t == WORLD)
+    with pytest.raises(TypeError, match="hints"):
+        comm.set_hints(["algo"])
+
+
+def test_set_hints_picks_the_algorithm(fresh: Any) -> None:
+    """With `set_hints({"algo": "ring"})`, the engine runs ring (the flight recorder reads the
+    engine's record of the operation)."""
+    need_ranks(2)
+    from torchcomms.hooks import FlightRecorderHook
+
+    comm = fresh("hint_algo")
+    fr = FlightRecorderHook(isolated=True)
+    fr.register_with_comm(comm)
+    comm.set_hints({"algo": "ring"})
+    comm.all_reduce(torch.ones(1 << 12), ReduceOp.SUM, async_op=False)
+    comm.set_hints({"algo": "direct"})
+    comm.all_reduce(torch.ones(1 << 12), ReduceOp.SUM, async_op=False)
+    import json
+
+    algos = [e["algorithm"] for e in json.loads(fr.dump_json())["entries"]]
+    assert algos == ["ring", "direct"], algos
