@@ -156,8 +156,6 @@ def test_ops_after_finalize_raise(world: Any) -> None:
 def test_unimplemented_features_raise_with_upstream_text(world: Any) -> None:
     for call, what in [
         (lambda: world.get_init_handle(), "getInitHandle"),
-        (lambda: world.set_timeout(timedelta(seconds=1)), "setTimeout"),
-        (lambda: world.set_hints({}), "setHints"),
         (lambda: world.new_window(), "new_window"),
         (lambda: world.reconfigure(0, []), "reconfigure"),
     ]:

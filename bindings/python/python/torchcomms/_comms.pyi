@@ -370,3 +370,20 @@ def _registered_backends() -> list[str]: ...
 def get_mem_allocator(backend: str) -> Any: ...
 def _reset_op_id_counter() -> None: ...
 def _peek_next_op_id() -> int: ...
+def _colltrace_snapshot() -> str: ...
+def _health_check() -> bool: ...
+
+_ENGINE_VERSION: str
+
+class _HooksFr:
+    FlightRecorderHook: type
+
+class _HooksClog:
+    clog: type
+
+class _Hooks:
+    fr: _HooksFr
+    clog: _HooksClog
+
+# Upstream's C++ submodules torchcomms._comms.hooks.{fr,clog}; here aliases of torchcomms.hooks.
+hooks: _Hooks
