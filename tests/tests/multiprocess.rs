@@ -238,6 +238,7 @@ fn shm_size_mismatch_fails_every_rank_naming_it() {
     for (op, size) in cases {
         let mut job = Job::new(3, &["mismatch", "--op", op, "--size", size])
             .env("CTRAN_BACKENDS", "socket,shm")
+            .env("CTRAN_SHM_CMA_MIN_BYTES", "1M")
             .env("TORCHCOMM_TIMEOUT_SECONDS", "30");
         job.timeout = Duration::from_secs(60);
         let outs = job.run(&worker());
@@ -262,6 +263,30 @@ fn shm_size_mismatch_fails_every_rank_naming_it() {
             );
         }
     }
+}
+
+/// Every size over cross-memory attach (threshold 0): odd element counts, slices of unequal
+/// size, single elements.
+fn suite_cma_everywhere(n: usize) {
+    let outs = Job::new(n, &["suite", "--large", &(1 << 20).to_string()])
+        .env("CTRAN_BACKENDS", "socket,shm")
+        .env("CTRAN_SHM_CMA_MIN_BYTES", "0")
+        .run(&worker());
+    assert_all_ok(
+        &outs,
+        &format!("suite with {n} ranks, cross-memory attach at every size"),
+    );
+    assert_eq!(outs.len(), n);
+}
+
+#[test]
+fn suite_3_ranks_cma_everywhere() {
+    suite_cma_everywhere(3);
+}
+
+#[test]
+fn suite_5_ranks_cma_everywhere() {
+    suite_cma_everywhere(5);
 }
 
 #[test]

@@ -745,11 +745,12 @@ fn mismatch(args: &[String]) -> Result<()> {
     let comm = comm_from_env("mismatch")?;
     let me = comm.get_rank();
     let n = comm.get_size();
-    // small: both under the cross-memory-attach threshold (256 KiB by default); large: both
-    // over it; mixed: rank 0 under, the others over (ranks would take different paths).
+    // With CTRAN_SHM_CMA_MIN_BYTES=1M (all_reduce switches at 2 MiB) — small: every rank
+    // under the cross-memory-attach threshold; large: all over it; mixed: for all_reduce, rank 0
+    // under (1.5 MiB) and the others over (3 MiB), so ranks would take different paths.
     let base = match size {
         "large" => 1 << 20,
-        "mixed" => 48 << 10,
+        "mixed" => 384 << 10,
         _ => 256,
     };
     let count = base * if me == 0 { 1 } else { 2 };

@@ -328,29 +328,102 @@ pub fn all_reduce(cx: &mut ShmCtx<'_>, buf: Span, red: &Reducer) -> Result<(), S
         bytes: buf.len(),
         args: red_args(red, ()),
     };
-    if cx.use_cma(buf.len()) {
+    // Its cross-memory path reads every byte twice (inputs, then results), so it pays off
+    // later than the single-read collectives'.
+    if cx.use_cma(buf.len() / 2) {
         all_reduce_cma(cx, buf, red, d)
     } else {
         all_reduce_slots(cx, buf, red, d)
     }
 }
 
-/// all_reduce by cross-memory attach: each rank reduces its slice in place reading the peers'
-/// copies of it, then reads every other slice from the rank that reduced it.
+/// Bits of [`super::layout::Control::progress`] that count bytes.
+const PROGRESS_BITS: u32 = 40;
+
+/// all_reduce by cross-memory attach: each rank reduces its slice in place, piece by piece,
+/// reading the peers' copies of each piece, and announces how far it got; in between it copies
+/// the pieces peers have finished into its own buffer. A finished piece of peer `j` is safe to
+/// overwrite here because `j` read this rank's copy of it before reducing it, and it is likely
+/// still in the shared cache when it is read. Pieces are reduced own-first, then peers in rank
+/// order, each by exactly one rank, so every rank ends with bitwise the same result.
 fn all_reduce_cma(cx: &mut ShmCtx<'_>, buf: Span, red: &Reducer, d: Desc) -> Result<(), ShmFail> {
     let (n, me) = (cx.n(), cx.me());
     let es = red.dtype().size_bytes();
     cx.publish(d, &[buf]);
     cx.barrier()?;
     cx.check(d, |_| buf.len())?;
+    let tag = (cx.shm.arrivals & ((1 << (64 - PROGRESS_BITS)) - 1)) << PROGRESS_BITS;
     let slices = partition(buf.len() / es, n, es);
     let (so, sl) = slices[me];
     let mine = buf.sub(so, sl);
-    reduce_from_peers(cx, red, mine, mine, 0, so)?;
-    // Every slice is reduced and no one reads inputs any more: copy the others' results.
-    cx.barrier()?;
-    for (j, &(so, sl)) in slices.iter().enumerate().filter(|&(j, _)| j != me) {
-        cx.read(j, 0, so, buf.sub(so, sl))?;
+    let piece = (cx.shm.cma_buf.len() / es).max(1) * es;
+    // Bytes of each peer's slice already copied here.
+    let mut copied = vec![0usize; n];
+    copied[me] = sl;
+    let progress = |cx: &ShmCtx<'_>, j: usize| -> usize {
+        let v = cx.shm.node.control(j).progress.load(Ordering::Acquire);
+        if v & !((1 << PROGRESS_BITS) - 1) == tag {
+            (v & ((1 << PROGRESS_BITS) - 1)) as usize
+        } else {
+            0
+        }
+    };
+    // Copies whatever peers finished; returns whether everything is here.
+    let drain = |cx: &mut ShmCtx<'_>, copied: &mut [usize]| -> Result<bool, ShmFail> {
+        let mut all = true;
+        for j in (0..n).filter(|&j| j != me) {
+            let (po, pl) = slices[j];
+            let upto = progress(cx, j).min(pl);
+            if upto > copied[j] {
+                let from = copied[j];
+                cx.read(j, 0, po + from, buf.sub(po + from, upto - from))?;
+                copied[j] = upto;
+            }
+            all &= copied[j] == pl;
+        }
+        Ok(all)
+    };
+    for (o, l) in chunks(sl, piece) {
+        let dst = mine.sub(o, l);
+        prescale(red, dst);
+        for j in (0..n).filter(|&j| j != me) {
+            combine_from_peer(cx, red, dst, j, 0, so + o)?;
+        }
+        finish(red, dst);
+        let node = &cx.shm.node;
+        node.control(me)
+            .progress
+            .store(tag | (o + l) as u64, Ordering::Release);
+        node.ring_others();
+        drain(cx, &mut copied)?;
+    }
+    if sl == 0 {
+        cx.shm
+            .node
+            .control(me)
+            .progress
+            .store(tag, Ordering::Release);
+    }
+    while !drain(cx, &mut copied)? {
+        let want: Vec<usize> = slices.iter().map(|&(_, l)| l).collect();
+        let ready = |nd: &super::node::Node| {
+            (0..n).filter(|&j| copied[j] < want[j]).any(|j| {
+                let v = nd.control(j).progress.load(Ordering::Acquire);
+                v & !((1 << PROGRESS_BITS) - 1) == tag
+                    && ((v & ((1 << PROGRESS_BITS) - 1)) as usize) > copied[j]
+            })
+        };
+        let node = &cx.shm.node;
+        match node.wait_for(ready, cx.deadline, cx.alive) {
+            Ok(()) => {}
+            Err(WaitEnd::Failed(e)) => return Err(ShmFail::Peer(e)),
+            Err(WaitEnd::Deadline) => {
+                let late = (0..n).find(|&j| j != me && copied[j] < slices[j].1);
+                return Err(ShmFail::Deadline {
+                    waiting_for: late.map(|l| cx.global(l)),
+                });
+            }
+        }
     }
     // Keep this rank's slice unchanged until every peer has it.
     cx.barrier()

@@ -40,6 +40,9 @@ pub(crate) struct Control {
     pub(crate) probe_addr: AtomicU64,
     /// The value that word holds.
     pub(crate) probe_value: AtomicU64,
+    /// How far this rank got in the current cross-memory all_reduce: the operation's first
+    /// barrier number in the top 24 bits, bytes of its slice reduced in the low 40.
+    pub(crate) progress: AtomicU64,
 }
 
 /// What a rank publishes before the first barrier of a shared-memory collective: enough for

@@ -111,7 +111,7 @@ impl Default for ShmConfig {
             coll_bytes: 2 << 20,
             spin: None,
             cma: true,
-            cma_min_bytes: 256 << 10,
+            cma_min_bytes: 1 << 20,
             cma_chunk_bytes: 256 << 10,
         }
     }
