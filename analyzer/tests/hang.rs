@@ -456,10 +456,11 @@ fn corrupt_truncated_and_foreign_dumps_are_clear_errors() {
         global_ranks: vec![0],
     };
     let t = colltrace::CommTrace::new(meta, 10);
+    let mut w = t.writer();
     let mut h = t.submit(false, 1, "all_reduce", Some(true), Duration::from_secs(9));
     let info = colltrace::OpInfo::default;
-    t.start(&mut h, info, Some("socket"), Some("direct"));
-    t.finish(&mut h, colltrace::Outcome::Completed);
+    w.start(&mut h, info, Some("socket"), Some("direct"));
+    w.finish(&mut h, colltrace::Outcome::Completed);
     let good = colltrace::dump_all(&dir).unwrap();
     assert_eq!(good.len(), 1);
     let text = std::fs::read_to_string(&good[0]).unwrap();

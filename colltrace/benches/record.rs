@@ -8,7 +8,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use colltrace::{CommMeta, CommTrace, OpInfo, Outcome};
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 
 fn record(c: &mut Criterion) {
     // As at communicator creation (sets up the clock).
@@ -23,6 +23,7 @@ fn record(c: &mut Criterion) {
     };
     for cap in [2000usize, 0] {
         let trace = CommTrace::new(meta.clone(), cap);
+        let mut w = trace.writer();
         let mut seq = 0;
         c.bench_function(&format!("one all_reduce record, buffer {cap}"), |b| {
             b.iter(|| {
@@ -44,12 +45,56 @@ fn record(c: &mut Criterion) {
                     ..OpInfo::default()
                 };
                 trace.publish(h.queued());
-                trace.start(&mut h, info, Some("shm"), Some("shm"));
-                trace.finish(&mut h, Outcome::Completed);
+                w.start(&mut h, info, Some("shm"), Some("shm"));
+                w.finish(&mut h, Outcome::Completed);
                 black_box(h);
             })
         });
     }
+    // The two halves: what the calling thread and the progress thread each spend.
+    let trace = CommTrace::new(meta, 2000);
+    let mut w = trace.writer();
+    let seq = std::cell::Cell::new(0);
+    let submit = || {
+        seq.set(seq.get() + 1);
+        trace.submit(
+            false,
+            seq.get(),
+            "all_reduce",
+            Some(false),
+            Duration::from_secs(600),
+        )
+    };
+    c.bench_function("calling thread: submit (critical path)", |b| {
+        b.iter(|| black_box(submit()))
+    });
+    c.bench_function("calling thread: publish (after the hand-over)", |b| {
+        b.iter_batched(
+            &submit,
+            |h| trace.publish(h.queued()),
+            BatchSize::SmallInput,
+        )
+    });
+    c.bench_function("progress thread: start + finish", |b| {
+        b.iter_batched(
+            &submit,
+            |mut h| {
+                let info = || OpInfo {
+                    op: "all_reduce",
+                    dtype: Some("f32"),
+                    count: Some(2),
+                    in_bytes: 8,
+                    out_bytes: 8,
+                    reduce_op: Some("sum"),
+                    ..OpInfo::default()
+                };
+                w.start(&mut h, info, Some("shm"), Some("shm"));
+                w.finish(&mut h, Outcome::Completed);
+                h
+            },
+            BatchSize::SmallInput,
+        )
+    });
 }
 
 criterion_group!(benches, record);

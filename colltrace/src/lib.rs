@@ -19,25 +19,30 @@
 //!
 //! let meta = CommMeta { name: "doc".into(), instance: 1, rank: 0, size: 2, global_ranks: vec![0, 1] };
 //! let trace = CommTrace::new(meta, 100);
+//! let mut writer = trace.writer(); // owned by the progress thread
 //! // Submitting thread:
 //! let mut op = trace.submit(false, 1, "all_reduce", Some(false), Duration::from_secs(5));
 //! trace.publish(op.queued()); // after handing `op` to the progress thread
 //! // Progress thread:
 //! let info = || OpInfo { op: "all_reduce", dtype: Some("f32"), count: Some(2), ..Default::default() };
-//! trace.start(&mut op, info, Some("shm"), Some("shm"));
-//! trace.finish(&mut op, Outcome::Completed);
+//! writer.start(&mut op, info, Some("shm"), Some("shm"));
+//! writer.finish(&mut op, Outcome::Completed);
 //! let dir = std::env::temp_dir().join(format!("colltrace-doc-{}", std::process::id()));
 //! let files = colltrace::dump_all(&dir).unwrap();
 //! let dumps = colltrace::schema::parse_dumps(&std::fs::read(&files[0]).unwrap()).unwrap();
 //! assert_eq!(dumps[0].comms.last().unwrap().records[0].op, "all_reduce");
 //! ```
 //!
-//! Cost: on the critical path of an operation, one `rdtsc` and one atomic on the calling thread,
-//! and two `rdtsc` and two uncontended locks on the progress thread; no cache line is written by
-//! both (see [`CommTrace`]). Measured in `docs/perf/colltrace.md`. Thread safety: everything is `Send + Sync`.
+//! Cost: on the critical path of an operation, one `rdtsc` and one atomic add on the calling
+//! thread; on the progress thread two `rdtsc` and two records of eleven words written in place
+//! under a per-slot sequence number (no lock, no allocation, names interned as 16-bit codes,
+//! formatting deferred to the dump); see [`CommTrace`]. Measured in `docs/perf/colltrace.md`.
+//! Thread safety: everything is `Send + Sync`; the execution side has one writer by
+//! construction ([`TraceWriter`]).
 
 mod clock;
 mod http;
+mod names;
 mod registry;
 pub mod schema;
 mod signal;
@@ -53,7 +58,7 @@ pub use registry::{
     on_failure, snapshot, trace_dir,
 };
 pub use schema::{CommState, Dump, Trigger};
-pub use trace::{CommMeta, CommTrace, OpHandle, OpInfo, OpRecord, Outcome, QueuedOp};
+pub use trace::{CommMeta, CommTrace, OpHandle, OpInfo, OpRecord, Outcome, QueuedOp, TraceWriter};
 
 /// Errors of dumping.
 #[derive(Debug, Clone, thiserror::Error)]

@@ -1,14 +1,22 @@
-//! The per-communicator ring buffer and the handles the engine updates on its hot path.
+//! The per-communicator ring buffers and the handles the engine updates on its hot path.
+//!
+//! A record is eleven 64-bit words (names interned as 16-bit codes, see `names`), written in
+//! place into a slot guarded by its own sequence number (a seqlock): the writer makes the
+//! sequence odd, writes the words, makes it even again; a dump copies the words and retries if
+//! the sequence moved. Writing takes no lock and no atomic read-modify-write on the progress
+//! thread, and never allocates except for the rare parts (errors, batch peers), which go to a
+//! side table keyed by record id.
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::clock::{now_ns, Clock};
+use crate::names;
 use crate::schema::{CommDump, CommState, PeerTransfer, Record, RecordKind, SeqCounters, State};
 
-/// What the engine knows about an operation when it is submitted. Fields the operation does not
+/// What the engine knows about an operation when it starts. Fields the operation does not
 /// have stay at their default.
 #[derive(Debug, Clone, Default)]
 pub struct OpInfo {
@@ -61,168 +69,338 @@ impl CommMeta {
     }
 }
 
-/// An operation as kept in memory: no allocation unless it is a batch, failed, or a split.
-#[derive(Debug, Clone)]
-struct Live {
-    id: u64,
-    kind: RecordKind,
-    seq: u64,
-    op: &'static str,
-    dtype: Option<&'static str>,
-    count: Option<u64>,
-    in_bytes: u64,
-    out_bytes: u64,
-    root: Option<u32>,
-    peer: Option<u32>,
-    peers: Option<Box<[PeerTransfer]>>,
-    reduce_op: Option<&'static str>,
-    async_op: Option<bool>,
-    algorithm: Option<&'static str>,
-    transport: Option<&'static str>,
-    timeout_ms: u64,
-    state: State,
-    enqueued_ns: u64,
-    started_ns: u64,
-    ended_ns: u64,
-    error: Option<Box<str>>,
-    detail: Option<Box<str>>,
+/// "No count" in a packed record.
+const NO_COUNT: u64 = u64::MAX;
+/// "No rank" in a packed record.
+const NO_RANK: u32 = u32::MAX;
+
+fn kind_code(k: RecordKind) -> u64 {
+    match k {
+        RecordKind::Collective => 0,
+        RecordKind::P2p => 1,
+        RecordKind::Comm => 2,
+    }
 }
 
-impl Live {
-    fn to_record(&self, clock: Clock) -> Record {
+fn kind_of(c: u64) -> RecordKind {
+    match c {
+        1 => RecordKind::P2p,
+        2 => RecordKind::Comm,
+        _ => RecordKind::Collective,
+    }
+}
+
+fn state_code(s: State) -> u64 {
+    match s {
+        State::Queued => 0,
+        State::Started => 1,
+        State::Completed => 2,
+        State::Failed => 3,
+        State::TimedOut => 4,
+    }
+}
+
+fn state_of(c: u64) -> State {
+    match c {
+        1 => State::Started,
+        2 => State::Completed,
+        3 => State::Failed,
+        4 => State::TimedOut,
+        _ => State::Queued,
+    }
+}
+
+fn async_code(a: Option<bool>) -> u64 {
+    match a {
+        None => 0,
+        Some(false) => 1,
+        Some(true) => 2,
+    }
+}
+
+fn async_of(c: u64) -> Option<bool> {
+    match c {
+        1 => Some(false),
+        2 => Some(true),
+        _ => None,
+    }
+}
+
+fn rank_code(r: Option<usize>) -> u32 {
+    r.and_then(|r| u32::try_from(r).ok()).unwrap_or(NO_RANK)
+}
+
+fn rank_of(r: u32) -> Option<usize> {
+    (r != NO_RANK).then_some(r as usize)
+}
+
+/// Words of a packed record.
+const WORDS: usize = 11;
+
+/// One operation, fixed size, names as codes; timestamps in the trace's clock unit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Rec {
+    id: u64,
+    seq: u64,
+    enqueued: u64,
+    started: u64,
+    ended: u64,
+    count: u64,
+    in_bytes: u64,
+    out_bytes: u64,
+    root: u32,
+    peer: u32,
+    timeout_ms: u32,
+    op: u16,
+    dtype: u16,
+    reduce_op: u16,
+    algorithm: u16,
+    transport: u16,
+    kind: RecordKind,
+    state: State,
+    async_op: Option<bool>,
+}
+
+impl Rec {
+    /// What the submitting thread knows.
+    fn queued(q: &Queued) -> Rec {
+        Rec {
+            id: q.id,
+            seq: q.seq,
+            enqueued: q.enqueued,
+            started: 0,
+            ended: 0,
+            count: NO_COUNT,
+            in_bytes: 0,
+            out_bytes: 0,
+            root: NO_RANK,
+            peer: NO_RANK,
+            timeout_ms: q.timeout_ms,
+            op: q.op,
+            dtype: names::NONE,
+            reduce_op: names::NONE,
+            algorithm: names::NONE,
+            transport: names::NONE,
+            kind: q.kind,
+            state: State::Queued,
+            async_op: q.async_op,
+        }
+    }
+
+    fn pack(&self) -> [u64; WORDS] {
+        [
+            self.id,
+            self.seq,
+            self.enqueued,
+            self.started,
+            self.ended,
+            self.count,
+            self.in_bytes,
+            self.out_bytes,
+            u64::from(self.root) | u64::from(self.peer) << 32,
+            u64::from(self.op)
+                | u64::from(self.dtype) << 16
+                | u64::from(self.reduce_op) << 32
+                | u64::from(self.algorithm) << 48,
+            u64::from(self.transport)
+                | kind_code(self.kind) << 16
+                | state_code(self.state) << 18
+                | async_code(self.async_op) << 21
+                | u64::from(self.timeout_ms) << 32,
+        ]
+    }
+
+    fn unpack(w: [u64; WORDS]) -> Rec {
+        Rec {
+            id: w[0],
+            seq: w[1],
+            enqueued: w[2],
+            started: w[3],
+            ended: w[4],
+            count: w[5],
+            in_bytes: w[6],
+            out_bytes: w[7],
+            root: w[8] as u32,
+            peer: (w[8] >> 32) as u32,
+            op: w[9] as u16,
+            dtype: (w[9] >> 16) as u16,
+            reduce_op: (w[9] >> 32) as u16,
+            algorithm: (w[9] >> 48) as u16,
+            transport: w[10] as u16,
+            kind: kind_of((w[10] >> 16) & 3),
+            state: state_of((w[10] >> 18) & 7),
+            async_op: async_of((w[10] >> 21) & 3),
+            timeout_ms: (w[10] >> 32) as u32,
+        }
+    }
+
+    fn to_record(self, clock: Clock, extra: Option<&Extra>) -> Record {
+        let name = |c| names::name(c).map(String::from);
         Record {
             id: self.id,
             kind: self.kind,
             seq: self.seq,
-            op: self.op.into(),
-            dtype: self.dtype.map(Into::into),
-            count: self.count,
+            op: names::name(self.op).unwrap_or("?").into(),
+            dtype: name(self.dtype),
+            count: (self.count != NO_COUNT).then_some(self.count),
             in_bytes: self.in_bytes,
             out_bytes: self.out_bytes,
-            root: self.root.map(|r| r as usize),
-            peer: self.peer.map(|p| p as usize),
-            peers: self.peers.as_ref().map(|p| p.to_vec()),
-            reduce_op: self.reduce_op.map(Into::into),
+            root: rank_of(self.root),
+            peer: rank_of(self.peer),
+            peers: extra.and_then(|e| e.peers.as_ref()).map(|p| p.to_vec()),
+            reduce_op: name(self.reduce_op),
             async_op: self.async_op,
-            algorithm: self.algorithm.map(Into::into),
-            transport: self.transport.map(Into::into),
-            timeout_ms: self.timeout_ms,
+            algorithm: name(self.algorithm),
+            transport: name(self.transport),
+            timeout_ms: u64::from(self.timeout_ms),
             state: self.state,
-            enqueued_ns: clock.to_ns(self.enqueued_ns),
-            started_ns: clock.to_ns(self.started_ns),
-            ended_ns: clock.to_ns(self.ended_ns),
-            error: self.error.as_deref().map(Into::into),
-            detail: self.detail.as_deref().map(Into::into),
+            enqueued_ns: clock.to_ns(self.enqueued),
+            started_ns: clock.to_ns(self.started),
+            ended_ns: clock.to_ns(self.ended),
+            error: extra.and_then(|e| e.error.as_deref()).map(Into::into),
+            detail: extra.and_then(|e| e.detail.as_deref()).map(Into::into),
         }
     }
 }
 
-/// A bounded run of records in id order: a ring of slots overwritten in place.
-#[derive(Debug, Default)]
-struct Ring {
-    slots: Vec<Live>,
-    /// Index of the oldest slot once the ring is full.
-    head: usize,
+/// The parts of a record that do not fit in words: rare (batches, failures, splits).
+#[derive(Debug, Clone, Default)]
+struct Extra {
+    peers: Option<Box<[PeerTransfer]>>,
+    error: Option<Box<str>>,
+    detail: Option<Box<str>>,
 }
 
-impl Ring {
-    fn push(&mut self, cap: usize, r: Live) {
-        if self.slots.len() < cap {
-            self.slots.push(r);
-        } else if cap > 0 {
-            self.slots[self.head] = r;
-            self.head = (self.head + 1) % cap;
+/// A slot of `N` words guarded by a sequence number (odd while being written).
+#[derive(Debug)]
+struct Slot<const N: usize> {
+    seq: AtomicU64,
+    words: [AtomicU64; N],
+}
+
+impl<const N: usize> Default for Slot<N> {
+    fn default() -> Self {
+        Slot {
+            seq: AtomicU64::new(0),
+            words: [const { AtomicU64::new(0) }; N],
         }
     }
+}
 
-    /// The slot of the `i`-th oldest record.
-    fn at(&self, i: usize) -> usize {
-        (self.head + i) % self.slots.len()
+impl<const N: usize> Slot<N> {
+    /// Writes `w`. Only one thread may write a slot at a time: the single writer of the
+    /// execution side, or a thread that won [`Slot::claim`].
+    #[inline]
+    fn write_claimed(&self, seq: u64, w: [u64; N]) {
+        // `seq` is odd (claimed); the data stores may not move before it.
+        fence(Ordering::Release);
+        for (a, x) in self.words.iter().zip(w) {
+            a.store(x, Ordering::Relaxed);
+        }
+        self.seq.store(seq.wrapping_add(1), Ordering::Release);
     }
 
-    fn get(&mut self, id: u64) -> Option<&mut Live> {
-        let n = self.slots.len();
-        // Usually the newest record (collectives run one at a time, in order).
-        let newest = self.at(n.checked_sub(1)?);
-        if self.slots[newest].id == id {
-            return self.slots.get_mut(newest);
+    /// Writes `w` as the only writer of this slot.
+    #[inline]
+    fn write(&self, w: [u64; N]) {
+        let s = self.seq.load(Ordering::Relaxed) | 1;
+        self.seq.store(s, Ordering::Relaxed);
+        self.write_claimed(s, w);
+    }
+
+    /// Claims the slot for writing (several threads may try); returns the odd sequence to pass
+    /// to [`Slot::write_claimed`], or `None` while another thread writes it.
+    #[inline]
+    fn claim(&self) -> Option<u64> {
+        let s = self.seq.load(Ordering::Relaxed);
+        if s & 1 == 1 {
+            return None;
         }
-        let (mut lo, mut hi) = (0, n);
-        while lo < hi {
-            let mid = (lo + hi) / 2;
-            let m = self.slots[self.at(mid)].id;
-            if m == id {
-                let k = self.at(mid);
-                return self.slots.get_mut(k);
+        self.seq
+            .compare_exchange(s, s + 1, Ordering::Relaxed, Ordering::Relaxed)
+            .ok()
+            .map(|_| s + 1)
+    }
+
+    /// The words as last written by the calling thread (the slot's only writer).
+    #[inline]
+    fn own(&self) -> [u64; N] {
+        std::array::from_fn(|i| self.words[i].load(Ordering::Relaxed))
+    }
+
+    /// A consistent copy; `None` if writers kept it busy for 50 ms (a writer holds it for a
+    /// few nanoseconds per operation; a preempted one for a time slice).
+    fn read(&self) -> Option<[u64; N]> {
+        let mut since: Option<std::time::Instant> = None;
+        for i in 0u32.. {
+            let s1 = self.seq.load(Ordering::Acquire);
+            if s1 & 1 == 0 {
+                let w = std::array::from_fn(|i| self.words[i].load(Ordering::Relaxed));
+                fence(Ordering::Acquire);
+                if self.seq.load(Ordering::Relaxed) == s1 {
+                    return Some(w);
+                }
             }
-            if m < id {
-                lo = mid + 1;
+            if i % 64 == 63 {
+                let t0 = *since.get_or_insert_with(std::time::Instant::now);
+                if t0.elapsed() > Duration::from_millis(50) {
+                    return None;
+                }
+                std::thread::yield_now();
             } else {
-                hi = mid;
+                std::hint::spin_loop();
             }
         }
         None
-    }
-
-    fn iter(&self) -> impl Iterator<Item = &Live> {
-        (0..self.slots.len()).map(|i| &self.slots[self.at(i)])
     }
 }
 
 /// Operations submitted but not yet started that a dump can show (at most the buffer size).
 const QUEUED_SLOTS: usize = 1024;
 
-/// A submitted operation as the submitting thread records it: small, fixed size, written in
-/// place (one cache line).
+/// A submitted operation as the submitting thread records it.
 #[derive(Debug, Clone, Copy, Default)]
 struct Queued {
     id: u64,
     seq: u64,
-    enqueued_ns: u64,
-    op: &'static str,
+    enqueued: u64,
     timeout_ms: u32,
+    op: u16,
     kind: RecordKind,
     async_op: Option<bool>,
-    refused: bool,
 }
 
-/// What the submitting threads write: queued operations (slot `id % capacity`), ids,
-/// communicator steps and refusals (rare, full records).
-#[derive(Debug)]
-struct SubmitSide {
-    queued: Vec<Queued>,
-    misc: Ring,
-    coll_enqueued: u64,
-    p2p_enqueued: u64,
-    comm_seq: u64,
-}
-
-/// What the progress thread writes: operations from their start on.
-#[derive(Debug, Default)]
-struct ExecSide {
-    ring: Ring,
-    coll_started: u64,
-    coll_completed: u64,
-    p2p_started: u64,
-    p2p_completed: u64,
-}
-
-impl ExecSide {
-    fn started(&mut self, kind: RecordKind, seq: u64) {
-        match kind {
-            RecordKind::Collective => self.coll_started = self.coll_started.max(seq),
-            RecordKind::P2p => self.p2p_started = self.p2p_started.max(seq),
-            RecordKind::Comm => {}
-        }
+impl Queued {
+    fn pack(&self) -> [u64; 4] {
+        [
+            self.id,
+            self.seq,
+            self.enqueued,
+            u64::from(self.op)
+                | kind_code(self.kind) << 16
+                | async_code(self.async_op) << 18
+                | u64::from(self.timeout_ms) << 32,
+        ]
     }
 
-    fn completed(&mut self, kind: RecordKind, seq: u64) {
-        match kind {
-            RecordKind::Collective => self.coll_completed = self.coll_completed.max(seq),
-            RecordKind::P2p => self.p2p_completed = self.p2p_completed.max(seq),
-            RecordKind::Comm => {}
+    fn unpack(w: [u64; 4]) -> Queued {
+        Queued {
+            id: w[0],
+            seq: w[1],
+            enqueued: w[2],
+            op: w[3] as u16,
+            kind: kind_of((w[3] >> 16) & 3),
+            async_op: async_of((w[3] >> 18) & 3),
+            timeout_ms: (w[3] >> 32) as u32,
         }
     }
+}
+
+/// A full record of the submitting side's rare events: communicator steps and refusals.
+#[derive(Debug, Clone)]
+struct Misc {
+    rec: Rec,
+    extra: Extra,
 }
 
 /// Lifecycle of the communicator.
@@ -233,14 +411,31 @@ struct Status {
     error: Option<String>,
 }
 
+/// What the progress thread writes (through its [`TraceWriter`]): operations from their
+/// start on, and the started/completed counters. Read by dumps only.
+#[derive(Debug)]
+struct ExecSide {
+    /// One per buffered record; record `n` (0-based, in start order) lives in `n % len`.
+    slots: Box<[Slot<WORDS>]>,
+    /// Records started so far.
+    count: AtomicU64,
+    coll_started: AtomicU64,
+    coll_completed: AtomicU64,
+    p2p_started: AtomicU64,
+    p2p_completed: AtomicU64,
+    /// Errors and batch peers by record id (the newest `capacity`).
+    extra: Mutex<BTreeMap<u64, Extra>>,
+}
+
 /// The trace of one communicator on one rank: ring buffers of its last operations and its
 /// sequence counters.
 ///
-/// Cost on the hot path: submitting threads only write the submission side and the progress
-/// thread only writes the execution side, each behind its own lock that nobody else takes
-/// except a dump; so no cache line moves between the caller's core and the progress thread's
-/// for tracing (the task carrying its [`OpRecord`] moves anyway). A dump merges both sides by
-/// id: an operation the progress thread has not taken yet shows as `queued`.
+/// Cost on the hot path: the submitting thread takes a timestamp and an id (one atomic add);
+/// after handing the operation over, it shows it as queued (one compare-and-swap and four
+/// words). The progress thread, the only writer of the execution side ([`TraceWriter`]),
+/// writes eleven words and a counter at the start and at the end of an operation, with no
+/// lock and no read-modify-write. The two sides are on cache lines of their own. A dump merges
+/// both sides by id: an operation the progress thread has not taken yet shows as `queued`.
 #[derive(Debug)]
 pub struct CommTrace {
     meta: CommMeta,
@@ -248,12 +443,17 @@ pub struct CommTrace {
     created_ns: u64,
     /// Time source of the records (TSC ticks or system ns; see the `clock` module).
     clock: Clock,
-    // Each side on cache lines of its own: the submitting thread's core and the progress
-    // thread's core never write the same line.
     /// Next record id (taken by submitting threads without a lock).
     next_id: Padded<AtomicU64>,
-    submit: Padded<Mutex<SubmitSide>>,
-    exec: Padded<Mutex<ExecSide>>,
+    /// Collective and p2p sequence numbers published as queued.
+    enqueued: Padded<[AtomicU64; 2]>,
+    /// Queued stubs, slot `id % len`, `len` a power of two (written by submitting threads,
+    /// claimed per slot).
+    queued: Box<[Slot<4>]>,
+    misc: Padded<Mutex<VecDeque<Misc>>>,
+    comm_seq: AtomicU64,
+    exec: Padded<ExecSide>,
+    writer_taken: AtomicBool,
     status: Padded<Mutex<Status>>,
 }
 
@@ -304,43 +504,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn live(
-    id: u64,
-    kind: RecordKind,
-    seq: u64,
-    info: OpInfo,
-    now: u64,
-    detail: Option<String>,
-) -> Live {
-    Live {
-        id,
-        kind,
-        seq,
-        op: info.op,
-        dtype: info.dtype,
-        count: info.count,
-        in_bytes: info.in_bytes,
-        out_bytes: info.out_bytes,
-        root: info.root.map(|r| r as u32),
-        peer: info.peer.map(|p| p as u32),
-        peers: (!info.peers.is_empty()).then(|| info.peers.into_boxed_slice()),
-        reduce_op: info.reduce_op,
-        async_op: info.async_op,
-        algorithm: None,
-        transport: None,
-        timeout_ms: u64::try_from(info.timeout.as_millis()).unwrap_or(u64::MAX),
-        state: State::Queued,
-        enqueued_ns: now,
-        started_ns: 0,
-        ended_ns: 0,
-        error: None,
-        detail: detail.map(String::into_boxed_str),
-    }
+fn seq_index(kind: RecordKind) -> usize {
+    usize::from(kind == RecordKind::P2p)
 }
 
 impl CommTrace {
     /// A trace keeping the last `capacity` operations (0: tracing off), registered so that
-    /// dumps include it.
+    /// dumps include it. Its slots are allocated now (about 100 bytes per record).
     pub fn new(meta: CommMeta, capacity: usize) -> Arc<CommTrace> {
         let t = Arc::new(CommTrace {
             meta,
@@ -348,14 +518,22 @@ impl CommTrace {
             created_ns: now_ns(),
             clock: Clock::current(),
             next_id: Padded(AtomicU64::new(1)),
-            submit: Padded(Mutex::new(SubmitSide {
-                queued: vec![Queued::default(); capacity.min(QUEUED_SLOTS)],
-                misc: Ring::default(),
-                coll_enqueued: 0,
-                p2p_enqueued: 0,
-                comm_seq: 0,
-            })),
-            exec: Padded(Mutex::new(ExecSide::default())),
+            enqueued: Padded([AtomicU64::new(0), AtomicU64::new(0)]),
+            queued: (0..capacity.min(QUEUED_SLOTS).next_power_of_two())
+                .map(|_| Slot::default())
+                .collect(),
+            misc: Padded(Mutex::new(VecDeque::new())),
+            comm_seq: AtomicU64::new(0),
+            exec: Padded(ExecSide {
+                slots: (0..capacity).map(|_| Slot::default()).collect(),
+                count: AtomicU64::new(0),
+                coll_started: AtomicU64::new(0),
+                coll_completed: AtomicU64::new(0),
+                p2p_started: AtomicU64::new(0),
+                p2p_completed: AtomicU64::new(0),
+                extra: Mutex::new(BTreeMap::new()),
+            }),
+            writer_taken: AtomicBool::new(false),
             status: Padded(Mutex::new(Status {
                 transport: None,
                 state: CommState::Joining,
@@ -366,6 +544,26 @@ impl CommTrace {
             crate::registry::register(&t);
         }
         t
+    }
+
+    /// The writer of started and finished operations, for the progress thread. There is one
+    /// per trace: a second call returns a writer that records nothing (and logs why).
+    pub fn writer(self: &Arc<Self>) -> TraceWriter {
+        let first = !self.writer_taken.swap(true, Ordering::AcqRel);
+        if !first && self.capacity > 0 {
+            tracing::warn!(
+                comm = %self.meta.name,
+                "colltrace: a second writer was asked for; it records nothing"
+            );
+        }
+        TraceWriter {
+            trace: Arc::clone(self),
+            on: first && self.capacity > 0,
+            count: 0,
+            next: 0,
+            started: [0; 2],
+            completed: [0; 2],
+        }
     }
 
     /// Identity of the communicator.
@@ -379,11 +577,11 @@ impl CommTrace {
     }
 
     /// Records a submitted operation `op` with sequence number `seq` (collective or p2p, as
-    /// `p2p` says). The progress thread passes the returned record to [`CommTrace::start`] and
-    /// [`CommTrace::finish`]; the submitting thread passes [`OpRecord::queued`] to
-    /// [`CommTrace::publish`] once the operation is on its way (off the critical path), so that
-    /// dumps show it queued until it starts. Call it in submission order (the engine holds its
-    /// submission lock).
+    /// `p2p` says). The progress thread passes the returned record to [`TraceWriter::start`]
+    /// and [`TraceWriter::finish`]; the submitting thread passes [`OpRecord::queued`] to
+    /// [`CommTrace::publish`] once the operation is on its way (off the critical path), so
+    /// that dumps show it queued until it starts.
+    #[inline]
     pub fn submit(
         &self,
         p2p: bool,
@@ -400,20 +598,21 @@ impl CommTrace {
         } else {
             RecordKind::Collective
         };
-        let timeout_ms = u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX);
-        let now = self.clock.now();
+        let enqueued = self.clock.now();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let q = Queued {
             id,
             seq,
-            enqueued_ns: now,
-            op,
-            timeout_ms,
+            enqueued,
+            timeout_ms: u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX),
+            op: names::code(op),
             kind,
             async_op,
-            refused: false,
         };
-        OpRecord { q, started: false }
+        OpRecord {
+            q,
+            slot: NOT_STARTED,
+        }
     }
 
     /// Shows a submitted operation as queued (see [`CommTrace::submit`]); harmless after it
@@ -423,14 +622,17 @@ impl CommTrace {
         if q.id == 0 {
             return;
         }
-        let mut g = lock(&self.submit);
-        match q.kind {
-            RecordKind::P2p => g.p2p_enqueued = g.p2p_enqueued.max(q.seq),
-            _ => g.coll_enqueued = g.coll_enqueued.max(q.seq),
-        }
-        let slot = (q.id % g.queued.len() as u64) as usize;
-        if g.queued[slot].id < q.id {
-            g.queued[slot] = q;
+        self.enqueued[seq_index(q.kind)].fetch_max(q.seq, Ordering::Relaxed);
+        let slot = &self.queued[(q.id as usize) & (self.queued.len() - 1)];
+        // Another thread writing the same slot holds a newer or older stub of an operation
+        // `len` ids away; losing this stub only hides a queued state that a dump would show.
+        if let Some(s) = slot.claim() {
+            let cur = Queued::unpack(slot.own());
+            if cur.id < q.id {
+                slot.write_claimed(s, q.pack());
+            } else {
+                slot.seq.store(s.wrapping_add(1), Ordering::Release);
+            }
         }
     }
 
@@ -439,90 +641,22 @@ impl CommTrace {
         if rec.q.id == 0 {
             return;
         }
-        let now = self.clock.now();
-        let mut r = rec.stub();
+        let mut r = Rec::queued(&rec.q);
         r.state = State::Failed;
-        r.ended_ns = now;
-        r.error = Some(err.to_string().into_boxed_str());
-        let mut g = lock(&self.submit);
-        let slot = (rec.q.id % g.queued.len() as u64) as usize;
-        if g.queued[slot].id == rec.q.id {
-            g.queued[slot].refused = true;
-        }
-        g.misc.push(self.capacity, r);
-    }
-
-    /// The progress thread started `rec` over `transport` with `algorithm`; `info` describes
-    /// the op (computed on the progress thread, so the caller's path and the task crossing
-    /// threads stay small). Calling it again for the same record only updates the algorithm.
-    pub fn start(
-        &self,
-        rec: &mut OpRecord,
-        info: impl FnOnce() -> OpInfo,
-        transport: Option<&'static str>,
-        algorithm: Option<&'static str>,
-    ) {
-        if rec.q.id == 0 {
-            return;
-        }
-        let now = self.clock.now();
-        if rec.started {
-            let mut g = lock(&self.exec);
-            if let Some(r) = g.ring.get(rec.q.id) {
-                r.algorithm = algorithm.or(r.algorithm);
-            }
-            return;
-        }
-        rec.started = true;
-        let mut info = info();
-        info.async_op = rec.q.async_op;
-        info.op = rec.q.op;
-        let mut r = live(
-            rec.q.id,
-            rec.q.kind,
-            rec.q.seq,
-            info,
-            rec.q.enqueued_ns,
-            None,
-        );
-        r.timeout_ms = u64::from(rec.q.timeout_ms);
-        r.state = State::Started;
-        r.started_ns = now;
-        r.transport = transport;
-        r.algorithm = algorithm;
-        let mut g = lock(&self.exec);
-        g.started(rec.q.kind, rec.q.seq);
-        g.ring.push(self.capacity, r);
-    }
-
-    /// The progress thread finished `rec` (also when it never started it). The first end
-    /// recorded wins.
-    pub fn finish(&self, rec: &mut OpRecord, outcome: Outcome<'_>) {
-        if rec.q.id == 0 {
-            return;
-        }
-        let now = self.clock.now();
-        let (state, error) = outcome.parts();
-        let mut g = lock(&self.exec);
-        if !rec.started {
-            rec.started = true;
-            g.ring.push(self.capacity, rec.stub());
-        }
-        let Some(r) = g.ring.get(rec.q.id) else {
-            return;
+        r.ended = self.clock.now();
+        let extra = Extra {
+            error: Some(err.to_string().into_boxed_str()),
+            ..Extra::default()
         };
-        if r.state.is_final() {
-            return;
+        self.push_misc(Misc { rec: r, extra });
+    }
+
+    fn push_misc(&self, m: Misc) {
+        let mut g = lock(&self.misc);
+        if g.len() >= self.capacity {
+            g.pop_front();
         }
-        if r.started_ns == 0 {
-            r.started_ns = now;
-        }
-        r.state = state;
-        r.ended_ns = now;
-        r.error = error;
-        if state == State::Completed {
-            g.completed(rec.q.kind, rec.q.seq);
-        }
+        g.push_back(m);
     }
 
     /// Records a communicator-level step (`init`, `split`), started now.
@@ -535,20 +669,26 @@ impl CommTrace {
         if self.capacity == 0 {
             return OpHandle::NONE;
         }
-        let info = OpInfo {
-            op,
-            timeout,
-            ..OpInfo::default()
-        };
         let now = self.clock.now();
-        let mut g = lock(&self.submit);
-        g.comm_seq += 1;
-        let seq = g.comm_seq;
+        let seq = self.comm_seq.fetch_add(1, Ordering::Relaxed) + 1;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let mut r = live(id, RecordKind::Comm, seq, info, now, detail);
-        r.state = State::Started;
-        r.started_ns = now;
-        g.misc.push(self.capacity, r);
+        let q = Queued {
+            id,
+            seq,
+            enqueued: now,
+            timeout_ms: u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX),
+            op: names::code(op),
+            kind: RecordKind::Comm,
+            async_op: None,
+        };
+        let mut rec = Rec::queued(&q);
+        rec.state = State::Started;
+        rec.started = now;
+        let extra = Extra {
+            detail: detail.map(String::into_boxed_str),
+            ..Extra::default()
+        };
+        self.push_misc(Misc { rec, extra });
         OpHandle {
             trace: Some(Arc::clone(self)),
             id,
@@ -588,38 +728,57 @@ impl CommTrace {
     pub fn snapshot(&self) -> CommDump {
         let clock = self.clock;
         clock.refresh();
+        let ex = &self.exec;
+        // Counters before records: a record newer than a counter is fine, the reverse would
+        // show a completed count ahead of its record.
+        let coll = (
+            ex.coll_started.load(Ordering::Acquire),
+            ex.coll_completed.load(Ordering::Acquire),
+        );
+        let p2p = (
+            ex.p2p_started.load(Ordering::Acquire),
+            ex.p2p_completed.load(Ordering::Acquire),
+        );
         // Execution side first: an operation that moves from queued to started in between
         // shows as queued, never twice.
-        let (exec, coll_started, coll_completed, p2p_started, p2p_completed) = {
-            let g = lock(&self.exec);
-            let recs: Vec<Record> = g.ring.iter().map(|r| r.to_record(clock)).collect();
-            (
-                recs,
-                g.coll_started,
-                g.coll_completed,
-                g.p2p_started,
-                g.p2p_completed,
-            )
-        };
-        let (queued, misc, next_id, coll_enqueued, p2p_enqueued) = {
-            let g = lock(&self.submit);
-            let misc: Vec<Record> = g.misc.iter().map(|r| r.to_record(clock)).collect();
-            let queued: Vec<Queued> = g.queued.iter().filter(|q| q.id > 0).copied().collect();
-            let next_id = self.next_id.load(Ordering::Relaxed);
-            (queued, misc, next_id, g.coll_enqueued, g.p2p_enqueued)
-        };
+        let n = ex.count.load(Ordering::Acquire);
+        let cap = ex.slots.len() as u64;
+        let mut exec: Vec<Rec> = Vec::new();
+        for i in n.saturating_sub(cap)..n {
+            if let Some(w) = ex.slots[(i % cap) as usize].read() {
+                let r = Rec::unpack(w);
+                if r.id != 0 {
+                    exec.push(r);
+                }
+            }
+        }
+        let queued: Vec<Queued> = self
+            .queued
+            .iter()
+            .filter_map(|s| s.read())
+            .map(Queued::unpack)
+            .filter(|q| q.id > 0)
+            .collect();
+        let misc: Vec<Misc> = lock(&self.misc).iter().cloned().collect();
+        let next_id = self.next_id.load(Ordering::Relaxed);
+        let enq = [
+            self.enqueued[0].load(Ordering::Relaxed),
+            self.enqueued[1].load(Ordering::Relaxed),
+        ];
         // Precedence: the progress thread's record, then full records of the submitting side
         // (communicator steps, refusals), then the queued stub.
-        let mut by_id: std::collections::BTreeMap<u64, Record> = BTreeMap::new();
-        for q in queued.iter().filter(|q| !q.refused) {
-            let stub = OpRecord {
-                q: *q,
-                started: false,
-            };
-            by_id.insert(q.id, stub.stub().to_record(clock));
+        let mut by_id: BTreeMap<u64, Record> = BTreeMap::new();
+        for q in &queued {
+            by_id.insert(q.id, Rec::queued(q).to_record(clock, None));
         }
-        for r in misc.into_iter().chain(exec) {
-            by_id.insert(r.id, r);
+        for m in &misc {
+            by_id.insert(m.rec.id, m.rec.to_record(clock, Some(&m.extra)));
+        }
+        {
+            let extra = lock(&ex.extra);
+            for r in exec {
+                by_id.insert(r.id, r.to_record(clock, extra.get(&r.id)));
+            }
         }
         let skip = by_id.len().saturating_sub(self.capacity);
         let records: Vec<Record> = by_id.into_values().skip(skip).collect();
@@ -634,30 +793,196 @@ impl CommTrace {
             state: status.state,
             error: status.error.clone(),
             buffer_size: self.capacity,
-            dropped: (next_id - 1).saturating_sub(records.len() as u64),
+            dropped: next_id
+                .saturating_sub(1)
+                .saturating_sub(records.len() as u64),
             created_ns: self.created_ns,
             collective: SeqCounters {
-                enqueued: coll_enqueued.max(coll_started).max(coll_completed),
-                started: coll_started,
-                completed: coll_completed,
+                enqueued: enq[0].max(coll.0).max(coll.1),
+                started: coll.0,
+                completed: coll.1,
             },
             p2p: SeqCounters {
-                enqueued: p2p_enqueued.max(p2p_started).max(p2p_completed),
-                started: p2p_started,
-                completed: p2p_completed,
+                enqueued: enq[1].max(p2p.0).max(p2p.1),
+                started: p2p.0,
+                completed: p2p.1,
             },
             records,
         }
     }
 }
 
+/// The progress thread's side of a [`CommTrace`]: the only writer of started and finished
+/// operations (one per trace, from [`CommTrace::writer`]), so that it writes them with plain
+/// stores under a per-slot sequence number instead of a lock.
+#[derive(Debug)]
+pub struct TraceWriter {
+    trace: Arc<CommTrace>,
+    /// False when tracing is off or this is not the trace's first writer.
+    on: bool,
+    /// Records started (this thread's copy of `ExecSide::count`).
+    count: u64,
+    /// Slot of the next record (`count % capacity`, kept without dividing).
+    next: usize,
+    /// Highest sequence numbers started and completed, collective then p2p.
+    started: [u64; 2],
+    completed: [u64; 2],
+}
+
+impl TraceWriter {
+    /// The trace this writer writes.
+    pub fn trace(&self) -> &Arc<CommTrace> {
+        &self.trace
+    }
+
+    fn slot(&self, i: u64) -> &Slot<WORDS> {
+        &self.trace.exec.slots[i as usize]
+    }
+
+    /// Publishes a new record in the next slot and returns the slot's index.
+    fn push(&mut self, r: &Rec) -> u64 {
+        let i = self.next;
+        let slots = &self.trace.exec.slots;
+        slots[i].write(r.pack());
+        self.count += 1;
+        self.next = if i + 1 == slots.len() { 0 } else { i + 1 };
+        self.trace.exec.count.store(self.count, Ordering::Release);
+        if self.next == 0 && self.count > slots.len() as u64 {
+            // Once per round of the ring: rare parts of records that left it go too.
+            let oldest = slots[0].own()[0];
+            let mut extra = lock(&self.trace.exec.extra);
+            while extra.first_key_value().is_some_and(|(k, _)| *k < oldest) {
+                extra.pop_first();
+            }
+        }
+        i as u64
+    }
+
+    /// The progress thread started `rec` over `transport` with `algorithm`; `info` describes
+    /// the op (computed here, so the caller's path and the task crossing threads stay small).
+    /// Calling it again for the same record only updates the transport and algorithm.
+    pub fn start(
+        &mut self,
+        rec: &mut OpRecord,
+        info: impl FnOnce() -> OpInfo,
+        transport: Option<&'static str>,
+        algorithm: Option<&'static str>,
+    ) {
+        if rec.q.id == 0 || !self.on {
+            return;
+        }
+        let now = self.trace.clock.now();
+        if rec.slot != NOT_STARTED {
+            let slot = self.slot(rec.slot);
+            let mut r = Rec::unpack(slot.own());
+            if r.id == rec.q.id {
+                r.transport = names::opt_code(transport).max(r.transport);
+                if algorithm.is_some() {
+                    r.algorithm = names::opt_code(algorithm);
+                }
+                slot.write(r.pack());
+            }
+            return;
+        }
+        let info = info();
+        let q = &rec.q;
+        let r = Rec {
+            id: q.id,
+            seq: q.seq,
+            enqueued: q.enqueued,
+            started: now,
+            ended: 0,
+            count: info.count.unwrap_or(NO_COUNT),
+            in_bytes: info.in_bytes,
+            out_bytes: info.out_bytes,
+            root: rank_code(info.root),
+            peer: rank_code(info.peer),
+            timeout_ms: q.timeout_ms,
+            op: q.op,
+            dtype: names::opt_code(info.dtype),
+            reduce_op: names::opt_code(info.reduce_op),
+            algorithm: names::opt_code(algorithm),
+            transport: names::opt_code(transport),
+            kind: q.kind,
+            state: State::Started,
+            async_op: q.async_op,
+        };
+        if !info.peers.is_empty() {
+            let peers = Some(info.peers.into_boxed_slice());
+            lock(&self.trace.exec.extra).insert(
+                q.id,
+                Extra {
+                    peers,
+                    ..Extra::default()
+                },
+            );
+        }
+        rec.slot = self.push(&r);
+        self.bump_started(q.kind, q.seq);
+    }
+
+    fn bump_started(&mut self, kind: RecordKind, seq: u64) {
+        let (k, ex) = (seq_index(kind), &self.trace.exec);
+        if kind != RecordKind::Comm && seq > self.started[k] {
+            self.started[k] = seq;
+            let c = [&ex.coll_started, &ex.p2p_started][k];
+            c.store(seq, Ordering::Release);
+        }
+    }
+
+    /// The progress thread finished `rec` (also when it never started it). The first end
+    /// recorded wins.
+    pub fn finish(&mut self, rec: &mut OpRecord, outcome: Outcome<'_>) {
+        if rec.q.id == 0 || !self.on {
+            return;
+        }
+        let now = self.trace.clock.now();
+        if rec.slot == NOT_STARTED {
+            let mut r = Rec::queued(&rec.q);
+            r.started = now;
+            r.state = State::Started;
+            rec.slot = self.push(&r);
+        }
+        let slot = self.slot(rec.slot);
+        let mut r = Rec::unpack(slot.own());
+        if r.id != rec.q.id || r.state.is_final() {
+            return;
+        }
+        let (state, error) = outcome.parts();
+        r.state = state;
+        r.ended = now;
+        if let Some(e) = error {
+            lock(&self.trace.exec.extra).entry(r.id).or_default().error = Some(e);
+        }
+        slot.write(r.pack());
+        if state == State::Completed {
+            let (k, ex) = (seq_index(r.kind), &self.trace.exec);
+            if r.kind != RecordKind::Comm && r.seq > self.completed[k] {
+                self.completed[k] = r.seq;
+                let c = [&ex.coll_completed, &ex.p2p_completed][k];
+                c.store(r.seq, Ordering::Release);
+            }
+        }
+    }
+}
+
+/// `OpRecord::slot` of a record not started yet.
+const NOT_STARTED: u64 = u64::MAX;
+
 /// A submitted operation on its way through the progress thread (see [`CommTrace::submit`]).
-/// Small and free of references to the trace, so the task that carries it across threads stays
-/// small.
-#[derive(Debug, Default)]
+/// Small (40 bytes) and free of references to the trace, so the task that carries it across
+/// threads stays small.
+#[derive(Debug)]
 pub struct OpRecord {
     q: Queued,
-    started: bool,
+    /// Its slot number in the execution ring, once started.
+    slot: u64,
+}
+
+impl Default for OpRecord {
+    fn default() -> Self {
+        OpRecord::NONE
+    }
 }
 
 impl OpRecord {
@@ -666,32 +991,19 @@ impl OpRecord {
         q: Queued {
             id: 0,
             seq: 0,
-            enqueued_ns: 0,
-            op: "",
+            enqueued: 0,
             timeout_ms: 0,
+            op: names::NONE,
             kind: RecordKind::Collective,
             async_op: None,
-            refused: false,
         },
-        started: false,
+        slot: NOT_STARTED,
     };
 
     /// What [`CommTrace::publish`] needs, copied out before the record moves to the progress
     /// thread.
     pub fn queued(&self) -> QueuedOp {
         QueuedOp(self.q)
-    }
-
-    /// A record with only what the submitting thread knew.
-    fn stub(&self) -> Live {
-        let q = &self.q;
-        let info = OpInfo {
-            op: q.op,
-            async_op: q.async_op,
-            timeout: Duration::from_millis(u64::from(q.timeout_ms)),
-            ..OpInfo::default()
-        };
-        live(q.id, q.kind, q.seq, info, q.enqueued_ns, None)
     }
 }
 
@@ -715,14 +1027,16 @@ impl OpHandle {
         let Some(t) = &self.trace else { return };
         let now = t.clock.now();
         let (state, error) = outcome.parts();
-        let mut g = lock(&t.submit);
-        let Some(r) = g.misc.get(self.id) else { return };
-        if r.state.is_final() {
+        let mut g = lock(&t.misc);
+        let Some(m) = g.iter_mut().rev().find(|m| m.rec.id == self.id) else {
+            return;
+        };
+        if m.rec.state.is_final() {
             return;
         }
-        r.state = state;
-        r.ended_ns = now;
-        r.error = error;
+        m.rec.state = state;
+        m.rec.ended = now;
+        m.extra.error = error;
     }
 }
 
@@ -750,6 +1064,7 @@ mod tests {
     #[test]
     fn records_move_through_states_and_counters() {
         let t = CommTrace::new(meta(), 3);
+        let mut w = t.writer();
         assert_eq!(t.meta().global_rank(), 5);
         let sub = |p2p, seq, op| t.submit(p2p, seq, op, Some(false), Duration::from_secs(1));
         let mut a = sub(false, 1, "all_reduce");
@@ -768,12 +1083,12 @@ mod tests {
                 completed: 0
             }
         );
-        t.start(&mut a, || info("all_reduce"), Some("shm"), None);
-        t.start(&mut a, || info("all_reduce"), Some("shm"), Some("ring"));
-        t.finish(&mut a, Outcome::Completed);
-        t.start(&mut b, || info("send"), Some("socket"), None);
-        t.finish(&mut b, Outcome::TimedOut(&"too slow"));
-        t.finish(&mut b, Outcome::Completed);
+        w.start(&mut a, || info("all_reduce"), Some("shm"), None);
+        w.start(&mut a, || info("all_reduce"), Some("shm"), Some("ring"));
+        w.finish(&mut a, Outcome::Completed);
+        w.start(&mut b, || info("send"), Some("socket"), None);
+        w.finish(&mut b, Outcome::TimedOut(&"too slow"));
+        w.finish(&mut b, Outcome::Completed);
         t.refuse(c, &"comm failed");
         let d = t.snapshot();
         assert_eq!(
@@ -800,7 +1115,7 @@ mod tests {
         // The ring keeps the last 3.
         for s in 3..7 {
             let mut r = sub(false, s, "barrier");
-            t.finish(&mut r, Outcome::Completed);
+            w.finish(&mut r, Outcome::Completed);
         }
         let d = t.snapshot();
         assert_eq!(d.records.len(), 3);
@@ -827,9 +1142,179 @@ mod tests {
     #[test]
     fn capacity_zero_records_nothing() {
         let t = CommTrace::new(meta(), 0);
+        let mut w = t.writer();
         let mut h = t.submit(false, 1, "x", None, Duration::ZERO);
-        t.start(&mut h, OpInfo::default, None, None);
-        t.finish(&mut h, Outcome::Completed);
+        w.start(&mut h, OpInfo::default, None, None);
+        w.finish(&mut h, Outcome::Completed);
         assert!(t.snapshot().records.is_empty());
+    }
+
+    #[test]
+    fn records_pack_and_unpack() {
+        let q = Queued {
+            id: 7,
+            seq: 3,
+            enqueued: 99,
+            timeout_ms: u32::MAX,
+            op: names::code("reduce_scatter"),
+            kind: RecordKind::P2p,
+            async_op: Some(true),
+        };
+        let back = Queued::unpack(q.pack());
+        assert_eq!((back.id, back.seq, back.enqueued), (7, 3, 99));
+        assert_eq!(
+            (back.timeout_ms, back.op, back.kind),
+            (u32::MAX, q.op, RecordKind::P2p)
+        );
+        assert_eq!(back.async_op, Some(true));
+        let mut r = Rec::queued(&q);
+        r.count = 12345678901;
+        r.root = 5;
+        r.peer = NO_RANK;
+        r.dtype = names::code("bf16");
+        r.reduce_op = names::code("max");
+        r.algorithm = names::code("ring");
+        r.transport = names::code("shm+socket");
+        r.kind = RecordKind::Comm;
+        for state in [
+            State::Queued,
+            State::Started,
+            State::Completed,
+            State::Failed,
+            State::TimedOut,
+        ] {
+            r.state = state;
+            for a in [None, Some(false), Some(true)] {
+                r.async_op = a;
+                assert_eq!(Rec::unpack(r.pack()), r);
+            }
+        }
+        let rec = r.to_record(Clock::System, None);
+        assert_eq!(
+            (rec.op.as_str(), rec.dtype.as_deref()),
+            ("reduce_scatter", Some("bf16"))
+        );
+        assert_eq!(
+            (rec.root, rec.peer, rec.count),
+            (Some(5), None, Some(12345678901))
+        );
+    }
+
+    #[test]
+    fn only_the_first_writer_records() {
+        let t = CommTrace::new(meta(), 4);
+        let mut w = t.writer();
+        let mut w2 = t.writer();
+        let mut a = t.submit(false, 1, "all_reduce", None, Duration::from_secs(1));
+        w2.start(&mut a, || info("all_reduce"), None, None);
+        assert!(t.snapshot().records.is_empty());
+        w.start(&mut a, || info("all_reduce"), None, None);
+        assert_eq!(t.snapshot().records[0].state, State::Started);
+    }
+
+    #[test]
+    fn a_slot_is_read_whole_or_not_at_all() {
+        let slot = Arc::new(Slot::<WORDS>::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let writer = {
+            let (slot, stop) = (Arc::clone(&slot), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                let mut k = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    k += 1;
+                    slot.write([k; WORDS]);
+                    // An operation's worth of other work between two records.
+                    for _ in 0..4 {
+                        std::hint::spin_loop();
+                    }
+                }
+                k
+            })
+        };
+        let (mut reads, mut moved) = (0u64, 0u64);
+        let mut last = 0;
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < Duration::from_millis(500) {
+            let w = slot
+                .read()
+                .expect("the writer never holds the slot for long");
+            assert!(w.iter().all(|x| *x == w[0]), "torn read: {w:?}");
+            moved += u64::from(w[0] != last);
+            last = w[0];
+            reads += 1;
+        }
+        stop.store(true, Ordering::Relaxed);
+        let written = writer.join().unwrap();
+        assert!(
+            reads > 1000 && written > 1000 && moved > 10,
+            "{reads} {written} {moved}"
+        );
+    }
+
+    #[test]
+    fn dumps_see_whole_records_while_the_writer_runs() {
+        // A dump taken while the progress thread writes never shows a record mixed from two
+        // operations (ids and sequence numbers move together; counts match them).
+        let t = CommTrace::new(meta(), 8);
+        let mut w = t.writer();
+        let writer = {
+            let t = Arc::clone(&t);
+            std::thread::spawn(move || {
+                for s in 1..=20_000u64 {
+                    let mut r = t.submit(false, s, "all_reduce", None, Duration::from_secs(1));
+                    let inf = || OpInfo {
+                        op: "all_reduce",
+                        count: Some(s * 3),
+                        in_bytes: s * 12,
+                        ..OpInfo::default()
+                    };
+                    w.start(&mut r, inf, Some("shm"), None);
+                    w.finish(&mut r, Outcome::Completed);
+                }
+            })
+        };
+        let mut checked = 0;
+        while !writer.is_finished() || checked == 0 {
+            for r in t.snapshot().records {
+                assert_eq!(r.count, Some(r.seq * 3), "{r:?}");
+                assert_eq!(r.in_bytes, r.seq * 12, "{r:?}");
+                assert_eq!(r.id, r.seq, "{r:?}");
+                checked += 1;
+            }
+        }
+        writer.join().unwrap();
+        let d = t.snapshot();
+        assert_eq!(d.collective.completed, 20_000);
+        assert_eq!(d.records.len(), 8);
+        assert!(checked > 0);
+    }
+
+    #[test]
+    fn batch_peers_and_errors_survive_until_their_record_leaves() {
+        let t = CommTrace::new(meta(), 2);
+        let mut w = t.writer();
+        let mut b = t.submit(true, 1, "batch", None, Duration::from_secs(1));
+        let inf = || OpInfo {
+            op: "batch",
+            peers: vec![PeerTransfer {
+                send: true,
+                peer: 0,
+                bytes: 8,
+            }],
+            ..OpInfo::default()
+        };
+        w.start(&mut b, inf, Some("socket"), None);
+        w.finish(&mut b, Outcome::Failed(&"peer 0 lost"));
+        let d = t.snapshot();
+        assert_eq!(d.records[0].peers.as_ref().unwrap().len(), 1);
+        assert_eq!(d.records[0].error.as_deref(), Some("peer 0 lost"));
+        for s in 2..10 {
+            let mut r = t.submit(true, s, "send", None, Duration::from_secs(1));
+            w.finish(&mut r, Outcome::Failed(&"x"));
+        }
+        assert!(
+            lock(&t.exec.extra).len() <= 4,
+            "extras are evicted with their records"
+        );
     }
 }

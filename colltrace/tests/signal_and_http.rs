@@ -41,12 +41,13 @@ fn sigusr1_dumps_and_the_live_endpoint_serves_the_trace() {
         global_ranks: vec![0, 1, 2, 3],
     };
     let t = CommTrace::new(meta, 16);
+    let mut w = t.writer();
     let mut h = t.submit(false, 1, "all_gather", None, Duration::from_secs(9));
     let info = || OpInfo {
         op: "all_gather",
         ..Default::default()
     };
-    t.start(&mut h, info, Some("socket"), None);
+    w.start(&mut h, info, Some("socket"), None);
 
     // SIGUSR1: the handler only wakes the dump thread.
     // SAFETY: raise(3) with a signal whose handler colltrace installed above.
@@ -72,7 +73,7 @@ fn sigusr1_dumps_and_the_live_endpoint_serves_the_trace() {
     // The live endpoint.
     let addr = colltrace::http_addr().expect("serving");
     assert!(addr.ip().is_loopback());
-    t.finish(&mut h, Outcome::Completed);
+    w.finish(&mut h, Outcome::Completed);
     let resp = get(addr, "/colltrace");
     assert!(resp.starts_with("HTTP/1.0 200"), "{resp}");
     let body = &resp[resp.find("\r\n\r\n").unwrap() + 4..];

@@ -38,7 +38,7 @@ pub(crate) struct Task {
 impl Task {
     /// Releases the buffers' owners, then reports the result: a waiter that wakes up may rely
     /// on the operation holding nothing any more.
-    fn complete(self, log: &colltrace::CommTrace, result: crate::error::Result<()>) {
+    fn complete(self, log: &mut colltrace::TraceWriter, result: crate::error::Result<()>) {
         let Task {
             request,
             mut trace,
@@ -74,6 +74,8 @@ pub(crate) struct Executor {
     pub(crate) staging: Staging,
     pub(crate) rx: Receiver<Command>,
     inflight: Vec<InFlight>,
+    /// The only writer of started and finished operations in the trace.
+    tracer: colltrace::TraceWriter,
 }
 
 impl Executor {
@@ -85,6 +87,7 @@ impl Executor {
         rx: Receiver<Command>,
     ) -> Executor {
         Executor {
+            tracer: shared.trace.writer(),
             shared,
             net,
             waker,
@@ -159,21 +162,19 @@ impl Executor {
 
     fn execute(&mut self, mut task: Task) {
         if let Some(err) = self.shared.failure() {
-            task.complete(&self.shared.trace, Err(err));
+            task.complete(&mut self.tracer, Err(err));
             return;
         }
         task.request.start();
         let name = task.op.name();
         if moves_nothing_anywhere(&task.op) {
-            task.complete(&self.shared.trace, Ok(()));
+            task.complete(&mut self.tracer, Ok(()));
             return;
         }
         if task.op.is_p2p() {
             let transport = Some(self.net.describe());
             let info = || super::trace::op_info(&task.op, task.timeout, None);
-            self.shared
-                .trace
-                .start(&mut task.trace, info, transport, None);
+            self.tracer.start(&mut task.trace, info, transport, None);
             let posted = {
                 let mut cx = self.ctx(name, task.seq, task.timeout);
                 algos::post_p2p(&mut cx, &task.op)
@@ -203,15 +204,14 @@ impl Executor {
                 let transport = Some(self.net.describe());
                 let algo_name = algo.map(|a| a.name());
                 let info = || super::trace::op_info(&task.op, task.timeout, None);
-                self.shared
-                    .trace
+                self.tracer
                     .start(&mut task.trace, info, transport, algo_name);
                 let mut cx = self.ctx(name, task.seq, task.timeout);
                 algos::run_collective(&mut cx, &task.op, algo)
             }
         };
         match result {
-            Ok(()) => task.complete(&self.shared.trace, Ok(())),
+            Ok(()) => task.complete(&mut self.tracer, Ok(())),
             Err(e) => self.fail_task(task, e),
         }
     }
@@ -224,8 +224,7 @@ impl Executor {
         // The generic path starts the record again, with its algorithm, when no shared-memory
         // collective fits the op.
         let info = || super::trace::op_info(&task.op, task.timeout, None);
-        self.shared
-            .trace
+        self.tracer
             .start(&mut task.trace, info, Some("shm"), Some("shm"));
         if matches!(task.op, Op::AllToAll { .. }) && !shm.uses_cma() {
             // Only cross-memory attach has an all_to_all of its own.
@@ -355,7 +354,7 @@ impl Executor {
             }
             if f.reqs.is_empty() {
                 let f = self.inflight.remove(i);
-                f.task.complete(&self.shared.trace, Ok(()));
+                f.task.complete(&mut self.tracer, Ok(()));
             } else {
                 i += 1;
             }
@@ -381,11 +380,10 @@ impl Executor {
         // The trace shows this op failed before the failure dumps it; the caller wakes after
         // the dump, so a process that exits on the error still leaves it behind.
         let result = Err(err.clone());
-        self.shared
-            .trace
+        self.tracer
             .finish(&mut task.trace, super::trace::outcome(&result));
         self.fail(err);
-        task.complete(&self.shared.trace, result);
+        task.complete(&mut self.tracer, result);
     }
 
     /// Marks the communicator failed, closes its connections (peers notice at once), fails
@@ -394,7 +392,7 @@ impl Executor {
         let wrapped = self.shared.set_failed(err.clone());
         self.net.abort(&err.to_string());
         for f in self.inflight.drain(..) {
-            f.task.complete(&self.shared.trace, Err(wrapped.clone()));
+            f.task.complete(&mut self.tracer, Err(wrapped.clone()));
         }
         super::trace::report_failure(&self.shared.trace, &err);
         if self.shared.abort_process_on_error {
