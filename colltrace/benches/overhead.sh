@@ -28,19 +28,32 @@ for n in ${NS:-2 4 8}; do
     done
   done
 done
-python3 - <<'PY'
-import json, glob, os, statistics as st
+NS="${NS:-2 4 8}" python3 - <<'PY'
+import json, glob, os, random, statistics as st
 out = os.environ["OUT"]
-for n in (2, 4, 8):
-    res = {}
-    for b in (0, 2000):
-        ts = [json.load(open(f))[0]["time_us"] for f in sorted(glob.glob(f"{out}/r_n{n}_b{b}_*.json"))]
-        res[b] = ts
-        if ts:
-            print(f"n={n} buffer={b}: runs={len(ts)} median={st.median(ts):.3f} us mean={st.mean(ts):.3f} min={min(ts):.3f} max={max(ts):.3f}")
-    if res[0] and res[2000]:
-        print(f"n={n} overhead: median {100*(st.median(res[2000])/st.median(res[0])-1):+.2f}%  mean {100*(st.mean(res[2000])/st.mean(res[0])-1):+.2f}%  min {100*(min(res[2000])/min(res[0])-1):+.2f}%")
+random.seed(1)
+def load(n, b, i):
+    try:
+        return json.load(open(f"{out}/r_n{n}_b{b}_{i}.json"))[0]["time_us"]
+    except (OSError, ValueError, IndexError, KeyError):
+        return None
+for n in map(int, os.environ["NS"].split()):
+    rounds = sorted({int(f.rsplit("_", 1)[1][:-5]) for f in glob.glob(f"{out}/r_n{n}_b0_*.json")})
+    pairs = [(load(n, 0, i), load(n, 2000, i)) for i in rounds]
+    pairs = [(a, b) for a, b in pairs if a and b]
+    if not pairs:
+        continue
+    off = [a for a, _ in pairs]
+    on = [b for _, b in pairs]
+    for name, ts in (("off", off), ("on", on)):
+        q = st.quantiles(ts, n=4)
+        print(f"n={n} tracing {name}: runs={len(ts)} median={st.median(ts):.3f} us quartiles={q[0]:.3f}..{q[2]:.3f} min={min(ts):.3f} max={max(ts):.3f}")
+    # Each round ran both settings back to back: the ratio within a round cancels slow drifts.
+    ratios = [b / a - 1 for a, b in pairs]
+    boot = sorted(st.median(random.choices(ratios, k=len(ratios))) for _ in range(2000))
+    lo, hi = boot[50], boot[1949]
+    print(f"n={n} overhead: median of paired ratios {100*st.median(ratios):+.2f}% (95% CI {100*lo:+.2f}%..{100*hi:+.2f}%), ratio of medians {100*(st.median(on)/st.median(off)-1):+.2f}%, ratio of means {100*(st.mean(on)/st.mean(off)-1):+.2f}%")
 PY
 if [ -x "$B" ]; then
-  "$B" --bench --warm-up-time 1 --measurement-time 3 2>&1 | grep -E "record|now_ns|time:"
+  "$B" --bench --warm-up-time 1 --measurement-time 3 2>&1 | grep -E "record|now_ns|thread|time:"
 fi
