@@ -109,6 +109,24 @@ pub(crate) fn python_comm(
     )
 }
 
+/// The error for a backend whose entry point loaded but registered nothing. Upstream then
+/// loads `TORCHCOMMS_BACKEND_LIB_PATH_<BACKEND>` and calls its `create_dynamic_loader_<backend>`,
+/// which hands back C++ backend objects (loader ABI 1.3); torchcomms-rs cannot drive those, so
+/// it says so, naming the library, and keeps upstream's message when the variable is unset.
+fn no_factory(backend: &str) -> PyErr {
+    let key = format!("TORCHCOMMS_BACKEND_LIB_PATH_{}", backend.to_uppercase());
+    match std::env::var_os(&key) {
+        None => PyRuntimeError::new_err(format!("Backend {backend} specified, but {key} not set")),
+        Some(path) => pyo3::exceptions::PyNotImplementedError::new_err(format!(
+            "{key}={}: loading a C++ backend library (create_dynamic_loader_{backend}, loader \
+             ABI 1.3) is not supported by torchcomms-rs; provide the backend through a \
+             `torchcomms.backends` entry point that registers it, or \
+             torchcomms.register_backend()",
+            path.to_string_lossy()
+        )),
+    }
+}
+
 /// Creates a communicator over all ranks (a collective). Rank and size come from the
 /// launcher's environment (torchrun, SLURM, MPI); the store from `store=` or
 /// `MASTER_ADDR`/`MASTER_PORT`.
@@ -172,6 +190,9 @@ pub(crate) fn new_comm(
         let opts = Py::new(py, options.copy(py))?;
         instance.call_method1(py, "init", (&torch_device, name, opts))?;
         return python_comm(py, instance.bind(py), backend, &torch_device, options);
+    }
+    if !torchcomms::is_backend_registered(backend) {
+        return Err(no_factory(backend));
     }
 
     let dev = parse_device(&torch_device)?;

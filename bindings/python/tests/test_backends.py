@@ -148,3 +148,21 @@ def test_set_hints_picks_the_algorithm(fresh: Any) -> None:
 
     algos = [e["algorithm"] for e in json.loads(fr.dump_json())["entries"]]
     assert algos == ["ring", "direct"], algos
+
+
+def test_entry_point_that_registers_nothing(tmp_path: Any, monkeypatch: Any) -> None:
+    """An installed entry point whose module registers no factory: upstream then looks at
+    TORCHCOMMS_BACKEND_LIB_PATH_<B> (§2.3). Unset, its message; set, we name the library we
+    cannot load (upstream's loader hands back C++ objects)."""
+    dist = tmp_path / "dynbackend-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: dynbackend\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[torchcomms.backends]\ndyn_test = json\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert torchcomms.is_backend_built("dyn_test")
+    monkeypatch.delenv("TORCHCOMMS_BACKEND_LIB_PATH_DYN_TEST", raising=False)
+    with pytest.raises(RuntimeError, match="Backend dyn_test specified, but TORCHCOMMS_BACKEND_LIB_PATH_DYN_TEST not set"):
+        torchcomms.new_comm("dyn_test", "cpu", name="dyn")
+    monkeypatch.setenv("TORCHCOMMS_BACKEND_LIB_PATH_DYN_TEST", "/opt/libdyn.so")
+    with pytest.raises(NotImplementedError, match="TORCHCOMMS_BACKEND_LIB_PATH_DYN_TEST=/opt/libdyn.so.*create_dynamic_loader_dyn_test"):
+        torchcomms.new_comm("dyn_test", "cpu", name="dyn")
