@@ -11,7 +11,7 @@ use anyhow::{bail, Context, Result};
 use ctran::bootstrap::env::RankInfo;
 use ctran::{DataType, ReduceOp};
 use serde::Serialize;
-use torchcomms::{new_comm, CommOptions, OpOptions, P2POp, Tensor, TorchComm, Work};
+use torchcomms::{new_comm, CommOptions, ErrorKind, OpOptions, P2POp, Tensor, TorchComm, Work};
 
 use crate::check::{input_value, invalid_combo, reduce_expected, with_elem, Elem, Expect, Pattern};
 use crate::cli::{CollOp, Settings};
@@ -24,6 +24,8 @@ pub(crate) const WRONG_EXIT: u8 = 3;
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Row {
     op: &'static str,
+    /// The algorithm asked for (`--algo`); `None` when the backend chose.
+    algo: Option<String>,
     dtype: &'static str,
     redop: &'static str,
     /// The root rank, for operations that have one.
@@ -146,14 +148,19 @@ impl Bench<'_> {
         })
     }
 
-    fn opts(&self, async_op: bool) -> OpOptions {
+    fn opts(&self, op: CollOp, algo: Option<&str>, async_op: bool) -> OpOptions {
         let mut o = if async_op {
             OpOptions::async_op()
         } else {
             OpOptions::sync()
         };
-        if let Some(algo) = &self.s.algo {
+        if let Some(algo) = algo {
             o = o.with_hint("algo", algo);
+        }
+        if op == CollOp::AllToAll {
+            // all_to_all_single: every rank passes equal blocks, which lets the engine consider
+            // algorithms that need them (Bruck).
+            o = o.with_hint("uniform_blocks", "1");
         }
         o
     }
@@ -181,9 +188,16 @@ impl Bench<'_> {
     }
 
     /// Runs `k` iterations: one at a time, or all issued asynchronously then waited for.
-    fn iterate(&self, op: CollOp, redop: ReduceOp, b: &Bufs, k: u32) -> Result<()> {
+    fn iterate(
+        &self,
+        op: CollOp,
+        algo: Option<&str>,
+        redop: ReduceOp,
+        b: &Bufs,
+        k: u32,
+    ) -> Result<()> {
         if self.s.async_op {
-            let o = self.opts(true);
+            let o = self.opts(op, algo, true);
             let works = (0..k)
                 .map(|_| self.issue(op, redop, b, &o))
                 .collect::<torchcomms::Result<Vec<Work>>>()?;
@@ -191,7 +205,7 @@ impl Bench<'_> {
                 w.wait()?;
             }
         } else {
-            let o = self.opts(false);
+            let o = self.opts(op, algo, false);
             for _ in 0..k {
                 self.issue(op, redop, b, &o)?.wait()?;
             }
@@ -215,22 +229,49 @@ impl Bench<'_> {
         Ok(self.mem.download::<f64>(t)?[0])
     }
 
-    /// Times one (op, dtype, redop, size) and checks it.
-    fn measure(&self, op: CollOp, dtype: DataType, redop: ReduceOp, lay: Layout) -> Result<Row> {
+    /// Times one (op, algorithm, dtype, redop, size) and, with `check`, checks it. `Ok(Err)`
+    /// with the reason when the backend refuses the algorithm for this call (every rank
+    /// refuses alike: the choice depends only on what all ranks agree on).
+    fn measure(
+        &self,
+        op: CollOp,
+        algo: Option<&str>,
+        dtype: DataType,
+        redop: ReduceOp,
+        lay: Layout,
+        check: bool,
+    ) -> Result<std::result::Result<Row, String>> {
         let c = lay.count;
         let bufs = self.bufs(op, self.mem.zeros(dtype, self.in_count(op, c))?, c)?;
+        let (warmup, iters) = self.s.iterations(lay.bytes);
         self.barrier()?;
-        self.iterate(op, redop, &bufs, self.s.warmup)
+        // The first warm-up iteration, on its own: an algorithm that cannot run this call
+        // fails here, before anything was sent.
+        if algo.is_some() {
+            let first = self
+                .issue(op, redop, &bufs, &self.opts(op, algo, false))
+                .and_then(|w| w.wait());
+            match first {
+                Err(e) if e.kind() == ErrorKind::InvalidArgument => return Ok(Err(e.to_string())),
+                other => other.context("warm-up")?,
+            }
+        }
+        let warmup = if algo.is_some() {
+            warmup.saturating_sub(1)
+        } else {
+            warmup
+        };
+        self.iterate(op, algo, redop, &bufs, warmup)
             .context("warm-up")?;
         self.barrier()?;
         let t0 = Instant::now();
-        self.iterate(op, redop, &bufs, self.s.iters)
+        self.iterate(op, algo, redop, &bufs, iters)
             .context("timed iterations")?;
-        let local = t0.elapsed().as_secs_f64() / f64::from(self.s.iters);
+        let local = t0.elapsed().as_secs_f64() / f64::from(iters);
         drop(bufs);
         let secs = self.reduce_scalar(local, ReduceOp::Max)?;
-        let wrong = if self.s.check {
-            let w = with_elem!(dtype, T => self.check::<T>(op, redop, c)?,
+        let wrong = if check {
+            let w = with_elem!(dtype, T => self.check::<T>(op, algo, redop, c)?,
                 _ => bail!("dtype {dtype} is not known to the check"));
             Some(self.reduce_scalar(w as f64, ReduceOp::Sum)? as u64)
         } else {
@@ -241,8 +282,9 @@ impl Bench<'_> {
         } else {
             0.0
         };
-        Ok(Row {
+        Ok(Ok(Row {
             op: op.name(),
+            algo: algo.map(str::to_string),
             dtype: dtype.name(),
             redop: if op.reduces() { redop.name() } else { "none" },
             root: op.rooted().then_some(self.root),
@@ -253,11 +295,72 @@ impl Bench<'_> {
             busbw_gbps: algbw * op.bus_factor(self.n),
             wrong,
             nranks: self.n,
-        })
+        }))
+    }
+
+    /// Times one (op, dtype, redop, size) with each of `algos`, `--rounds` times in turn, and
+    /// keeps the best round of each; checks the first round.
+    fn measure_all(
+        &self,
+        op: CollOp,
+        algos: &[Option<String>],
+        dtype: DataType,
+        redop: ReduceOp,
+        lay: Layout,
+    ) -> Result<Vec<Entry>> {
+        let mut best: Vec<Option<Entry>> = vec![None; algos.len()];
+        for round in 0..self.s.rounds {
+            for (k, algo) in algos.iter().enumerate() {
+                if matches!(best[k], Some(Entry::Na(_))) {
+                    continue;
+                }
+                let got = self.measure(
+                    op,
+                    algo.as_deref(),
+                    dtype,
+                    redop,
+                    lay,
+                    round == 0 && self.s.check,
+                )?;
+                best[k] = Some(match (got, best[k].take()) {
+                    (Err(why), _) => Entry::Na(format!(
+                        "  {:>10} {:>12} {:>6} {:>10} {:>5} {:>11} {:>12} {:>12} {:>7}  ({})",
+                        lay.bytes,
+                        lay.count,
+                        dtype.name(),
+                        if op.reduces() { redop.name() } else { "none" },
+                        "-",
+                        "n/a",
+                        "n/a",
+                        "n/a",
+                        "n/a",
+                        short_reason(&why)
+                    )),
+                    (Ok(row), Some(Entry::Row(old))) if old.time_us <= row.time_us => {
+                        Entry::Row(old)
+                    }
+                    (Ok(mut row), Some(Entry::Row(old))) => {
+                        row.wrong = old.wrong;
+                        Entry::Row(row)
+                    }
+                    (Ok(row), _) => Entry::Row(row),
+                });
+            }
+        }
+        Ok(best
+            .into_iter()
+            .map(|e| e.expect("every algorithm ran at least one round"))
+            .collect())
     }
 
     /// Runs the operation once on deterministic inputs; returns this rank's mismatches.
-    fn check<T: Elem>(&self, op: CollOp, redop: ReduceOp, c: usize) -> Result<u64> {
+    fn check<T: Elem>(
+        &self,
+        op: CollOp,
+        algo: Option<&str>,
+        redop: ReduceOp,
+        c: usize,
+    ) -> Result<u64> {
         let (n, rank, root) = (self.n, self.rank, self.root);
         let pat = if op.reduces() {
             Pattern::Reduce(redop)
@@ -273,7 +376,8 @@ impl Bench<'_> {
             (0..k).map(|i| T::from_i64(value(rank, i))).collect()
         };
         let bufs = self.bufs(op, self.mem.upload(data)?, c)?;
-        self.issue(op, redop, &bufs, &self.opts(false))?.wait()?;
+        self.issue(op, redop, &bufs, &self.opts(op, algo, false))?
+            .wait()?;
         let got: Vec<T> = self.mem.download(bufs.result())?;
         let blk = (c / n).max(1);
         let expect = |j: usize| match op {
@@ -307,6 +411,16 @@ impl Bench<'_> {
     }
 }
 
+/// auto counts as good as the best algorithm within this factor of its time.
+const AUTO_TOLERANCE: f64 = 1.10;
+
+/// One line of a table: a measured row, or the text of one that could not be measured.
+#[derive(Debug, Clone)]
+enum Entry {
+    Row(Row),
+    Na(String),
+}
+
 /// Table output of rank 0.
 struct Printer {
     on: bool,
@@ -327,9 +441,12 @@ impl Printer {
         }
     }
 
-    fn table_header(&self, op: CollOp) {
+    fn table_header(&self, op: CollOp, algo: Option<&str>) {
         self.line("#");
-        self.line(format!("# {}", op.name()));
+        match algo {
+            Some(a) => self.line(format!("# {} algo {a}", op.name())),
+            None => self.line(format!("# {}", op.name())),
+        }
         self.line(format!(
             "# {:>10} {:>12} {:>6} {:>10} {:>5} {:>11} {:>12} {:>12} {:>7}",
             "size",
@@ -343,6 +460,76 @@ impl Printer {
             "#wrong"
         ));
         self.line(format!("# {:>10} {:>12}", "(B)", "(elements)"));
+    }
+
+    fn entry(&self, e: &Entry) {
+        match e {
+            Entry::Row(r) => self.row(r),
+            Entry::Na(text) => self.line(text),
+        }
+    }
+
+    /// `--algo all`: for every size, the best algorithm and how auto compares; returns (sizes
+    /// where auto is within [`AUTO_TOLERANCE`] of the best, sizes compared).
+    fn auto_summary(
+        &self,
+        op: CollOp,
+        algos: &[Option<String>],
+        auto: usize,
+        lines: &[Vec<Entry>],
+    ) -> (usize, usize) {
+        self.line("#");
+        self.line(format!(
+            "# {}: auto against the best algorithm (time of the best round)",
+            op.name()
+        ));
+        self.line(format!(
+            "# {:>10} {:>6} {:>10} {:>18} {:>11} {:>11} {:>9}",
+            "size", "type", "redop", "best", "best(us)", "auto(us)", "auto/best"
+        ));
+        let (mut within, mut of) = (0, 0);
+        for line in lines {
+            let Entry::Row(a) = &line[auto] else {
+                continue;
+            };
+            let best = line
+                .iter()
+                .enumerate()
+                .filter(|&(k, _)| k != auto)
+                .filter_map(|(k, e)| match e {
+                    Entry::Row(r) => Some((k, r)),
+                    Entry::Na(_) => None,
+                })
+                .min_by(|x, y| x.1.time_us.total_cmp(&y.1.time_us));
+            let Some((k, b)) = best else {
+                continue;
+            };
+            let ratio = if b.time_us > 0.0 {
+                a.time_us / b.time_us
+            } else {
+                1.0
+            };
+            of += 1;
+            let ok = ratio <= AUTO_TOLERANCE;
+            within += usize::from(ok);
+            self.line(format!(
+                "  {:>10} {:>6} {:>10} {:>18} {:>11.2} {:>11.2} {:>9.2}{}",
+                a.bytes,
+                a.dtype,
+                a.redop,
+                algos[k].as_deref().unwrap_or("-"),
+                b.time_us,
+                a.time_us,
+                ratio,
+                if ok { "" } else { "  *" }
+            ));
+        }
+        self.line(format!(
+            "# {}: auto within {:.0}% of the best algorithm at {within} of {of} sizes (* beyond)",
+            op.name(),
+            (AUTO_TOLERANCE - 1.0) * 100.0
+        ));
+        (within, of)
     }
 
     fn row(&self, r: &Row) {
@@ -413,14 +600,29 @@ pub(crate) fn run_rank(s: &Settings, info: &RankInfo) -> Result<ExitCode> {
     let sizes = s.sizes();
     let mut rows: Vec<Row> = Vec::new();
     let mut bw_sum = 0.0;
+    let mut auto_score = (0usize, 0usize);
     for &op in &s.ops {
         if op == CollOp::SendRecv && n < 2 {
             p.line("#");
             p.line("# send_recv: skipped (needs at least 2 ranks)");
             continue;
         }
-        p.table_header(op);
-        let first = rows.len();
+        let algos = match s.algos_for(op) {
+            Ok(a) => a,
+            Err(why) => {
+                p.line("#");
+                p.line(format!("# {}: skipped ({why})", op.name()));
+                continue;
+            }
+        };
+        // One algorithm: rows print as they come. Several: every size is timed with each in
+        // turn (so that they see the same background load), the tables print at the end.
+        let live = algos.len() == 1;
+        if live {
+            p.table_header(op, algos[0].as_deref());
+        }
+        // One line per (dtype, redop, size), one entry per algorithm.
+        let mut lines: Vec<Vec<Entry>> = Vec::new();
         let redops: &[ReduceOp] = if op.reduces() {
             &s.redops
         } else {
@@ -430,10 +632,14 @@ pub(crate) fn run_rank(s: &Settings, info: &RankInfo) -> Result<ExitCode> {
             for &redop in redops {
                 if op.reduces() {
                     if let Some(why) = invalid_combo(dtype, redop) {
-                        p.line(format!(
+                        let e = Entry::Na(format!(
                             "  {:>10} {:>12} {:>6} {:>10} {:>5} {:>11} {:>12} {:>12} {:>7}  ({why})",
                             "-", "-", dtype.name(), redop.name(), "-", "n/a", "n/a", "n/a", "n/a"
                         ));
+                        if live {
+                            p.entry(&e);
+                        }
+                        lines.push(vec![e; algos.len()]);
                         continue;
                     }
                 }
@@ -444,25 +650,56 @@ pub(crate) fn run_rank(s: &Settings, info: &RankInfo) -> Result<ExitCode> {
                         continue;
                     }
                     last = Some(lay);
-                    let row = b.measure(op, dtype, redop, lay).with_context(|| {
-                        format!(
-                            "{} of {} bytes ({}, {})",
-                            op.name(),
-                            lay.bytes,
-                            dtype,
-                            redop.name()
-                        )
-                    })?;
-                    p.row(&row);
-                    rows.push(row);
+                    let line = b
+                        .measure_all(op, &algos, dtype, redop, lay)
+                        .with_context(|| {
+                            format!(
+                                "{} of {} bytes ({}, {})",
+                                op.name(),
+                                lay.bytes,
+                                dtype,
+                                redop.name()
+                            )
+                        })?;
+                    if live {
+                        p.entry(&line[0]);
+                    }
+                    lines.push(line);
                 }
             }
         }
-        let mine = &rows[first..];
+        if !live {
+            for (k, algo) in algos.iter().enumerate() {
+                p.table_header(op, algo.as_deref());
+                for line in &lines {
+                    p.entry(&line[k]);
+                }
+            }
+        }
+        let mine: Vec<&Row> = lines
+            .iter()
+            .flatten()
+            .filter_map(|e| match e {
+                Entry::Row(r) => Some(r),
+                Entry::Na(_) => None,
+            })
+            .collect();
         if !mine.is_empty() {
-            let avg = mine.iter().map(|r| r.busbw_gbps).sum::<f64>() / mine.len() as f64;
-            bw_sum += mine.iter().map(|r| r.busbw_gbps).sum::<f64>();
-            p.line(format!("# {} avg bus bandwidth: {avg:.3} GB/s", op.name()));
+            let sum: f64 = mine.iter().map(|r| r.busbw_gbps).sum();
+            bw_sum += sum;
+            p.line(format!(
+                "# {} avg bus bandwidth: {:.3} GB/s",
+                op.name(),
+                sum / mine.len() as f64
+            ));
+        }
+        rows.extend(mine.into_iter().cloned());
+        if let Some(auto) = algos.iter().position(|a| a.as_deref() == Some("auto")) {
+            if algos.len() > 2 {
+                let (within, of) = p.auto_summary(op, &algos, auto, &lines);
+                auto_score.0 += within;
+                auto_score.1 += of;
+            }
         }
     }
     let wrong: u64 = rows.iter().filter_map(|r| r.wrong).sum();
@@ -474,6 +711,14 @@ pub(crate) fn run_rank(s: &Settings, info: &RankInfo) -> Result<ExitCode> {
         ));
     } else {
         p.line("# Out of bounds values : not checked (-c 0)");
+    }
+    if auto_score.1 > 0 {
+        p.line(format!(
+            "# auto within {:.0}% of the best algorithm: {} of {} sizes",
+            (AUTO_TOLERANCE - 1.0) * 100.0,
+            auto_score.0,
+            auto_score.1
+        ));
     }
     if !rows.is_empty() {
         p.line(format!(
@@ -512,6 +757,28 @@ pub(crate) fn run_rank(s: &Settings, info: &RankInfo) -> Result<ExitCode> {
     })
 }
 
+/// The part of an engine refusal that says why: the text in its last parentheses (which may
+/// hold parentheses of their own), or all of it.
+fn short_reason(msg: &str) -> String {
+    let Some(end) = msg.rfind(')') else {
+        return msg.to_string();
+    };
+    let mut depth = 0usize;
+    for (i, ch) in msg[..=end].char_indices().rev() {
+        match ch {
+            ')' => depth += 1,
+            '(' => {
+                depth -= 1;
+                if depth == 0 {
+                    return msg[i + 1..end].to_string();
+                }
+            }
+            _ => {}
+        }
+    }
+    msg.to_string()
+}
+
 /// This process's peak resident memory in KiB (`VmHWM` of /proc/self/status), where available.
 fn peak_rss_kib() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -539,6 +806,16 @@ mod tests {
         assert_eq!(l, Layout { bytes: 0, count: 0 });
         let l = layout(CollOp::SendRecv, 4, DataType::Bool, 7);
         assert_eq!(l, Layout { bytes: 7, count: 7 });
+    }
+
+    #[test]
+    fn refusals_keep_their_reason() {
+        assert_eq!(
+            short_reason("x: expected one of auto, direct (tree needs all 2 blocks to fit one staging chunk (1048576 bytes)), got tree"),
+            "tree needs all 2 blocks to fit one staging chunk (1048576 bytes)"
+        );
+        assert_eq!(short_reason("no parentheses"), "no parentheses");
+        assert_eq!(short_reason("unbalanced)"), "unbalanced)");
     }
 
     #[test]

@@ -127,9 +127,21 @@ pub(crate) struct Args {
     #[arg(long = "async")]
     pub(crate) async_op: bool,
 
-    /// Algorithm to ask for: passed as the hint {"algo": NAME} on every operation.
+    /// Algorithm to run (ctran): passed as the hint {"algo": NAME} on every collective; ops
+    /// without an algorithm of that name are skipped. `all`: one table per algorithm of each op,
+    /// and `auto` last, then how auto compares with the best algorithm at each size.
     #[arg(long, value_name = "NAME")]
     pub(crate) algo: Option<String>,
+
+    /// Time every size this many times (algorithms of `--algo all` interleaved) and report the
+    /// best round: on a busy machine the best round is the least disturbed one.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) rounds: u32,
+
+    /// Cap warm-up and timed iterations of a size so that iterations x size stays within
+    /// BYTES (at least one of each); accepts K, M, G suffixes. Keeps large sizes quick.
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+    pub(crate) max_iter_bytes: Option<u64>,
 
     /// Print every configuration variable (cvar) with its effective value and where it came
     /// from (default, the TORCHCOMMS_CONFIG file, the environment), then exit.
@@ -252,6 +264,16 @@ impl CollOp {
         )
     }
 
+    /// The ctran algorithm names of this operation; `None` for point-to-point.
+    pub(crate) fn algos(self) -> Option<Vec<&'static str>> {
+        ctran::algos::names_for(self.name())
+    }
+
+    /// True when `name` is an algorithm of this operation.
+    pub(crate) fn has_algo(self, name: &str) -> bool {
+        self.algos().is_some_and(|v| v.contains(&name))
+    }
+
     /// busbw / algbw for `n` ranks (nccl-tests' factors).
     pub(crate) fn bus_factor(self, n: usize) -> f64 {
         let n = n as f64;
@@ -363,6 +385,8 @@ pub(crate) struct Settings {
     pub(crate) json: Option<PathBuf>,
     pub(crate) async_op: bool,
     pub(crate) algo: Option<String>,
+    pub(crate) rounds: u32,
+    pub(crate) max_iter_bytes: Option<u64>,
 }
 
 /// Keeps the first occurrence of every element.
@@ -399,11 +423,6 @@ impl Settings {
                 torchcomms::backend_names().join(", ")
             );
         }
-        if let Some(algo) = &a.algo {
-            if algo.trim().is_empty() {
-                bail!("invalid value for '--algo': expected an algorithm name, got an empty one");
-            }
-        }
         let ops = if a.ops.contains(&OpArg::All) {
             CollOp::ALL.to_vec()
         } else {
@@ -426,6 +445,33 @@ impl Settings {
                 redops.push(op);
             }
         }
+        let algo = a.algo.map(|x| x.trim().to_ascii_lowercase());
+        if let Some(name) = &algo {
+            if name.is_empty() {
+                bail!("invalid value for '--algo': expected an algorithm name, got an empty one");
+            }
+            if name == "all" && a.backend != "ctran" {
+                bail!(
+                    "invalid value for '--algo': `all` needs --backend ctran (the {} backend has no \
+                     algorithms to choose from)",
+                    a.backend
+                );
+            }
+            if name != "all" && name != "auto" && !ops.iter().any(|op| op.has_algo(name)) {
+                let known: Vec<String> = ops
+                    .iter()
+                    .filter_map(|op| {
+                        op.algos()
+                            .map(|v| format!("{}: {}", op.name(), v.join(", ")))
+                    })
+                    .collect();
+                bail!(
+                    "invalid value for '--algo': no operation run has an algorithm `{name}` \
+                     (expected all, auto or one of {})",
+                    known.join("; ")
+                );
+            }
+        }
         Ok(Settings {
             nranks: a.nranks as usize,
             minbytes: a.minbytes,
@@ -444,8 +490,53 @@ impl Settings {
             launch_timeout: a.launch_timeout,
             json: a.json,
             async_op: a.async_op,
-            algo: a.algo,
+            algo,
+            rounds: a.rounds,
+            max_iter_bytes: a.max_iter_bytes,
         })
+    }
+
+    /// The algorithms to measure `op` with, in table order (`None`: no hint, the backend
+    /// chooses); `Err` with the reason when `--algo` names none of `op`'s.
+    pub(crate) fn algos_for(&self, op: CollOp) -> Result<Vec<Option<String>>, String> {
+        let Some(name) = &self.algo else {
+            return Ok(vec![None]);
+        };
+        let Some(names) = op.algos() else {
+            // Point-to-point: nothing to choose, run it as is.
+            return Ok(vec![None]);
+        };
+        if name == "all" {
+            return Ok(names
+                .iter()
+                .map(|a| Some(a.to_string()))
+                .chain(std::iter::once(Some("auto".to_string())))
+                .collect());
+        }
+        if name == "auto" || op.has_algo(name) {
+            return Ok(vec![Some(name.clone())]);
+        }
+        Err(format!(
+            "no algorithm `{name}`; one of auto, {}",
+            names.join(", ")
+        ))
+    }
+
+    /// Warm-up and timed iterations for a size of `bytes` (`--max-iter-bytes`).
+    pub(crate) fn iterations(&self, bytes: usize) -> (u32, u32) {
+        let cap = |k: u32| match self.max_iter_bytes {
+            Some(budget) if bytes > 0 => {
+                let fit = (budget / bytes as u64).clamp(1, u64::from(u32::MAX)) as u32;
+                k.min(fit)
+            }
+            _ => k,
+        };
+        let warmup = if self.warmup == 0 {
+            0
+        } else {
+            cap(self.warmup)
+        };
+        (warmup, cap(self.iters))
     }
 
     /// The sizes to measure, in bytes, before rounding to the operation's unit.
@@ -519,6 +610,52 @@ mod tests {
     }
 
     #[test]
+    fn algo_all_lists_every_algorithm_then_auto() {
+        let a =
+            Args::try_parse_from(["p", "--op", "broadcast,send_recv", "--algo", "all"]).unwrap();
+        let s = Settings::from_args(a).unwrap();
+        let names = |v: Vec<Option<String>>| -> Vec<String> {
+            v.into_iter()
+                .map(|x| x.unwrap_or_else(|| "-".into()))
+                .collect()
+        };
+        assert_eq!(
+            names(s.algos_for(CollOp::Broadcast).unwrap()),
+            ["tree", "chain", "direct", "auto"]
+        );
+        assert_eq!(names(s.algos_for(CollOp::SendRecv).unwrap()), ["-"]);
+        // One name: the ops that have it run with it, the others are skipped with the reason.
+        let a = Args::try_parse_from(["p", "--algo", "Ring"]).unwrap();
+        let s = Settings::from_args(a).unwrap();
+        assert_eq!(names(s.algos_for(CollOp::AllGather).unwrap()), ["ring"]);
+        let why = s.algos_for(CollOp::Broadcast).unwrap_err();
+        assert!(why.contains("auto, tree, chain, direct"), "{why}");
+        // A name no op has is an error that lists them.
+        let a = Args::try_parse_from(["p", "--op", "broadcast", "--algo", "ring"]).unwrap();
+        let e = Settings::from_args(a).unwrap_err().to_string();
+        assert!(
+            e.contains("--algo") && e.contains("broadcast: tree, chain, direct"),
+            "{e}"
+        );
+        let a = Args::try_parse_from(["p", "--algo", "all", "--backend", "nccl"]).unwrap();
+        assert!(Settings::from_args(a).is_err());
+    }
+
+    #[test]
+    fn iterations_shrink_for_large_sizes() {
+        let a =
+            Args::try_parse_from(["p", "-w", "3", "-i", "20", "--max-iter-bytes", "64M"]).unwrap();
+        let s = Settings::from_args(a).unwrap();
+        assert_eq!(s.iterations(0), (3, 20));
+        assert_eq!(s.iterations(1 << 20), (3, 20));
+        assert_eq!(s.iterations(16 << 20), (3, 4));
+        assert_eq!(s.iterations(64 << 20), (1, 1));
+        assert_eq!(s.iterations(1 << 30), (1, 1));
+        let a = Args::try_parse_from(["p", "-w", "0", "-i", "5"]).unwrap();
+        assert_eq!(Settings::from_args(a).unwrap().iterations(1 << 30), (0, 5));
+    }
+
+    #[test]
     fn bad_values_name_the_argument() {
         for (argv, name) in [
             (["p", "--dtype", "f7"], "--dtype"),
@@ -531,6 +668,8 @@ mod tests {
             (["p", "--device", "tpu"], "--device"),
             (["p", "-c", "2"], "--check"),
             (["p", "--timeout", "0"], "--timeout"),
+            (["p", "--rounds", "0"], "--rounds"),
+            (["p", "--max-iter-bytes", "x"], "--max-iter-bytes"),
         ] {
             let e = Args::try_parse_from(argv).unwrap_err().to_string();
             assert!(e.contains(name), "{argv:?}: {e}");

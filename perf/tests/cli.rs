@@ -131,6 +131,90 @@ fn every_dtype_and_redop_on_three_ranks() {
 }
 
 #[test]
+fn algo_all_prints_one_table_per_algorithm_and_the_auto_summary() {
+    let json = temp_path("algos.json");
+    let out = perf()
+        // Over TCP, with 4 KiB staging chunks: tree scatter cannot hold 3 blocks of 2 KiB.
+        .env("CTRAN_BACKENDS", "socket")
+        .env("CTRAN_CHUNK_BYTES", "4096")
+        .args([
+            "-n",
+            "3",
+            "--op",
+            "all_reduce,scatter,send_recv",
+            "-b",
+            "8",
+            "-e",
+            "8K",
+            "-f",
+            "4",
+            "--algo",
+            "all",
+            "-w",
+            "1",
+            "-i",
+            "2",
+            "--rounds",
+            "2",
+            "--timeout",
+            "120",
+            "--json",
+        ])
+        .arg(&json)
+        .output()
+        .expect("run torchcomms-perf");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "exit {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status
+    );
+    let text = std::fs::read_to_string(&json).expect("the --json file");
+    let _ = std::fs::remove_file(&json);
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&text).expect("a JSON array");
+    for (op, algos) in [
+        (
+            "all_reduce",
+            &["ring", "halving_doubling", "direct", "tree", "auto"][..],
+        ),
+        ("scatter", &["tree", "direct", "auto"][..]),
+    ] {
+        for algo in algos {
+            assert!(
+                stdout.contains(&format!("# {op} algo {algo}\n")),
+                "no table for {op} {algo}:\n{stdout}"
+            );
+            let n = rows
+                .iter()
+                .filter(|r| r["op"] == op && r["algo"] == *algo)
+                .count();
+            // 8 B, 32 B, 128 B, 512 B, 2 KiB, 8 KiB (scatter: 8 B rounds down to 0 bytes).
+            assert!(n >= 5, "{n} rows for {op} {algo}");
+        }
+        assert!(
+            stdout.contains(&format!("# {op}: auto against the best algorithm")),
+            "{stdout}"
+        );
+    }
+    // Tree scatter of 8 KiB (3 blocks of 2 KiB) does not fit a 4 KiB chunk: n/a, with why.
+    assert!(
+        stdout.contains("tree needs all 3 blocks to fit one staging chunk"),
+        "{stdout}"
+    );
+    assert!(!rows
+        .iter()
+        .any(|r| r["op"] == "scatter" && r["algo"] == "tree" && r["bytes"] == 8184));
+    // send_recv has no algorithms: one table, run as is.
+    assert!(stdout.contains("# send_recv\n"), "{stdout}");
+    assert!(
+        stdout.contains("# auto within 10% of the best algorithm: "),
+        "{stdout}"
+    );
+    assert!(rows.iter().all(|r| r["wrong"] == 0), "{text}");
+}
+
+#[test]
 fn a_bad_dtype_names_the_argument() {
     let out = perf()
         .args(["-n", "2", "--dtype", "f7"])
