@@ -10,6 +10,7 @@
 # Env: PERF (a prebuilt torchcomms-perf; default: cargo build --release), PYTHON.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+ARGS="$*"
 OUT=/dev/null
 MAX=$((64 << 20))
 NETNS=1
@@ -43,7 +44,7 @@ peak() { grep -h "Peak memory" "$@" | sed 's/^# *//' | sort -t: -k2 -g | tail -1
     echo
     echo "- date: $(date -u +%Y-%m-%dT%H:%MZ)"
     echo "- machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(free -g | awk '/Mem:/{print $2}') GiB"
-    echo "- torch $($PYTHON -c 'import torch; print(torch.__version__)'), command: scripts/bench-vs-gloo.sh $*"
+    echo "- torch $($PYTHON -c 'import torch; print(torch.__version__)'), command: scripts/bench-vs-gloo.sh $ARGS"
 } | tee "$OUT"
 
 for n in 2 4; do
