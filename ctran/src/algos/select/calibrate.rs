@@ -8,8 +8,10 @@
 //!    at once exchange messages with their ring neighbours, after two barriers so that they start
 //!    together: `PING_ROUNDS` empty round trips between rank pairs (alpha, the hop latency),
 //!    `FAN_ROUNDS` rounds of an empty message to each of the next `FAN` ranks (mu, the CPU cost
-//!    of a message), `BETA_ROUNDS` ring exchanges of `BETA_BYTES` (beta) — means over the rounds, and a local reduction of `BETA_BYTES` (about 10 ms in
-//!    all with 8 ranks on 2 loaded cores, well under 50 ms);
+//!    of a message), `BETA_ROUNDS` ring exchanges of `BETA_BYTES` (beta), each after an untimed
+//!    round (page faults, socket buffers growing); the median round trip, robust to a round that
+//!    lost the CPU, and the mean of the exchanges, whose rounds overlap; and a local reduction of
+//!    `BETA_BYTES` (about 10 ms in all with 8 ranks on 2 loaded cores, well under 50 ms);
 //! 3. a ring all_reduce(max) of the parameters (configured values where given), so every rank
 //!    holds bitwise the same model and auto picks the same algorithm everywhere. The maximum
 //!    also makes the slowest link (and the slowest transport) set the parameters.
@@ -58,6 +60,47 @@ fn span_of<T>(v: &mut [T]) -> Span {
     unsafe { Span::from_raw(v.as_mut_ptr().cast(), std::mem::size_of_val(v)) }
 }
 
+/// Mean seconds of `rounds` runs of `round`, after one untimed run (fresh buffers fault their
+/// pages in, socket buffers grow). For exchanges whose rounds do not wait for each other (sends
+/// are buffered, a rank may run ahead): only their total time measures the throughput.
+fn mean_of(rounds: usize, mut round: impl FnMut() -> Result<()>) -> Result<f64> {
+    round()?;
+    let t0 = Instant::now();
+    for _ in 0..rounds {
+        round()?;
+    }
+    Ok(t0.elapsed().as_secs_f64() / rounds.max(1) as f64)
+}
+
+/// The median of `rounds` timings of `round`, after one untimed run; for rounds that are
+/// synchronous by themselves (round trips). On a shared host a round now and then loses the CPU
+/// for a scheduler tick (milliseconds, against microseconds for a message), which would drag a
+/// mean of a few rounds far from the typical round.
+fn median_of(rounds: usize, mut round: impl FnMut() -> Result<()>) -> Result<f64> {
+    round()?;
+    let mut times = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        let t0 = Instant::now();
+        round()?;
+        times.push(t0.elapsed().as_secs_f64());
+    }
+    Ok(median(&mut times))
+}
+
+/// The median of `v` (the mean of the middle two for an even count; 0 when empty).
+fn median(v: &mut [f64]) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_unstable_by(f64::total_cmp);
+    let m = v.len() / 2;
+    if v.len() % 2 == 1 {
+        v[m]
+    } else {
+        (v[m - 1] + v[m]) / 2.0
+    }
+}
+
 /// Mean seconds of one ring exchange of `bytes` (every rank sends right and receives from the
 /// left) over `rounds`.
 fn ring_exchange(cx: &mut OpCtx<'_>, bytes: usize, rounds: usize) -> Result<f64> {
@@ -66,23 +109,18 @@ fn ring_exchange(cx: &mut OpCtx<'_>, bytes: usize, rounds: usize) -> Result<f64>
     let mut out = vec![0u8; bytes];
     let mut inc = vec![0u8; bytes];
     let (o, i) = (span_of(&mut out), span_of(&mut inc));
-    let t0 = Instant::now();
-    for _ in 0..rounds {
-        cx.sendrecv(right, o, left, i)?;
-    }
-    Ok(t0.elapsed().as_secs_f64() / rounds as f64)
+    mean_of(rounds, || cx.sendrecv(right, o, left, i))
 }
 
-/// Mean seconds of one empty-message round trip between partners `r` and `r ^ 1`, all pairs at
-/// once; `None` on a rank without a partner (the last of an odd count).
+/// Median seconds of one empty-message round trip between partners `r` and `r ^ 1`, all pairs
+/// at once; `None` on a rank without a partner (the last of an odd count).
 fn ping_pong(cx: &mut OpCtx<'_>, rounds: usize) -> Result<Option<f64>> {
     let peer = cx.rank ^ 1;
     if peer >= cx.size {
         return Ok(None);
     }
     let first = cx.rank < peer;
-    let t0 = Instant::now();
-    for _ in 0..rounds {
+    median_of(rounds, || {
         if first {
             let s = cx.send(peer, Span::EMPTY)?;
             let r = cx.recv(peer, Span::EMPTY)?;
@@ -94,16 +132,16 @@ fn ping_pong(cx: &mut OpCtx<'_>, rounds: usize) -> Result<Option<f64>> {
             let s = cx.send(peer, Span::EMPTY)?;
             cx.wait(s)?;
         }
-    }
-    Ok(Some(t0.elapsed().as_secs_f64() / rounds as f64))
+        Ok(())
+    })
+    .map(Some)
 }
 
 /// Mean seconds of one round in which every rank sends an empty message to each of the next
 /// `k` ranks and receives one from each of the previous `k`.
 fn fan_exchange(cx: &mut OpCtx<'_>, k: usize, rounds: usize) -> Result<f64> {
     let (n, r) = (cx.size, cx.rank);
-    let t0 = Instant::now();
-    for _ in 0..rounds {
+    mean_of(rounds, || {
         let mut reqs = Vec::with_capacity(2 * k);
         for d in 1..=k {
             reqs.push(cx.recv((r + n - d) % n, Span::EMPTY)?);
@@ -111,9 +149,8 @@ fn fan_exchange(cx: &mut OpCtx<'_>, k: usize, rounds: usize) -> Result<f64> {
         for d in 1..=k {
             reqs.push(cx.send((r + d) % n, Span::EMPTY)?);
         }
-        cx.wait_all(&mut reqs)?;
-    }
-    Ok(t0.elapsed().as_secs_f64() / rounds as f64)
+        cx.wait_all(&mut reqs)
+    })
 }
 
 /// Seconds per byte of an f32 sum on this core (best of three).

@@ -125,8 +125,7 @@ pub fn profile(algo: Algo, shape: &Shape, n: usize, chunk: usize) -> Profile {
             f.reduced = (nf - 1.0) * b;
         }
         AllReduceHalvingDoubling => {
-            f.hops += 2.0 * lp;
-            f.hops = 2.0 * folded + (pcs(s / 2.0, c) - 1.0).max(0.0);
+            f.hops = 2.0 * lp + 2.0 * folded + (pcs(s / 2.0, c) - 1.0).max(0.0);
             f.messages = pf * 2.0 * halvings(s) + rem * 2.0 * pcs(s, c);
             f.busiest = (1.0 + STORE_FORWARD) * 2.0 * (pf - 1.0) / pf * s + folded * s;
             f.total = (1.0 + STORE_FORWARD) * 2.0 * (pf - 1.0) * s + rem * 2.0 * s;
@@ -162,8 +161,7 @@ pub fn profile(algo: Algo, shape: &Shape, n: usize, chunk: usize) -> Profile {
             let doubling: f64 = (0..lp as u32)
                 .map(|i| pcs(g * f64::from(1u32 << i), c))
                 .sum();
-            f.hops += lp;
-            f.hops = 2.0 * folded;
+            f.hops = lp + 2.0 * folded;
             f.messages = pf * doubling + rem * (pcs(b, c) + pcs(s - b, c));
             f.busiest = (pf - 1.0) / pf * s + folded * s / 2.0;
             f.total = (pf - 1.0) * s + rem * s;
@@ -196,8 +194,7 @@ pub fn profile(algo: Algo, shape: &Shape, n: usize, chunk: usize) -> Profile {
         ReduceScatterRecursiveHalving => {
             let round = recursive_halving::round_bytes(chunk, n, shape.elem).max(1) as f64;
             let rounds = (shape.max_block as f64 / round).ceil().max(1.0);
-            f.hops += rounds * lp;
-            f.hops = rounds * 2.0 * folded;
+            f.hops = rounds * (lp + 2.0 * folded);
             f.messages = rounds * (pf * lp + 2.0 * rem);
             f.busiest = (1.0 + STORE_FORWARD) * (pf - 1.0) / pf * s + folded * s;
             f.total = (1.0 + STORE_FORWARD) * (pf - 1.0) * s + rem * (s + b);
@@ -313,5 +310,156 @@ impl CostModel {
     /// `chunk` bytes.
     pub fn cost(&self, algo: Algo, shape: &Shape, n: usize, chunk: usize) -> f64 {
         self.time(&profile(algo, shape, n, chunk), n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algos::select::Collective;
+
+    const CHUNK: usize = 1 << 20;
+
+    /// A call of `c` moving `bytes` in all on `n` ranks, in equal blocks where it has blocks.
+    fn shape(c: Collective, bytes: usize, n: usize) -> Shape {
+        let blocks = matches!(
+            c,
+            Collective::AllGather
+                | Collective::ReduceScatter
+                | Collective::AllToAll
+                | Collective::Scatter
+                | Collective::Gather
+        );
+        let elem = if matches!(
+            c,
+            Collective::AllReduce | Collective::Reduce | Collective::ReduceScatter
+        ) {
+            4
+        } else {
+            1
+        };
+        Shape {
+            collective: c,
+            bytes,
+            max_block: if blocks { bytes / n } else { bytes },
+            equal: true,
+            elem,
+            uniform: true,
+        }
+    }
+
+    /// Values of the order measured on TCP loopback, `q` ranks on a host of 2 cores.
+    fn model(q: usize) -> CostModel {
+        CostModel {
+            alpha: 30e-6,
+            mu: 4e-6,
+            beta: 1.0 / 1.5e9,
+            gamma: 1.0 / 8e9,
+            ranks_per_host: q,
+            cores_per_host: 2,
+            measured: false,
+        }
+    }
+
+    fn pick(m: &CostModel, c: Collective, bytes: usize, n: usize) -> Algo {
+        let sh = shape(c, bytes, n);
+        c.algos()
+            .iter()
+            .copied()
+            .filter(|&a| crate::algos::select::inapplicable(a, &sh, n, CHUNK).is_none())
+            .min_by(|&a, &b| {
+                m.cost(a, &sh, n, CHUNK)
+                    .total_cmp(&m.cost(b, &sh, n, CHUNK))
+            })
+            .expect("some algorithm applies")
+    }
+
+    #[test]
+    fn logarithmic_algorithms_count_every_step() {
+        for n in [2, 3, 4, 5, 6, 7, 8, 9, 16] {
+            let lp = log2_ceil(pow2_floor(n));
+            let folded = if pow2_floor(n) < n { 2.0 } else { 0.0 };
+            for (algo, c, least) in [
+                (
+                    Algo::AllReduceHalvingDoubling,
+                    Collective::AllReduce,
+                    2.0 * lp + folded,
+                ),
+                (
+                    Algo::AllGatherRecursiveDoubling,
+                    Collective::AllGather,
+                    lp + folded,
+                ),
+                (
+                    Algo::ReduceScatterRecursiveHalving,
+                    Collective::ReduceScatter,
+                    lp + folded,
+                ),
+                (Algo::AllGatherBruck, Collective::AllGather, log2_ceil(n)),
+                (
+                    Algo::AllReduceTree,
+                    Collective::AllReduce,
+                    2.0 * log2_ceil(n),
+                ),
+            ] {
+                let f = profile(algo, &shape(c, 8 * n, n), n, CHUNK);
+                assert!(f.hops >= least, "{algo} on {n} ranks: {} hops", f.hops);
+            }
+        }
+    }
+
+    #[test]
+    fn every_algorithm_sends_and_grows_with_size() {
+        let m = model(8);
+        for n in [2, 3, 5, 8, 16] {
+            for c in Collective::ALL {
+                for &a in c.algos() {
+                    let small = profile(a, &shape(c, 64 * n, n), n, CHUNK);
+                    assert!(small.hops >= 1.0, "{a} on {n} ranks: no hop");
+                    assert!(
+                        small.messages >= (n - 1) as f64,
+                        "{a} on {n} ranks: {} messages",
+                        small.messages
+                    );
+                    let mut last = 0.0;
+                    for k in 3..27 {
+                        let t = m.cost(a, &shape(c, (1 << k) * n, n), n, CHUNK);
+                        assert!(t > 0.0 && t >= last, "{a} on {n} ranks: {t} < {last}");
+                        last = t;
+                    }
+                }
+            }
+        }
+        assert_eq!(
+            profile(
+                Algo::AllReduceRing,
+                &shape(Collective::AllReduce, 64, 1),
+                1,
+                CHUNK
+            ),
+            Profile::default()
+        );
+    }
+
+    #[test]
+    fn picks_follow_the_regimes() {
+        for n in [4, 8] {
+            let m = model(n);
+            // Large: never the algorithms in which one rank sends the whole buffer to every
+            // other (direct all_gather and reduce_scatter move no more than the ring).
+            for c in [
+                Collective::AllReduce,
+                Collective::Broadcast,
+                Collective::Reduce,
+            ] {
+                let a = pick(&m, c, 64 << 20, n);
+                assert_ne!(a.name(), "direct", "{c} of 64 MiB on {n} ranks");
+            }
+            // Small: never the ring, whose 2(n-1) steps are all latency.
+            let a = pick(&m, Collective::AllReduce, 8, n);
+            assert_ne!(a, Algo::AllReduceRing, "8 B all_reduce on {n} ranks");
+            let a = pick(&m, Collective::Broadcast, 8, n);
+            assert_ne!(a, Algo::BroadcastChain, "8 B broadcast on {n} ranks");
+        }
     }
 }
