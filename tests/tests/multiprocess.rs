@@ -75,6 +75,55 @@ fn suite_4_ranks_tcp_only() {
     suite_on(4, 1 << 20, "socket");
 }
 
+/// The suite with every collective run by the `set`-th of its algorithms (hint `algo`, through
+/// the TorchComm API), over TCP between processes. Sets 0 to 3 cover every algorithm (all_reduce
+/// and all_gather have four, the others fewer, taken modulo their number).
+fn algo_suite(n: usize, set: usize) {
+    let outs = Job::new(n, &["suite", "--algo-set", &set.to_string()])
+        .env("CTRAN_BACKENDS", "socket")
+        // Small staging chunks: the chunked and pipelined paths run at the suite's sizes.
+        .env("CTRAN_CHUNK_BYTES", "4096")
+        .run(&worker());
+    assert_all_ok(&outs, &format!("suite with {n} ranks, algorithm set {set}"));
+    assert_eq!(outs.len(), n);
+    for o in &outs {
+        let line = o
+            .stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("SUITE OK rank {}/{n}", o.rank)))
+            .unwrap_or_else(|| panic!("rank {} printed: {}", o.rank, o.stdout));
+        // Only Bruck all_to_all (set 2) and tree scatter/gather (sets 0 and 2) may refuse calls
+        // they cannot run; every other set runs every call.
+        let refused: usize = line
+            .rsplit(", ")
+            .next()
+            .and_then(|t| t.strip_suffix(" refused"))
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_else(|| panic!("no refusal count in {line:?}"));
+        if set % 2 == 1 {
+            assert_eq!(refused, 0, "set {set}, rank {}: {line}", o.rank);
+        }
+        if set == 2 {
+            // all_to_all_v_single with unequal blocks: Bruck refuses it, clearly.
+            assert!(refused > 0, "set {set}, rank {}: {line}", o.rank);
+        }
+    }
+}
+
+#[test]
+fn every_algorithm_3_processes() {
+    for set in 0..4 {
+        algo_suite(3, set);
+    }
+}
+
+#[test]
+fn every_algorithm_5_processes() {
+    for set in 0..4 {
+        algo_suite(5, set);
+    }
+}
+
 #[test]
 fn communicators_back_to_back_without_a_store() {
     let outs = Job::new(3, &["back-to-back", "--count", "4"]).run(&worker());

@@ -46,6 +46,12 @@ struct Suite {
     checks: usize,
     failures: Vec<String>,
     large: usize,
+    /// `--algo-set K`: run every collective with the K-th of its algorithms (modulo their
+    /// number) by the hint `algo`; `None`: the engine chooses.
+    algo_set: Option<usize>,
+    /// Calls an algorithm of the set could not run (Bruck all_to_all with unequal or large
+    /// blocks, tree scatter/gather beyond a staging chunk), refused as documented.
+    refused: usize,
 }
 
 impl Suite {
@@ -70,6 +76,18 @@ impl Suite {
     fn done(&mut self, what: &str, w: torchcomms::Result<Work>) -> bool {
         match w.and_then(|w| w.wait()) {
             Ok(()) => true,
+            // The documented limits of Bruck all_to_all and tree scatter/gather: a clear
+            // refusal before anything is sent.
+            Err(e)
+                if self.algo_set.is_some()
+                    && e.kind() == torchcomms::ErrorKind::InvalidArgument
+                    && ["(bruck needs", "(tree needs"]
+                        .iter()
+                        .any(|w| e.to_string().contains(w)) =>
+            {
+                self.refused += 1;
+                false
+            }
             Err(e) => {
                 self.failures.push(format!("{what}: {e}"));
                 false
@@ -77,11 +95,16 @@ impl Suite {
         }
     }
 
-    fn opts(async_op: bool) -> OpOptions {
-        if async_op {
+    /// Options of a call of `op`: sync or async, and the hint `algo` of the algorithm set.
+    fn opts_for(&self, op: &str, async_op: bool) -> OpOptions {
+        let o = if async_op {
             OpOptions::async_op()
         } else {
             OpOptions::sync()
+        };
+        match (self.algo_set, ctran::algos::names_for(op)) {
+            (Some(k), Some(names)) => o.with_hint("algo", names[k % names.len()]),
+            _ => o,
         }
     }
 
@@ -110,7 +133,8 @@ impl Suite {
             let t = tensor(dtype, &encode(dtype, &mine), unaligned);
             if self.done(
                 &format!("all_reduce {tag}"),
-                self.comm.all_reduce(&t, op, &Self::opts(async_op)),
+                self.comm
+                    .all_reduce(&t, op, &self.opts_for("all_reduce", async_op)),
             ) {
                 let got = decode(dtype, &bytes_of(&t));
                 self.check(&format!("all_reduce {tag}"), dtype, op, &got, |i| {
@@ -139,7 +163,8 @@ impl Suite {
             let t = tensor(dtype, &encode(dtype, &mine), unaligned);
             if self.done(
                 &format!("reduce {tag}"),
-                self.comm.reduce(&t, root, op, &Self::opts(async_op)),
+                self.comm
+                    .reduce(&t, root, op, &self.opts_for("reduce", async_op)),
             ) {
                 let got = decode(dtype, &bytes_of(&t));
                 if me == root {
@@ -163,8 +188,12 @@ impl Suite {
             let out = Tensor::zeros(dtype, count);
             if self.done(
                 &format!("reduce_scatter_single {tag}"),
-                self.comm
-                    .reduce_scatter_single(&out, &inp, op, &Self::opts(async_op)),
+                self.comm.reduce_scatter_single(
+                    &out,
+                    &inp,
+                    op,
+                    &self.opts_for("reduce_scatter_single", async_op),
+                ),
             ) {
                 let got = decode(dtype, &bytes_of(&out));
                 self.check(
@@ -193,8 +222,12 @@ impl Suite {
             let out = Tensor::zeros(dtype, count + me);
             if self.done(
                 &format!("reduce_scatter_v {tag}"),
-                self.comm
-                    .reduce_scatter_v(&out, &ins, op, &Self::opts(async_op)),
+                self.comm.reduce_scatter_v(
+                    &out,
+                    &ins,
+                    op,
+                    &self.opts_for("reduce_scatter_v", async_op),
+                ),
             ) {
                 let got = decode(dtype, &bytes_of(&out));
                 self.check(&format!("reduce_scatter_v {tag}"), dtype, op, &got, |i| {
@@ -229,7 +262,8 @@ impl Suite {
             };
             if self.done(
                 &format!("broadcast {tag}"),
-                self.comm.broadcast(&t, root, &Self::opts(async_op)),
+                self.comm
+                    .broadcast(&t, root, &self.opts_for("broadcast", async_op)),
             ) {
                 self.checks += 1;
                 if !same(&bytes_of(&t), root, count) {
@@ -241,7 +275,8 @@ impl Suite {
             let outs: Vec<Tensor> = (0..n).map(|_| Tensor::zeros(dtype, count)).collect();
             if self.done(
                 &format!("all_gather {tag}"),
-                self.comm.all_gather(&outs, &inp, &Self::opts(async_op)),
+                self.comm
+                    .all_gather(&outs, &inp, &self.opts_for("all_gather", async_op)),
             ) {
                 for (j, o) in outs.iter().enumerate() {
                     self.checks += 1;
@@ -254,8 +289,11 @@ impl Suite {
             let single = Tensor::zeros(dtype, count * n);
             if self.done(
                 &format!("all_gather_single {tag}"),
-                self.comm
-                    .all_gather_single(&single, &inp, &Self::opts(async_op)),
+                self.comm.all_gather_single(
+                    &single,
+                    &inp,
+                    &self.opts_for("all_gather_single", async_op),
+                ),
             ) {
                 let got = bytes_of(&single);
                 let es = dtype.size_bytes();
@@ -272,7 +310,7 @@ impl Suite {
             if self.done(
                 &format!("all_gather_v {tag}"),
                 self.comm
-                    .all_gather_v(&outs_v, &inp_v, &Self::opts(async_op)),
+                    .all_gather_v(&outs_v, &inp_v, &self.opts_for("all_gather_v", async_op)),
             ) {
                 for (j, o) in outs_v.iter().enumerate() {
                     self.checks += 1;
@@ -290,8 +328,11 @@ impl Suite {
             let out = Tensor::zeros(dtype, count * n);
             if self.done(
                 &format!("all_to_all_single {tag}"),
-                self.comm
-                    .all_to_all_single(&out, &inp, &Self::opts(async_op)),
+                self.comm.all_to_all_single(
+                    &out,
+                    &inp,
+                    &self.opts_for("all_to_all_single", async_op),
+                ),
             ) {
                 let got = bytes_of(&out);
                 for j in 0..n {
@@ -320,7 +361,7 @@ impl Suite {
                     &inp,
                     &out_splits,
                     &in_splits,
-                    &Self::opts(async_op),
+                    &self.opts_for("all_to_all_v_single", async_op),
                 ),
             ) {
                 let got = bytes_of(&out);
@@ -342,7 +383,8 @@ impl Suite {
             let outs: Vec<Tensor> = (0..n).map(|_| Tensor::zeros(dtype, count)).collect();
             if self.done(
                 &format!("all_to_all {tag}"),
-                self.comm.all_to_all(&outs, &ins, &Self::opts(async_op)),
+                self.comm
+                    .all_to_all(&outs, &ins, &self.opts_for("all_to_all", async_op)),
             ) {
                 for (j, o) in outs.iter().enumerate() {
                     self.checks += 1;
@@ -364,7 +406,8 @@ impl Suite {
             let out = Tensor::zeros(dtype, count);
             if self.done(
                 &format!("scatter {tag}"),
-                self.comm.scatter(&out, &ins, root, &Self::opts(async_op)),
+                self.comm
+                    .scatter(&out, &ins, root, &self.opts_for("scatter", async_op)),
             ) {
                 self.checks += 1;
                 if !same(&bytes_of(&out), me, count) {
@@ -379,7 +422,8 @@ impl Suite {
             };
             if self.done(
                 &format!("gather {tag}"),
-                self.comm.gather(&outs, &inp, root, &Self::opts(async_op)),
+                self.comm
+                    .gather(&outs, &inp, root, &self.opts_for("gather", async_op)),
             ) {
                 for (j, o) in outs.iter().enumerate() {
                     self.checks += 1;
@@ -391,8 +435,12 @@ impl Suite {
             let single = Tensor::zeros(dtype, count * n);
             if self.done(
                 &format!("gather_single {tag}"),
-                self.comm
-                    .gather_single(&single, &inp, root, &Self::opts(async_op)),
+                self.comm.gather_single(
+                    &single,
+                    &inp,
+                    root,
+                    &self.opts_for("gather_single", async_op),
+                ),
             ) && me == root
             {
                 let got = bytes_of(&single);
@@ -421,7 +469,7 @@ impl Suite {
                 let r2 = Tensor::zeros(dtype, count);
                 let mut batch = self.comm.batch_op_create();
                 batch.send(s.clone(), right).recv(r2.clone(), left);
-                let w = batch.issue(&Self::opts(async_op));
+                let w = batch.issue(&self.opts_for("batch", async_op));
                 drop(batch);
                 if self.done(&format!("batch {tag}"), w) {
                     self.checks += 1;
@@ -450,6 +498,13 @@ fn suite(args: &[String]) -> Result<()> {
         .and_then(|i| args.get(i + 1))
         .map_or(Ok(0), |s| s.parse())
         .context("--large BYTES")?;
+    let algo_set = args
+        .iter()
+        .position(|a| a == "--algo-set")
+        .and_then(|i| args.get(i + 1))
+        .map(|s| s.parse::<usize>())
+        .transpose()
+        .context("--algo-set K")?;
     let comm = comm_from_env("suite")?;
     let (rank, n) = (comm.get_rank(), comm.get_size());
     let mut s = Suite {
@@ -459,6 +514,8 @@ fn suite(args: &[String]) -> Result<()> {
         checks: 0,
         failures: Vec::new(),
         large,
+        algo_set,
+        refused: 0,
     };
     for dtype in DataType::ALL {
         for op in ReduceOp::ALL {
@@ -501,7 +558,10 @@ fn suite(args: &[String]) -> Result<()> {
         );
     }
     assert!(s.checks > 100, "the suite ran only {} checks", s.checks);
-    println!("SUITE OK rank {rank}/{n}: {} checks", s.checks);
+    println!(
+        "SUITE OK rank {rank}/{n}: {} checks, {} refused",
+        s.checks, s.refused
+    );
     Ok(())
 }
 
