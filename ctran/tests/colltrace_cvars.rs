@@ -101,6 +101,116 @@ fn every_variable_the_code_reads_is_declared() {
     );
 }
 
+/// Tunables are read through the cvars (so that `TORCHCOMMS_CONFIG` and `--print-cvars` see
+/// them); the only direct environment reads left in the sources are of inputs that the
+/// launcher, the system or the Python environment sets, listed here. A new direct read of
+/// anything else fails this test.
+#[test]
+fn only_launcher_and_system_inputs_are_read_directly() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut files = Vec::new();
+    for d in [
+        "ctran/src",
+        "backends",
+        "perf/src",
+        "bindings",
+        "colltrace/src",
+        "analyzer/src",
+        "cvars/src",
+    ] {
+        sources(&root.join(d), &mut files);
+    }
+    let inputs = [
+        // Launchers (torchrun, SLURM, Open MPI, PMI) and the job's rendezvous.
+        "TORCHCOMM_RANK",
+        "RANK",
+        "WORLD_SIZE",
+        "MASTER_ADDR",
+        "LOCAL_RANK",
+        // The machine and the user's environment.
+        "LD_LIBRARY_PATH",
+        "CUDA_HOME",
+        "CUDA_PATH",
+        "CUDA_ROOT",
+        "VIRTUAL_ENV",
+        "CONDA_PREFIX",
+        "XDG_CACHE_HOME",
+        "HOME",
+        // Test binaries' own switches (not library tunables).
+        "GPU_TEST_NRANKS",
+    ];
+    // Reads through a variable name rather than a literal: the cvars loader itself, the
+    // launcher discovery and the CUDA folders (literal lists of the inputs above).
+    let dynamic_ok = [
+        "cvars/src/lib.rs",
+        "ctran/src/bootstrap/env.rs",
+        "ctran/src/bootstrap/rendezvous.rs",
+        "ctran/src/cuda/libs.rs",
+        // Upstream's TORCHCOMMS_BACKEND_LIB_PATH_<BACKEND>, only named in an error message.
+        "bindings/python/src/create.rs",
+    ];
+    // Declared in cvars.toml but still read directly by the Python package (it has no accessor
+    // to the Rust cvars yet): known gaps, listed so that none is added silently.
+    let python_pending = [
+        "TORCHCOMMS_SERIALIZATION",
+        "TORCHCOMM_HEALTH_CHECK_WAIT_MS",
+        "TORCHCOMM_FR_DUMP_TEMP_FILE",
+        "TORCHCOMM_FR_DUMP_DYNAMIC_FILE_NAME",
+        "TORCHCOMMS_PATCH_FOR_COMPILE",
+        "TORCHCOMMS_LOG",
+    ];
+    let reads = ["env::var(", "env::var_os(", "os.environ", "getenv("];
+    let mut found = 0;
+    let mut bad = Vec::new();
+    for f in files.iter().filter(|f| {
+        !f.components()
+            .any(|c| c.as_os_str().to_string_lossy().ends_with("tests"))
+    }) {
+        let text = std::fs::read_to_string(f).unwrap_or_default();
+        let rel = f
+            .strip_prefix(&root)
+            .unwrap_or(f)
+            .to_string_lossy()
+            .into_owned();
+        for (n, line) in text.lines().enumerate() {
+            if line.trim_start().starts_with("//") || !reads.iter().any(|r| line.contains(r)) {
+                continue;
+            }
+            found += 1;
+            let names: Vec<&str> = line
+                .split('"')
+                .skip(1)
+                .step_by(2)
+                .filter(|w| {
+                    w.starts_with(|c: char| c.is_ascii_uppercase())
+                        && w.chars()
+                            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+                })
+                .collect();
+            let ok = if names.is_empty() {
+                dynamic_ok.contains(&rel.as_str()) || rel.ends_with(".py")
+            } else {
+                names.iter().all(|v| {
+                    inputs.contains(v)
+                        || python_pending.contains(v) && rel.starts_with("bindings/python/")
+                })
+            };
+            if !ok {
+                bad.push(format!("{rel}:{}: {}", n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        found > 5,
+        "found only {found} direct reads: is the scan looking at the sources?"
+    );
+    assert!(
+        bad.is_empty(),
+        "direct environment reads of tunables (declare them in cvars/cvars.toml and read them through torchcomms_cvars):\n{}",
+        bad.join("\n")
+    );
+}
+
 fn set(k: &str, v: Option<&str>) {
     // SAFETY (edition 2021: safe fns): ENV serialises every environment access of this binary.
     match v {

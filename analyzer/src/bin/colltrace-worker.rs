@@ -45,6 +45,7 @@ fn run(scenario: &str, args: &[String]) -> Result<()> {
     let odd = arg(args, "--rank", 2)?;
     let at = arg(args, "--at", 2)?;
     let delay = arg(args, "--delay-ms", 100)?;
+    // The rank the launcher gave this process (an input, not a tunable).
     if scenario == "absent" && std::env::var("TORCHCOMM_RANK").ok() == Some(odd.to_string()) {
         println!("RESULT absent");
         return Ok(());

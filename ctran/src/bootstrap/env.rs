@@ -170,6 +170,8 @@ const LAUNCHERS: &[Launcher] = &[
 /// Discovers rank and size from the process environment. `Ok(None)` when no launcher
 /// variables are set (a single process started by hand).
 pub fn discover() -> Result<Option<RankInfo>> {
+    // Launcher-provided inputs (torchrun, SLURM, Open MPI, PMI: see `LAUNCHERS`), not tunables,
+    // so read directly and not declared as cvars.
     discover_from(|name| std::env::var(name).ok())
 }
 

@@ -68,6 +68,8 @@ impl BootstrapStore {
 /// its server after the others start connecting); `timeout` is also the deadline of later store
 /// calls that do not take one.
 pub fn store_from_env(rank: usize, size: usize, timeout: Duration) -> Result<BootstrapStore> {
+    // Set by the launcher (torchrun's MASTER_ADDR/MASTER_PORT and TORCHELASTIC_*): inputs, not
+    // tunables, so read directly and not declared as cvars.
     store_from_lookup(|name| std::env::var(name).ok(), rank, size, timeout)
 }
 

@@ -41,6 +41,7 @@ fn advertised_ip(config: &CommConfig, store_hint: Option<IpAddr>) -> IpAddr {
     if let Some(hint) = store_hint.filter(|ip| !ip.is_loopback()) {
         return hint;
     }
+    // MASTER_ADDR is the launcher's (an input, not a tunable; see bootstrap::rendezvous).
     let master = std::env::var("MASTER_ADDR").ok().and_then(|host| {
         (host.as_str(), 0)
             .to_socket_addrs()

@@ -30,6 +30,9 @@ pub fn search_dirs() -> &'static [PathBuf] {
                 dirs.push(d);
             }
         };
+        // LD_LIBRARY_PATH, CUDA_HOME/CUDA_PATH/CUDA_ROOT (below), VIRTUAL_ENV and CONDA_PREFIX
+        // describe the machine's installation, set by the system, CUDA or the Python
+        // environment: inputs, read directly; our own knobs are cvars (cvars/cvars.toml).
         if let Some(v) = std::env::var_os("LD_LIBRARY_PATH") {
             std::env::split_paths(&v).for_each(&mut push);
         }
@@ -72,10 +75,11 @@ fn nvidia_lib_dirs(root: &Path) -> Vec<PathBuf> {
 /// Folders of the `nvidia` Python namespace package (PyTorch's CUDA wheels).
 fn python_nvidia_roots() -> Vec<PathBuf> {
     let mut roots = Vec::new();
-    if std::env::var("TORCHCOMMS_NO_PYTHON_LIBS").is_ok_and(|v| v == "1") {
+    let cv = torchcomms_cvars::current();
+    if cv.torchcomms_no_python_libs() {
         return roots;
     }
-    let python = std::env::var("TORCHCOMMS_PYTHON").unwrap_or_else(|_| "python3".into());
+    let python = cv.torchcomms_python().to_string();
     // Only the nvidia namespace package is imported (not torch), which takes milliseconds.
     let script = "import sys\ntry:\n import nvidia\n print('\\n'.join(nvidia.__path__))\n\
                   except Exception:\n pass\n";
@@ -117,10 +121,13 @@ fn python_nvidia_roots() -> Vec<PathBuf> {
 /// the bare names for the system loader.
 pub fn candidates(override_var: Option<&str>, names: &[&str]) -> Vec<PathBuf> {
     let mut out = Vec::new();
+    // The override is a cvar (`NCCL_LIB_PATH`, `TORCHCOMMS_NVRTC_LIB`, ...): from the
+    // environment or the `TORCHCOMMS_CONFIG` file.
+    let cv = torchcomms_cvars::current();
     if let Some(p) = override_var
-        .and_then(std::env::var_os)
-        .map(PathBuf::from)
-        .filter(|p| !p.as_os_str().is_empty())
+        .and_then(|v| cv.entry(v))
+        .filter(|e| e.is_set && !e.value.is_empty())
+        .map(|e| PathBuf::from(&e.value))
     {
         if p.is_dir() {
             out.extend(names.iter().map(|n| p.join(n)).filter(|f| f.exists()));

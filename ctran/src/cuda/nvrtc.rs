@@ -106,11 +106,12 @@ pub struct Image {
 
 /// The cache folder, or `None` when disabled or no folder can be named.
 pub fn cache_dir() -> Option<PathBuf> {
-    match std::env::var_os("TORCHCOMMS_KERNEL_CACHE") {
+    match torchcomms_cvars::torchcomms_kernel_cache() {
         Some(v) if v == "off" || v == "0" || v.is_empty() => return None,
         Some(v) => return Some(PathBuf::from(v)),
         None => {}
     }
+    // XDG_CACHE_HOME and HOME: the user's environment (inputs), not torchcomms knobs.
     let base = std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
         .filter(|p| p.is_absolute())
@@ -282,7 +283,7 @@ mod tests {
     #[test]
     fn cache_dir_follows_the_environment() {
         // Only reads: other tests may run in parallel, so the environment is not changed here.
-        if std::env::var_os("TORCHCOMMS_KERNEL_CACHE").is_none() {
+        if torchcomms_cvars::torchcomms_kernel_cache().is_none() {
             if let Some(d) = cache_dir() {
                 assert!(d.ends_with("torchcomms/kernels"), "{}", d.display());
             }

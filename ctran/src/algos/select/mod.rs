@@ -472,34 +472,23 @@ pub struct AlgoConfig {
 impl AlgoConfig {
     /// Reads `CTRAN_<COLLECTIVE>_ALGO` for every collective (see [`Collective::env_var`];
     /// `auto` or unset: the cost model picks) and `CTRAN_COST_ALPHA_US`, `CTRAN_COST_MU_US`,
-    /// `CTRAN_COST_BETA_GBPS`, `CTRAN_COST_GAMMA_GBPS`. An unknown name is an
-    /// [`Error::InvalidArgument`] listing the valid ones.
+    /// `CTRAN_COST_BETA_GBPS`, `CTRAN_COST_GAMMA_GBPS`, through the cvars (environment, then the
+    /// `TORCHCOMMS_CONFIG` file). An unknown name or an invalid value is an
+    /// [`Error::InvalidArgument`] naming the variable and what is allowed.
     pub fn from_env() -> Result<AlgoConfig> {
+        let cv = torchcomms_cvars::Cvars::load()
+            .map_err(|e| Error::invalid(e.name(), e.expected(), e.value()))?;
         let mut cfg = AlgoConfig::default();
         for c in Collective::ALL {
-            if let Ok(v) = std::env::var(c.env_var()) {
-                if !v.trim().is_empty() {
-                    cfg.choices[c.index()] = Choice::parse(c, &v, c.env_var())?;
-                }
+            if let Some(e) = cv.entry(c.env_var()).filter(|e| e.is_set) {
+                cfg.choices[c.index()] = Choice::parse(c, &e.value, c.env_var())?;
             }
         }
-        let positive = |name: &str| -> Result<Option<f64>> {
-            match std::env::var(name) {
-                Ok(v) if !v.trim().is_empty() => v
-                    .trim()
-                    .parse::<f64>()
-                    .ok()
-                    .filter(|x| x.is_finite() && *x > 0.0)
-                    .map(Some)
-                    .ok_or_else(|| Error::invalid(name, "a positive number", v)),
-                _ => Ok(None),
-            }
-        };
         cfg.cost = CostOverrides {
-            alpha_us: positive("CTRAN_COST_ALPHA_US")?,
-            mu_us: positive("CTRAN_COST_MU_US")?,
-            beta_gbps: positive("CTRAN_COST_BETA_GBPS")?,
-            gamma_gbps: positive("CTRAN_COST_GAMMA_GBPS")?,
+            alpha_us: cv.ctran_cost_alpha_us(),
+            mu_us: cv.ctran_cost_mu_us(),
+            beta_gbps: cv.ctran_cost_beta_gbps(),
+            gamma_gbps: cv.ctran_cost_gamma_gbps(),
         };
         Ok(cfg)
     }
