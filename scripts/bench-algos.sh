@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Every algorithm of every collective against `auto`, over TCP between local ranks: the tables of
+# docs/perf/algorithms.md. For 2, 4 and 8 ranks, 8 B to 64 MB (x2 steps), it runs
+# `torchcomms-perf --algo all` (each size timed with every algorithm in turn, the best of
+# several rounds kept) and writes one markdown table per (ranks, op) with the time of every
+# algorithm and of auto, then a summary of where auto is within 10% of the best algorithm.
+#
+#   scripts/bench-algos.sh [--out FILE]
+#
+# Environment: NS (rank counts, default "2 4 8"), OPS (comma-separated, default every
+# collective), MAX (largest size, default 64M), ROUNDS_SMALL / ROUNDS_LARGE (rounds below and from
+# 1 MiB, default 5 and 3), PERF (the binary; default: built here). Shared memory is off
+# (CTRAN_BACKENDS=socket), so every algorithm and auto run over TCP on loopback. About 10 minutes
+# on a 2-core machine. The raw tables and JSON rows stay in $KEEP when it is set.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=/dev/stdout
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --out) OUT=$2; shift 2 ;;
+        *) echo "usage: $0 [--out FILE]" >&2; exit 2 ;;
+    esac
+done
+NS=${NS:-2 4 8}
+OPS=${OPS:-all_reduce,all_gather,reduce_scatter,broadcast,all_to_all,reduce,scatter,gather}
+MAX=${MAX:-64M}
+ROUNDS_SMALL=${ROUNDS_SMALL:-5}
+ROUNDS_LARGE=${ROUNDS_LARGE:-3}
+PYTHON=${PYTHON:-python3}
+if [ -z "${PERF:-}" ]; then
+    cargo build --release -q -p torchcomms-perf
+    PERF=$PWD/target/release/torchcomms-perf
+fi
+TMP=${KEEP:-$(mktemp -d)}
+mkdir -p "$TMP"
+[ -n "${KEEP:-}" ] || trap 'rm -rf "$TMP"' EXIT
+export CTRAN_BACKENDS=socket
+# The engine logs each auto choice once per call shape: the report names auto's pick.
+export RUST_LOG=warn,ctran::algos::select=debug NO_COLOR=1
+START=$(date +%s)
+
+for n in $NS; do
+    # Small sizes: many iterations, many rounds, results checked in the first round. Large
+    # sizes: iterations capped at 32 MiB of data per size (one at 32 and 64 MiB, after the
+    # warm-up one), fewer rounds, no check (ctran/tests/algorithms.rs checks every algorithm).
+    "$PERF" -n "$n" --op "$OPS" -b 8 -e 512K --algo all -w 5 -i 20 --rounds "$ROUNDS_SMALL" \
+        --json "$TMP/small-$n.json" >"$TMP/small-$n.txt" 2>"$TMP/small-$n.err" \
+        || { cat "$TMP/small-$n.txt" "$TMP/small-$n.err" >&2; exit 1; }
+    "$PERF" -n "$n" --op "$OPS" -b 1M -e "$MAX" --algo all -w 1 -i 8 --max-iter-bytes 32M -c 0 \
+        --rounds "$ROUNDS_LARGE" --json "$TMP/large-$n.json" >"$TMP/large-$n.txt" 2>"$TMP/large-$n.err" \
+        || { cat "$TMP/large-$n.txt" "$TMP/large-$n.err" >&2; exit 1; }
+done
+SECS=$(($(date +%s) - START))
+
+{
+    echo "- date: $(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    echo "- machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(free -g | awk '/Mem:/{print $2}') GiB, load average $(cut -d' ' -f1-3 /proc/loadavg) at the end"
+    echo "- command: \`scripts/bench-algos.sh\` (NS=\"$NS\", ROUNDS_SMALL=$ROUNDS_SMALL, ROUNDS_LARGE=$ROUNDS_LARGE), ${SECS} s; per rank count:"
+    echo
+    echo '  ```text'
+    echo "  CTRAN_BACKENDS=socket torchcomms-perf -n N --op $OPS -b 8 -e 512K --algo all -w 5 -i 20 --rounds $ROUNDS_SMALL"
+    echo "  CTRAN_BACKENDS=socket torchcomms-perf -n N --op $OPS -b 1M -e $MAX --algo all -w 1 -i 8 --max-iter-bytes 32M -c 0 --rounds $ROUNDS_LARGE"
+    echo '  ```'
+    echo
+    "$PYTHON" scripts/bench/algos_report.py "$TMP" $NS
+} >"$OUT"

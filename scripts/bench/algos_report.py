@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""Markdown tables of `torchcomms-perf --algo all` runs (scripts/bench-algos.sh).
+
+    algos_report.py DIR N [N ...]
+
+reads DIR/small-N.json and DIR/large-N.json for every rank count N (and the engine's log of its
+auto choices, DIR/*-N.err) and prints, per (ranks, op), the time of every algorithm and of auto at
+every size, then where auto is within 10% of the best single algorithm: as measured, and by the
+algorithm it picked (that algorithm's own measurement, which takes the noise of the auto run
+itself out of the comparison).
+"""
+
+import json
+import os
+import re
+import sys
+
+TOLERANCE = 1.10
+
+
+def size(b):
+    for unit, shift in (("MiB", 20), ("KiB", 10)):
+        if b >= 1 << shift and b % (1 << shift) == 0:
+            return f"{b >> shift} {unit}"
+    return f"{b} B"
+
+
+def fmt(t):
+    if t is None:
+        return "n/a"
+    return f"{t:.0f}" if t >= 100 else f"{t:.1f}"
+
+
+PICK = re.compile(r"auto choice shape=Shape \{ collective: (\w+), bytes: (\d+),.*?\} algo=\w+:(\w+)")
+
+
+def picks(d, n):
+    """(op, bytes) -> the algorithm auto picked, from the engine's debug log."""
+    out = {}
+    for part in ("small", "large"):
+        path = os.path.join(d, f"{part}-{n}.err")
+        if not os.path.exists(path):
+            continue
+        for line in open(path, errors="replace"):
+            m = PICK.search(line)
+            if m:
+                op = re.sub(r"(?<!^)([A-Z])", r"_\1", m.group(1)).lower()
+                out[(op, int(m.group(2)))] = m.group(3)
+    return out
+
+
+def main():
+    d, ns = sys.argv[1], [int(x) for x in sys.argv[2:]]
+    total = within = picked_ok = picked_cnt = 0
+    misses = []
+    summary = []
+    tables = []
+    for n in ns:
+        chosen = picks(d, n)
+        rows = []
+        for part in ("small", "large"):
+            path = os.path.join(d, f"{part}-{n}.json")
+            if os.path.exists(path):
+                rows += json.load(open(path))
+        wrong = sum(r["wrong"] or 0 for r in rows)
+        if wrong:
+            sys.exit(f"{n} ranks: {wrong} wrong elements")
+        ops = []
+        for r in rows:
+            if r["op"] not in ops:
+                ops.append(r["op"])
+        for op in ops:
+            mine = [r for r in rows if r["op"] == op]
+            algos = []
+            for r in mine:
+                if r["algo"] not in algos:
+                    algos.append(r["algo"])
+            algos = [a for a in algos if a != "auto"]
+            by = {(r["bytes"], r["algo"]): r["time_us"] for r in mine}
+            sizes = sorted({r["bytes"] for r in mine})
+            t = [f"#### {op}, {n} ranks", "",
+                 "| size | " + " | ".join(algos) + " | auto | auto picks | auto/best | pick/best |",
+                 "|---:|" + "---:|" * (len(algos) + 1) + ":---|---:|---:|"]
+            ok_op = cnt_op = pick_op = pcnt_op = 0
+            for s in sizes:
+                times = {a: by.get((s, a)) for a in algos}
+                have = {a: x for a, x in times.items() if x is not None}
+                auto = by.get((s, "auto"))
+                cells = []
+                best = min(have, key=have.get) if have else None
+                for a in algos:
+                    c = fmt(times[a])
+                    cells.append(f"**{c}**" if a == best else c)
+                ratio = pratio = ""
+                pick = chosen.get((op, s))
+                if best is not None and auto is not None and have[best] > 0:
+                    q = auto / have[best]
+                    ratio = f"{q:.2f}"
+                    cnt_op += 1
+                    if q <= TOLERANCE:
+                        ok_op += 1
+                    else:
+                        ratio += " ✗"
+                    pq = have[pick] / have[best] if pick in have else None
+                    if pq is not None:
+                        pcnt_op += 1
+                        pratio = f"{pq:.2f}"
+                        if pq <= TOLERANCE:
+                            pick_op += 1
+                        else:
+                            pratio += " ✗"
+                    if q > TOLERANCE:
+                        misses.append((n, op, s, best, have[best], auto, q, pick, pq))
+                t.append(f"| {size(s)} | " + " | ".join(cells)
+                         + f" | {fmt(auto)} | {pick or '?'} | {ratio} | {pratio} |")
+            total += cnt_op
+            within += ok_op
+            picked_ok += pick_op
+            picked_cnt += pcnt_op
+            summary.append((n, op, ok_op, cnt_op, f"{pick_op}/{pcnt_op}"))
+            tables.append("\n".join(t))
+    print(f"auto is within 10% of the best single algorithm at **{within} of {total}** "
+          f"(ranks, op, size) points as measured; the algorithm auto picks is within 10% of the "
+          f"best (by its own measurement) at **{picked_ok} of {picked_cnt}**"
+          f"{'' if picked_cnt == total else ' where the pick is known'}.")
+    print()
+    print("Per rank count and op: sizes where auto as measured is within 10% of the best, of all "
+          "sizes; then sizes where the algorithm it picks is, of the sizes where the pick is known "
+          "(an empty all_gather, reduce_scatter, scatter or gather, below one element per rank, "
+          "never reaches the selector).")
+    print()
+    ops = []
+    for _, op, _, _, _ in summary:
+        if op not in ops:
+            ops.append(op)
+    print("| ranks | " + " | ".join(ops) + " |")
+    print("|---:|" + "---:|" * len(ops))
+    for n in ns:
+        cells = []
+        for op in ops:
+            hit = [f"{a}/{b}, {p}" for m, o, a, b, p in summary if m == n and o == op]
+            cells.append(hit[0] if hit else "-")
+        print(f"| {n} | " + " | ".join(cells) + " |")
+    print()
+    if misses:
+        print("Where auto is more than 10% slower than the best algorithm:")
+        print()
+        print("| ranks | op | size | best | best (us) | auto (us) | auto/best | auto picks | pick/best |")
+        print("|---:|---|---:|---|---:|---:|---:|---|---:|")
+        for n, op, s, best, bt, at, q, pick, pq in misses:
+            pq = "?" if pq is None else f"{pq:.2f}"
+            print(f"| {n} | {op} | {size(s)} | {best} | {fmt(bt)} | {fmt(at)} | {q:.2f} "
+                  f"| {pick or '?'} | {pq} |")
+        print()
+    print("Times in microseconds (the best round; each round the average over the iterations "
+          "of the slowest rank); **bold**: the best single algorithm; n/a: the algorithm cannot "
+          "run that call; auto picks: the algorithm auto ran (from the engine's log); pick/best: "
+          "that algorithm's own time over the best.")
+    print()
+    print("\n\n".join(tables))
+
+
+if __name__ == "__main__":
+    main()
