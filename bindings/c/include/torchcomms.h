@@ -473,6 +473,16 @@ enum tc_status_t tc_comm_finalize(struct tc_comm_t *comm);
 // `comm` NULL or a live communicator.
 enum tc_status_t tc_comm_abort(struct tc_comm_t *comm);
 
+// Writes the colltrace of every communicator of this process (its last operations, sequence
+// numbers and states; schema `docs/colltrace-schema.md`) as JSON, one file
+// `colltrace_rank<N>.json` per rank, into `dir`, or into `TORCHCOMMS_TRACE_DIR` when `dir` is
+// NULL. `comms-analyzer report DIR` reads the files of all ranks. A directory that cannot be
+// written is `TC_ERR_INVALID_ARGUMENT`, naming it.
+//
+// # Safety
+// `dir` is NULL or a NUL-terminated string.
+enum tc_status_t tc_dump_trace(const char *dir);
+
 // Releases the communicator (NULL is a no-op). Without `tc_comm_finalize` first, queued work
 // still runs before the connections close. Work handles of the communicator stay valid.
 //

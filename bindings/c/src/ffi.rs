@@ -1004,6 +1004,33 @@ pub unsafe extern "C" fn tc_comm_abort(comm: *mut tc_comm_t) -> tc_status_t {
     })
 }
 
+/// Writes the colltrace of every communicator of this process (its last operations, sequence
+/// numbers and states; schema `docs/colltrace-schema.md`) as JSON, one file
+/// `colltrace_rank<N>.json` per rank, into `dir`, or into `TORCHCOMMS_TRACE_DIR` when `dir` is
+/// NULL. `comms-analyzer report DIR` reads the files of all ranks. A directory that cannot be
+/// written is `TC_ERR_INVALID_ARGUMENT`, naming it.
+///
+/// # Safety
+/// `dir` is NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn tc_dump_trace(dir: *const c_char) -> tc_status_t {
+    const F: &str = "tc_dump_trace";
+    guard(F, || {
+        let reason = Some("tc_dump_trace");
+        let written = if dir.is_null() {
+            colltrace::dump_configured(colltrace::Trigger::Api, reason)
+        } else {
+            // SAFETY: forwarded to the caller.
+            let d = unsafe { c_str(F, "dir", dir) }?;
+            colltrace::dump(std::path::Path::new(d), colltrace::Trigger::Api, reason)
+        };
+        written.map(|_| ()).map_err(|e| CError {
+            status: tc_status_t::TC_ERR_INVALID_ARGUMENT,
+            message: format!("{F}: {e}"),
+        })
+    })
+}
+
 /// Releases the communicator (NULL is a no-op). Without `tc_comm_finalize` first, queued work
 /// still runs before the connections close. Work handles of the communicator stay valid.
 ///

@@ -382,6 +382,34 @@ static void query_tests(tc_comm_t *comm, int r, int n) {
     EXPECT(strcmp(tc_last_error(), "") == 0, "no error after success: %s", tc_last_error());
 }
 
+/* tc_dump_trace writes this rank's colltrace where asked, and names a directory it cannot
+ * write. */
+static void trace_dump_tests(tc_comm_t *comm, int r, int n) {
+    (void)comm;
+    (void)n;
+    char dir[256], file[320];
+    snprintf(dir, sizeof dir, "/tmp/tc_c_trace_%s", getenv("MASTER_PORT"));
+    snprintf(file, sizeof file, "%s/colltrace_rank%d.json", dir, r);
+    CHECK(tc_dump_trace(dir));
+    FILE *f = fopen(file, "rb");
+    EXPECT(f != NULL, "no dump at %s", file);
+    if (f) {
+        static char text[1 << 20];
+        size_t len = fread(text, 1, sizeof text - 1, f);
+        text[len] = 0;
+        fclose(f);
+        EXPECT(strstr(text, "torchcomms-colltrace") != NULL, "not a colltrace dump: %s", file);
+        EXPECT(strstr(text, "\"c_collectives\"") != NULL, "comm missing from %s", file);
+        EXPECT(strstr(text, "\"all_reduce\"") != NULL, "all_reduce missing from %s", file);
+        EXPECT(strstr(text, "tc_dump_trace") != NULL, "reason missing from %s", file);
+        remove(file);
+    }
+    tc_status_t s = tc_dump_trace("/proc/self/no/such/dir");
+    EXPECT(s == TC_ERR_INVALID_ARGUMENT, "unwritable dir: status %d", s);
+    EXPECT(strstr(tc_last_error(), "/proc/self/no/such/dir") != NULL, "error names the dir: %s",
+           tc_last_error());
+}
+
 int main(void) {
     int r = env_int("TORCHCOMM_RANK"), n = env_int("TORCHCOMM_SIZE");
     g_rank = r;
@@ -413,6 +441,7 @@ int main(void) {
     async_tests(comm, r, n);
     split_tests(comm, r, n);
     store_tests(store, comm, r, n);
+    trace_dump_tests(comm, r, n);
 
     CHECK(tc_comm_finalize(comm));
     CHECK(tc_comm_finalize(comm)); /* twice is fine */
