@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the multi-process suite and torchcomms-perf across "hosts" made of network namespaces:
 # HOSTS namespaces x PER_HOST ranks, launched by torchrun (--nnodes, --node_rank, rendezvous on a
-# veth address), so TCP between hosts and shared memory inside a host run in one job.
+# veth address), so TCP between hosts and shared memory inside a host run in one job; then the
+# suite again over TCP alone (CTRAN_BACKENDS=socket).
 #
 #   scripts/multihost-test.sh [HOSTS] [PER_HOST]      (defaults 2 2)
 # Env: WORKER (tc-worker binary), PERF (torchcomms-perf binary; skipped if unset/missing).
@@ -53,6 +54,11 @@ ranks=$((HOSTS * PER_HOST))
 n_ok=$(cat /tmp/multihost-suite-h*.* | grep -c "SUITE OK" || true)
 rm -f /tmp/multihost-suite-h*.*
 [ "$n_ok" = "$ranks" ] || { echo "multihost-test: $n_ok of $ranks ranks reported SUITE OK" >&2; exit 1; }
+# TCP alone: the same suite with shared memory off, so ranks of one host use sockets too.
+run_job suite-tcp env CTRAN_BACKENDS=socket "$WORKER" suite --large 1048576
+n_ok=$(cat /tmp/multihost-suite-tcp-h*.* | grep -c "SUITE OK" || true)
+rm -f /tmp/multihost-suite-tcp-h*.*
+[ "$n_ok" = "$ranks" ] || { echo "multihost-test: TCP only: $n_ok of $ranks ranks reported SUITE OK" >&2; exit 1; }
 run_job b2b "$WORKER" back-to-back --count 3
 rm -f /tmp/multihost-b2b-h*.*
 if [ -n "$PERF" ] && [ -x "$PERF" ]; then
