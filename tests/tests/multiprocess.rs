@@ -244,7 +244,18 @@ fn killed_rank_during_shm_all_reduce_leaves_no_segment() {
     assert_survivors_failed(&outs, 2, "all_reduce", Some(4), "peer 2");
     // Say which path the 32 MiB all_reduce took: cross-memory attach where the kernel allows
     // it (the test below covers the shared-slot path either way).
-    let survivor = &outs.iter().find(|o| o.rank == 0).unwrap().stderr;
+    let raw = &outs.iter().find(|o| o.rank == 0).unwrap().stderr;
+    // Without the log's colour escapes.
+    let mut survivor = String::new();
+    let mut in_escape = false;
+    for c in raw.chars() {
+        match (in_escape, c) {
+            (false, '\x1b') => in_escape = true,
+            (true, 'm') => in_escape = false,
+            (true, _) => {}
+            (false, c) => survivor.push(c),
+        }
+    }
     if survivor.contains("cross_memory_attach=false") {
         println!("note: cross-memory attach is unavailable here; the shared-slot path was tested");
     } else {
