@@ -350,9 +350,17 @@ fn all_reduce_cma(cx: &mut ShmCtx<'_>, buf: Span, red: &Reducer, d: Desc) -> Res
     let (n, me) = (cx.n(), cx.me());
     let es = red.dtype().size_bytes();
     cx.publish(d, &[buf]);
+    // The tag is the number of the barrier below; announcing "nothing reduced yet" under it
+    // before the barrier means no peer can mistake an old value for this operation's, even
+    // when the counter's top bits wrapped around since.
+    let tag = ((cx.shm.arrivals + 1) & ((1 << (64 - PROGRESS_BITS)) - 1)) << PROGRESS_BITS;
+    cx.shm
+        .node
+        .control(me)
+        .progress
+        .store(tag, Ordering::Release);
     cx.barrier()?;
     cx.check(d, |_| buf.len())?;
-    let tag = (cx.shm.arrivals & ((1 << (64 - PROGRESS_BITS)) - 1)) << PROGRESS_BITS;
     let slices = partition(buf.len() / es, n, es);
     let (so, sl) = slices[me];
     let mine = buf.sub(so, sl);
@@ -396,13 +404,6 @@ fn all_reduce_cma(cx: &mut ShmCtx<'_>, buf: Span, red: &Reducer, d: Desc) -> Res
             .store(tag | (o + l) as u64, Ordering::Release);
         node.ring_others();
         drain(cx, &mut copied)?;
-    }
-    if sl == 0 {
-        cx.shm
-            .node
-            .control(me)
-            .progress
-            .store(tag, Ordering::Release);
     }
     while !drain(cx, &mut copied)? {
         let want: Vec<usize> = slices.iter().map(|&(_, l)| l).collect();
