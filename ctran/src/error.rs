@@ -119,6 +119,16 @@ pub enum Error {
     /// The requested feature is not available in this build or on this machine.
     #[error("{0} is not supported")]
     NotSupported(String),
+    /// A CUDA call of the GPU path failed.
+    #[error("{op} on rank {rank}: CUDA: {detail}")]
+    Cuda {
+        /// The operation.
+        op: String,
+        /// This rank.
+        rank: usize,
+        /// The failed call and the driver's message.
+        detail: String,
+    },
 }
 
 fn peer_suffix(peer: Option<usize>) -> String {

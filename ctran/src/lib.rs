@@ -18,6 +18,7 @@ pub use span::Span;
 pub use types::{DataType, Device, ReduceOp};
 pub mod algos;
 pub mod comm;
+pub mod gpe;
 pub mod transport;
 
 pub use comm::{Comm, CommConfig, Op, P2p, Request, RequestStatus};

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ctran::bootstrap::{env, rendezvous};
+use ctran::gpe::{Gpe, GpeConfig, GpeRequest};
 use ctran::{Comm, CommConfig, Op, P2p, Request, RequestStatus, Span};
 use torchcomms::{
     Backend, BackendRegistration, CommOptions, Device, Error, InitArgs, OpOptions, P2POp, ReduceOp,
@@ -24,8 +25,11 @@ pub const VERSION: &str = concat!("ctran ", env!("CARGO_PKG_VERSION"));
 /// A communicator of the ctran engine behind the TorchComm API.
 #[derive(Debug)]
 pub struct CtranBackend {
-    comm: Comm,
+    comm: Arc<Comm>,
     device: Device,
+    /// On a CUDA device: the GPU progress engine that runs ops on device buffers through the
+    /// host transports, stream-ordered.
+    gpe: Option<Gpe>,
     aborted: AtomicBool,
 }
 
@@ -67,6 +71,39 @@ impl WorkHandle for CtranWork {
     }
 }
 
+/// Work handle of an op on device buffers: stream-ordered like ProcessGroupNCCL's.
+#[derive(Debug)]
+struct GpuWork {
+    request: GpeRequest,
+    blocking: bool,
+}
+
+impl WorkHandle for GpuWork {
+    fn wait(&self, timeout: Duration) -> Result<()> {
+        if self.blocking {
+            return self.wait_blocking(timeout);
+        }
+        self.request.wait_on_stream().map_err(Error::Engine)
+    }
+
+    fn wait_blocking(&self, timeout: Duration) -> Result<()> {
+        self.request.wait_blocking(timeout).map_err(Error::Engine)
+    }
+
+    fn status(&self) -> WorkStatus {
+        match (self.request.is_completed(), self.request.error()) {
+            (_, Some(e)) if e.is_timeout() => WorkStatus::TimedOut,
+            (_, Some(_)) => WorkStatus::Error,
+            (true, None) => WorkStatus::Completed,
+            (false, None) => WorkStatus::InProgress,
+        }
+    }
+
+    fn error(&self) -> Option<Error> {
+        self.request.error().map(Error::Engine)
+    }
+}
+
 fn owners<'a>(tensors: impl IntoIterator<Item = &'a Tensor>) -> ctran::comm::KeepAlive {
     tensors
         .into_iter()
@@ -82,10 +119,21 @@ impl CtranBackend {
     /// Creates the communicator: rank and size from the options or the launcher's environment,
     /// the store from the options or `MASTER_ADDR`/`MASTER_PORT` (released after init).
     pub fn create(args: &InitArgs) -> Result<Box<dyn Backend>> {
-        if let Device::Cuda(_) = args.device {
-            return Err(Error::Engine(ctran::Error::NotSupported(
-                "CUDA tensors on the ctran backend in this build (use device=cpu)".into(),
-            )));
+        if let Device::Cuda(ordinal) = args.device {
+            // Checked before the bootstrap, which every rank joins: fail alone and at once.
+            let why = match ctran::cuda::unavailable_reason() {
+                Some(why) => Some(why),
+                None => ctran::cuda::driver().ok().and_then(|d| {
+                    (ordinal >= d.device_count)
+                        .then(|| format!("this process sees {} CUDA device(s)", d.device_count))
+                }),
+            };
+            if let Some(why) = why {
+                return Err(Error::Engine(ctran::Error::NotSupported(format!(
+                    "device {}: {why}",
+                    args.device
+                ))));
+            }
         }
         let o = &args.options;
         let (rank, size) = match (o.rank, o.size) {
@@ -117,15 +165,36 @@ impl CtranBackend {
                 comm
             }
         };
+        let comm = Arc::new(comm);
+        let gpe = start_gpe(&comm, args.device, o.high_priority_stream)?;
         Ok(Box::new(CtranBackend {
             comm,
             device: args.device,
+            gpe,
             aborted: AtomicBool::new(false),
         }))
     }
 
     fn issue(&self, op: Op, keep: ctran::comm::KeepAlive, opts: &OpOptions) -> Result<Work> {
         let timeout = opts.timeout_or(self.comm.config().timeout);
+        if let Some(gpe) = &self.gpe {
+            let hints = ctran::algos::select::Hints {
+                algo: opts.hints.get("algo").map(String::as_str),
+                uniform: opts
+                    .hints
+                    .get("uniform_blocks")
+                    .is_some_and(|v| matches!(v.as_str(), "1" | "true")),
+            };
+            // A barrier blocks the host, like ProcessGroupNCCL's.
+            let blocking = matches!(op, Op::Barrier);
+            let caller = ctran::cuda::RawStream(opts.stream.unwrap_or(0));
+            let request = gpe.issue(op, caller, timeout, hints, keep)?;
+            let work = Work::new(Box::new(GpuWork { request, blocking }), timeout);
+            if !opts.async_op || blocking {
+                work.wait()?;
+            }
+            return Ok(work);
+        }
         // Hints for the engine's algorithm choice (ctran::algos::select::Hints): `algo`, and
         // `uniform_blocks` (every rank passes equal blocks, as all_to_all_single does).
         let hints = ctran::algos::select::Hints {
@@ -150,6 +219,26 @@ impl CtranBackend {
         }
         Ok(work)
     }
+}
+
+/// The GPU progress engine of a communicator on a CUDA device; none on CPU.
+fn start_gpe(comm: &Arc<Comm>, device: Device, high_priority: bool) -> Result<Option<Gpe>> {
+    let Device::Cuda(ordinal) = device else {
+        return Ok(None);
+    };
+    let ctx = ctran::cuda::Context::get(ordinal).map_err(|e| {
+        Error::Engine(ctran::Error::Cuda {
+            op: "new_comm".into(),
+            rank: comm.rank(),
+            detail: e.to_string(),
+        })
+    })?;
+    let config = GpeConfig {
+        chunk_bytes: comm.config().gpe_chunk_bytes,
+        staging_budget: comm.config().gpe_staging_bytes,
+        high_priority,
+    };
+    Ok(Some(Gpe::start(Arc::clone(comm), &ctx, config)?))
 }
 
 impl Backend for CtranBackend {
@@ -330,16 +419,23 @@ impl Backend for CtranBackend {
             Some(options.timeout),
             options.abort_process_on_timeout_or_error,
         )?;
-        Ok(child.map(|comm| {
-            Box::new(CtranBackend {
-                comm,
-                device: self.device,
-                aborted: AtomicBool::new(false),
-            }) as Box<dyn Backend>
-        }))
+        let Some(comm) = child else {
+            return Ok(None);
+        };
+        let comm = Arc::new(comm);
+        let gpe = start_gpe(&comm, self.device, options.high_priority_stream)?;
+        Ok(Some(Box::new(CtranBackend {
+            comm,
+            device: self.device,
+            gpe,
+            aborted: AtomicBool::new(false),
+        })))
     }
 
     fn finalize(&self) -> Result<()> {
+        if let Some(gpe) = &self.gpe {
+            gpe.stop();
+        }
         Ok(self.comm.finalize()?)
     }
 

@@ -24,6 +24,10 @@ pub struct CommConfig {
     pub timeout: Duration,
     /// Size of one staging chunk: large messages move through a few of these, never whole.
     pub chunk_bytes: usize,
+    /// GPU buffers over host transports: bytes per pipelined step (`CTRAN_GPE_CHUNK_BYTES`).
+    pub gpe_chunk_bytes: usize,
+    /// GPU buffers over host transports: the pinned staging ring (`CTRAN_GPE_STAGING_BYTES`).
+    pub gpe_staging_bytes: usize,
     /// TCP transport settings.
     pub socket: SocketConfig,
     /// Use shared memory between ranks of one host (`CTRAN_BACKENDS` contains `shm`).
@@ -97,6 +101,8 @@ impl CommConfig {
             size,
             timeout: cv.torchcomm_timeout_seconds(),
             chunk_bytes: cv.ctran_chunk_bytes(),
+            gpe_chunk_bytes: cv.ctran_gpe_chunk_bytes(),
+            gpe_staging_bytes: cv.ctran_gpe_staging_bytes(),
             socket,
             use_shm: cv.ctran_backends().contains(&"shm"),
             shm,

@@ -311,7 +311,8 @@ impl Event {
     /// True once the recorded work is done; an error if that work failed.
     pub fn query(&self) -> Result<bool> {
         // SAFETY: the event is alive.
-        match unsafe { result::event::query(self.raw) }.call("cuEventQuery") {
+        let r = super::graph::relaxed(|| unsafe { result::event::query(self.raw) });
+        match r.call("cuEventQuery") {
             Ok(()) => Ok(true),
             Err(e) if e.is_not_ready() => Ok(false),
             Err(e) => Err(e),

@@ -74,6 +74,23 @@ pub fn relax_capture_mode_for_this_thread() -> Result<()> {
         .call("cuThreadExchangeStreamCaptureMode")
 }
 
+/// Runs `f` with this thread's capture mode relaxed, then restores it. Event polls go through
+/// here: a poll from a thread that is not capturing would otherwise invalidate another thread's
+/// global-mode capture (PyTorch guards its own polls the same way).
+pub fn relaxed<T>(f: impl FnOnce() -> T) -> T {
+    let mut mode = CaptureMode::Relaxed.raw();
+    // SAFETY: exchanges one enum of this thread's state; restored below.
+    let swapped = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) }
+        .result()
+        .is_ok();
+    let out = f();
+    if swapped {
+        // SAFETY: as above; `mode` holds the previous mode.
+        let _ = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
+    }
+    out
+}
+
 /// A captured and instantiated graph; replay it with [`Graph::launch`].
 #[derive(Debug)]
 pub struct Graph {

@@ -33,17 +33,21 @@
 
 pub mod driver;
 pub mod error;
+pub mod gpe_kernels;
 pub mod graph;
 pub mod kernels;
 pub mod libs;
 pub mod nvrtc;
+pub mod pinned;
 
 pub use driver::{
     copy_async, driver, is_available, unavailable_reason, Context, DeviceBuffer, Event, Function,
     Module, RawStream, Stream,
 };
 pub use error::CudaError;
+pub use gpe_kernels::GpeKernels;
 pub use graph::{
     begin_capture, end_capture, relax_capture_mode_for_this_thread, CaptureMode, Graph,
 };
 pub use kernels::ReduceKernels;
+pub use pinned::{copy_any_async, PinnedBuffer};

@@ -1,0 +1,82 @@
+//! The GPU progress engine's two kernels (`kernels/gpe.cu`): `post` raises a flag in mapped host
+//! memory, `wait` holds the stream until the host raises one. Compiled by NVRTC at first use
+//! and loaded once per device, like the reduction kernels.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use super::driver::{driver, Context, Function, Module, RawStream};
+use super::error::Result;
+use super::nvrtc;
+
+/// Source of the flag kernels.
+pub const GPE_SOURCE: &str = include_str!("kernels/gpe.cu");
+/// Its name in logs and cache files.
+pub const GPE_SOURCE_NAME: &str = "ctran/src/cuda/kernels/gpe.cu";
+
+/// The flag kernels loaded on one device.
+#[derive(Debug)]
+pub struct GpeKernels {
+    ctx: Arc<Context>,
+    _module: Module,
+    post: Function,
+    wait: Function,
+}
+
+impl GpeKernels {
+    /// The kernels of device `ctx`, compiled (or read from the cache) and loaded at first use.
+    pub fn get(ctx: &Arc<Context>) -> Result<Arc<GpeKernels>> {
+        static LOADED: OnceLock<Mutex<HashMap<u32, Arc<GpeKernels>>>> = OnceLock::new();
+        let mut map = LOADED
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(k) = map.get(&ctx.ordinal()) {
+            return Ok(Arc::clone(k));
+        }
+        let image = nvrtc::compile(
+            GPE_SOURCE_NAME,
+            GPE_SOURCE,
+            ctx.compute_capability(),
+            driver()?.version,
+        )?;
+        let module = Module::load(ctx, &image.bytes)?;
+        let k = Arc::new(GpeKernels {
+            ctx: Arc::clone(ctx),
+            post: module.function("gpe_post")?,
+            wait: module.function("gpe_wait")?,
+            _module: module,
+        });
+        map.insert(ctx.ordinal(), Arc::clone(&k));
+        Ok(k)
+    }
+
+    fn launch_flag(&self, f: Function, flag: u64, step: u64, stream: RawStream) -> Result<()> {
+        let (mut p, mut s) = (flag, step);
+        let mut params: [*mut c_void; 2] =
+            [(&mut p as *mut u64).cast(), (&mut s as *mut u64).cast()];
+        self.ctx.bind()?;
+        // SAFETY: both kernels take (volatile u64*, u64); the caller vouches for the flag's
+        // address; the module lives as long as self.
+        unsafe { f.launch(1, 1, stream, &mut params) }
+    }
+
+    /// On `stream`: raise the mapped counter at device address `flag` to `step`.
+    ///
+    /// # Safety
+    /// `flag` must be the device address of 8 bytes of mapped pinned memory that stays
+    /// allocated until the kernel has run.
+    pub unsafe fn post(&self, flag: u64, step: u64, stream: RawStream) -> Result<()> {
+        self.launch_flag(self.post, flag, step, stream)
+    }
+
+    /// On `stream`: wait until the mapped counter at `flag` reaches `step`.
+    ///
+    /// # Safety
+    /// As for [`GpeKernels::post`]; and someone must raise the counter, or the stream waits
+    /// forever.
+    pub unsafe fn wait(&self, flag: u64, step: u64, stream: RawStream) -> Result<()> {
+        self.launch_flag(self.wait, flag, step, stream)
+    }
+}

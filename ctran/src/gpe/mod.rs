@@ -1,0 +1,577 @@
+//! The GPU progress engine: collectives on device buffers over host transports (sockets, shared
+//! memory), stream-ordered like NCCL's and without blocking the caller's host thread.
+//!
+//! An operation is issued in two halves that meet through two counters in mapped host memory:
+//!
+//! - **On the comm's stream** (after the caller's current stream): for each step of the
+//!   [`plan`], copy the inputs to pinned staging and `post` the step number; then, for each
+//!   step, `wait` until the host reports it done and copy the outputs back; record an event.
+//! - **On the GPE thread**: when a step is posted, submit its host operation (over staging) to
+//!   the ctran communicator, which runs every algorithm and transport of the CPU path; when it
+//!   completes, raise `done` to its number.
+//!
+//! Steps are numbered in issue order and complete in that order (the communicator runs
+//! operations in order), so two counters serve every operation in flight. A failed or timed-out
+//! step still raises `done`, so the stream never hangs on a dead peer: the error reaches the
+//! work handle, and the outputs are left unspecified, as with NCCL after an abort.
+//!
+//! The GPE thread makes no CUDA call while it drives operations: it reads and writes only the
+//! mapped counters. A `cuMemFree` elsewhere in the process waits for the device, the device
+//! waits for the GPE thread, and a driver call on that thread could wait for the `cuMemFree`.
+//! For the same reason it never drops the last reference to a tensor: a reaper thread does.
+//!
+//! Not capturable in CUDA graphs: the host half is driven per issue, and a replay would find
+//! its steps already done. An op issued while the caller's stream captures is refused.
+
+mod plan;
+mod staging;
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender, TryRecvError};
+
+use crate::algos::select::Hints;
+use crate::comm::{Comm, KeepAlive};
+use crate::cuda::{self, Context, Event, GpeKernels, PinnedBuffer, RawStream, Stream};
+use crate::error::{Error, Result};
+use crate::Op;
+
+use plan::Plan;
+use staging::{Staging, StagingPool};
+
+/// Offsets of the counters in the flag buffer (on separate cache lines): the last step whose
+/// inputs are staged, the last step the host completed, and the last step whose outputs the
+/// device has copied back (after which its staging and buffers may go).
+const POSTED: usize = 0;
+const DONE: usize = 64;
+const FINISHED: usize = 128;
+
+/// How the engine is set up.
+#[derive(Debug, Clone)]
+pub struct GpeConfig {
+    /// Bytes per pipelined step of the single-buffer collectives.
+    pub chunk_bytes: usize,
+    /// Pinned staging ring per communicator (operations larger get their own buffer).
+    pub staging_budget: usize,
+    /// Use a high-priority stream.
+    pub high_priority: bool,
+}
+
+/// The GPU progress engine of one communicator on one device.
+#[derive(Debug)]
+pub struct Gpe {
+    shared: Arc<Shared>,
+    tx: Sender<Job>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    comm: Arc<Comm>,
+    ctx: Arc<Context>,
+    kernels: Arc<GpeKernels>,
+    stream: Stream,
+    /// Orders the comm's stream after the caller's.
+    pre: Event,
+    flags: PinnedBuffer,
+    pool: StagingPool,
+    config: GpeConfig,
+    /// Serialises issue: step numbers, stream order and the job queue must agree.
+    issue: Mutex<u64>,
+    /// Set once the thread stops: later issues fail.
+    stopped: AtomicU64,
+    /// Where the GPE thread sends the buffers of finished operations to be dropped: dropping
+    /// the last reference to device memory calls `cuMemFree`, which waits for the device, and
+    /// the device may be waiting for the GPE thread.
+    reaper: Sender<KeepAlive>,
+}
+
+/// What the device half of one operation waits for.
+struct Job {
+    op: &'static str,
+    /// (step number, host operation), in order.
+    steps: Vec<(u64, Op)>,
+    hints_algo: Option<String>,
+    uniform: bool,
+    issued: Instant,
+    timeout: Duration,
+    state: Arc<OpState>,
+    staging: Option<Staging>,
+    keep: KeepAlive,
+}
+
+/// The host half's outcome, shared with the work handle.
+#[derive(Debug, Default)]
+pub struct OpState {
+    result: Mutex<Option<Result<()>>>,
+}
+
+impl OpState {
+    fn finish(&self, r: Result<()>) {
+        let mut g = self.result.lock().unwrap_or_else(|p| p.into_inner());
+        if g.is_none() || matches!(g.as_ref(), Some(Ok(()))) && r.is_err() {
+            *g = Some(r);
+        }
+    }
+
+    fn get(&self) -> Option<Result<()>> {
+        self.result
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+/// One issued operation, as the work handle sees it.
+#[derive(Debug, Clone)]
+pub struct GpeRequest {
+    op: &'static str,
+    done_event: Arc<Event>,
+    state: Arc<OpState>,
+    caller: RawStream,
+    rank: usize,
+}
+
+impl GpeRequest {
+    /// Makes the caller's stream wait for the operation (returns at once). An error the host
+    /// half already met is returned.
+    pub fn wait_on_stream(&self) -> Result<()> {
+        if let Some(Err(e)) = self.state.get() {
+            return Err(e);
+        }
+        self.caller
+            .wait_event(&self.done_event)
+            .map_err(|e| cuda_err(self.op, self.rank, e))
+    }
+
+    /// Blocks the host until the operation's device work is done, or `timeout` passes.
+    pub fn wait_blocking(&self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let mut nap = Duration::from_micros(20);
+        loop {
+            if self.is_done()? {
+                return match self.state.get() {
+                    Some(r) => r,
+                    None => Ok(()),
+                };
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout {
+                    op: self.op.into(),
+                    seq: 0,
+                    rank: self.rank,
+                    peer: None,
+                    timeout,
+                });
+            }
+            std::thread::sleep(nap);
+            nap = (nap * 2).min(Duration::from_millis(1));
+        }
+    }
+
+    fn is_done(&self) -> Result<bool> {
+        self.done_event
+            .query()
+            .map_err(|e| cuda_err(self.op, self.rank, e))
+    }
+
+    /// True once the device work is done (successfully or not).
+    pub fn is_completed(&self) -> bool {
+        self.is_done().unwrap_or(true)
+    }
+
+    /// The error of a failed operation.
+    pub fn error(&self) -> Option<Error> {
+        match self.state.get() {
+            Some(Err(e)) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+fn cuda_err(op: &str, rank: usize, e: crate::cuda::CudaError) -> Error {
+    Error::Cuda {
+        op: op.into(),
+        rank,
+        detail: e.to_string(),
+    }
+}
+
+impl Gpe {
+    /// Starts the engine of `comm` on device `ctx`.
+    pub fn start(comm: Arc<Comm>, ctx: &Arc<Context>, config: GpeConfig) -> Result<Gpe> {
+        let rank = comm.rank();
+        let e = |err| cuda_err("GPE start", rank, err);
+        let kernels = GpeKernels::get(ctx).map_err(e)?;
+        let stream = Stream::new(ctx, config.high_priority).map_err(e)?;
+        let pre = Event::new(ctx).map_err(e)?;
+        let flags = PinnedBuffer::alloc(ctx, 256).map_err(e)?;
+        let (reaper, reaper_rx) = crossbeam_channel::unbounded::<KeepAlive>();
+        let shared = Arc::new(Shared {
+            reaper,
+            pool: StagingPool::new(ctx, config.staging_budget),
+            comm,
+            ctx: Arc::clone(ctx),
+            kernels,
+            stream,
+            pre,
+            flags,
+            config,
+            issue: Mutex::new(0),
+            stopped: AtomicU64::new(0),
+        });
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let s = Arc::clone(&shared);
+        std::thread::Builder::new()
+            .name(format!("ctran-gpe-reaper-{rank}"))
+            .spawn(move || {
+                // Ends when the engine is dropped (the sender with it).
+                for keep in reaper_rx {
+                    drop(keep);
+                }
+            })
+            .map_err(|err| Error::NotSupported(format!("starting the GPE reaper ({err})")))?;
+        let thread = std::thread::Builder::new()
+            .name(format!("ctran-gpe-{rank}"))
+            .spawn(move || run(&s, &rx))
+            .map_err(|err| Error::NotSupported(format!("starting the GPE thread ({err})")))?;
+        Ok(Gpe {
+            shared,
+            tx,
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    /// The comm's stream.
+    pub fn stream(&self) -> RawStream {
+        self.shared.stream.as_raw()
+    }
+
+    /// Issues `op` (over device buffers of this engine's device) after the work on `caller`.
+    pub fn issue(
+        &self,
+        op: Op,
+        caller: RawStream,
+        timeout: Duration,
+        hints: Hints<'_>,
+        keep: KeepAlive,
+    ) -> Result<GpeRequest> {
+        let s = &self.shared;
+        let name = op.name();
+        let rank = s.comm.rank();
+        let e = |err| cuda_err(name, rank, err);
+        if s.stopped.load(Ordering::Acquire) != 0 {
+            return Err(Error::Finalized {
+                op: name.into(),
+                comm: s.comm.name().into(),
+            });
+        }
+        if let Some(f) = s.comm.failure() {
+            return Err(f);
+        }
+        if caller.is_capturing().map_err(e)? {
+            return Err(Error::NotSupported(format!(
+                "{name}: capturing ctran GPU operations over host transports (socket, shm) in a \
+                 CUDA graph; issue it outside the capture, or use the nccl backend"
+            )));
+        }
+        // Check the choice now, so a bad hint fails at the call rather than on the GPE thread.
+        s.comm.algo_for(&op, hints)?;
+        s.ctx.bind().map_err(e)?;
+        let sizing = plan::plan(&op, rank, std::ptr::null_mut(), s.config.chunk_bytes);
+        // Earlier operations still hold the ring: wait for them (bounded by the timeout).
+        let staging = s
+            .pool
+            .take(sizing.staging_bytes, Instant::now() + timeout)
+            .map_err(e)?
+            .ok_or_else(|| Error::Timeout {
+                op: name.into(),
+                seq: 0,
+                rank,
+                peer: None,
+                timeout,
+            })?;
+        let Plan { steps, .. } = plan::plan(&op, rank, staging.as_ptr(), s.config.chunk_bytes);
+        let done_event = Arc::new(Event::new(&s.ctx).map_err(e)?);
+        let stream = s.stream.as_raw();
+        let posted = s.flags.device_ptr() + POSTED as u64;
+        let done = s.flags.device_ptr() + DONE as u64;
+        let base = staging.as_ptr() as u64;
+        tracing::trace!(rank, op = name, steps = steps.len(), "GPE: issue");
+        let mut next = s.issue.lock().unwrap_or_else(|p| p.into_inner());
+        s.pre.record(caller).map_err(e)?;
+        stream.wait_event(&s.pre).map_err(e)?;
+        let first = *next + 1;
+        for (i, step) in steps.iter().enumerate() {
+            for c in &step.inputs {
+                // SAFETY: the device range belongs to a tensor kept alive by `keep` until the
+                // done event; the staging range lies within `staging`, kept as long.
+                unsafe { cuda::copy_any_async(base + c.staging as u64, c.device, c.len, stream) }
+                    .map_err(e)?;
+            }
+            // SAFETY: the flag buffer lives as long as the engine, which outlives its stream's
+            // work (Drop synchronises the stream).
+            unsafe { s.kernels.post(posted, first + i as u64, stream) }.map_err(e)?;
+        }
+        for (i, step) in steps.iter().enumerate() {
+            // SAFETY: as for post; the GPE thread raises `done` for every step it is given,
+            // failed ones included.
+            unsafe { s.kernels.wait(done, first + i as u64, stream) }.map_err(e)?;
+            for c in &step.outputs {
+                // SAFETY: as for the copies in.
+                unsafe { cuda::copy_any_async(c.device, base + c.staging as u64, c.len, stream) }
+                    .map_err(e)?;
+            }
+        }
+        let last = first + steps.len() as u64 - 1;
+        let finished = s.flags.device_ptr() + FINISHED as u64;
+        // SAFETY: as for post.
+        unsafe { s.kernels.post(finished, last, stream) }.map_err(e)?;
+        done_event.record(stream).map_err(e)?;
+        *next += steps.len() as u64;
+        let state = Arc::new(OpState::default());
+        let job = Job {
+            op: name,
+            steps: steps
+                .into_iter()
+                .enumerate()
+                .map(|(i, st)| (first + i as u64, st.host))
+                .collect(),
+            hints_algo: hints.algo.map(str::to_string),
+            uniform: hints.uniform,
+            issued: Instant::now(),
+            timeout,
+            state: Arc::clone(&state),
+            staging: Some(staging),
+            keep,
+        };
+        if self.tx.send(job).is_err() {
+            // The thread is gone: nobody will raise `done`; say so (the stream is released
+            // by the stop path, which raised `done` to its maximum).
+            return Err(Error::Aborted {
+                comm: s.comm.name().into(),
+                reason: format!("{name}: the GPU progress engine of rank {rank} has stopped"),
+            });
+        }
+        drop(next);
+        Ok(GpeRequest {
+            op: name,
+            done_event,
+            state,
+            caller,
+            rank,
+        })
+    }
+
+    /// Stops the thread after the operations in flight (their device halves are released even
+    /// if their host halves cannot finish), then waits for the comm's stream.
+    pub fn stop(&self) {
+        let Some(t) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() else {
+            return;
+        };
+        self.shared.stopped.store(1, Ordering::Release);
+        if t.join().is_err() {
+            tracing::error!("the GPE thread panicked");
+        }
+        if let Err(e) = self.shared.stream.as_raw().synchronize() {
+            tracing::warn!("GPE stop: synchronising the comm stream: {e}");
+        }
+    }
+}
+
+impl Drop for Gpe {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl Shared {
+    fn counter(&self, offset: usize) -> &AtomicU64 {
+        // SAFETY: the flag buffer is 256 bytes of pinned memory, 8-byte aligned at these
+        // offsets, alive as long as self; the device accesses it only with whole-word volatile
+        // loads and stores.
+        unsafe { &*(self.flags.as_ptr().add(offset).cast::<AtomicU64>()) }
+    }
+
+    fn posted(&self) -> u64 {
+        self.counter(POSTED).load(Ordering::Acquire)
+    }
+
+    fn raise_done(&self, step: u64) {
+        self.counter(DONE).fetch_max(step, Ordering::Release);
+    }
+}
+
+/// A job on the GPE thread: its next step to submit and its requests in flight.
+struct Running {
+    job: Job,
+    next: usize,
+}
+
+fn run(s: &Shared, rx: &Receiver<Job>) {
+    if let Err(e) = s.ctx.bind() {
+        tracing::error!("GPE: {e}");
+    }
+    if let Err(e) = cuda::relax_capture_mode_for_this_thread() {
+        tracing::warn!("GPE: cannot relax the stream capture mode: {e}");
+    }
+    let rank = s.comm.rank();
+    // Jobs whose steps are not all submitted yet, in issue order.
+    let mut waiting: VecDeque<Running> = VecDeque::new();
+    // Submitted steps: (step number, request, the outcome of its job).
+    let mut inflight: VecDeque<(u64, crate::Request, Arc<OpState>)> = VecDeque::new();
+    // Jobs whose host half is over, kept until their device copies have run.
+    let mut draining: Vec<Job> = Vec::new();
+    let mut idle_rounds = 0u32;
+    loop {
+        let mut progressed = false;
+        // New jobs.
+        loop {
+            match rx.try_recv() {
+                Ok(job) => {
+                    waiting.push_back(Running { job, next: 0 });
+                    progressed = true;
+                }
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => break,
+            }
+        }
+        let stopping = s.stopped.load(Ordering::Acquire) != 0;
+        // Submit posted steps, in order.
+        while let Some(front) = waiting.front_mut() {
+            let Some((step, host)) = front.job.steps.get(front.next) else {
+                let r = waiting.pop_front().expect("front exists");
+                draining.push(r.job);
+                continue;
+            };
+            let step = *step;
+            if s.posted() >= step {
+                let hints = Hints {
+                    algo: front.job.hints_algo.as_deref(),
+                    uniform: front.job.uniform,
+                };
+                let left = front
+                    .job
+                    .timeout
+                    .saturating_sub(front.job.issued.elapsed())
+                    .max(Duration::from_millis(1));
+                let req = s.comm.submit_with_options(
+                    host.clone(),
+                    Some(left),
+                    Vec::new(),
+                    hints,
+                    Some(true),
+                );
+                tracing::trace!(rank, step, op = front.job.op, "GPE: step posted, submitted");
+                inflight.push_back((step, req, Arc::clone(&front.job.state)));
+                front.next += 1;
+                progressed = true;
+                continue;
+            }
+            // Not posted yet: the caller's stream is still busy before this op.
+            if front.job.issued.elapsed() > front.job.timeout {
+                let why = Error::Timeout {
+                    op: front.job.op.into(),
+                    seq: step,
+                    rank,
+                    peer: None,
+                    timeout: front.job.timeout,
+                };
+                front.job.state.finish(Err(why.clone()));
+                s.comm.abort(&format!(
+                    "GPE: the GPU did not reach {} within its timeout",
+                    front.job.op
+                ));
+                // Release every step of it at once; the stream passes through with garbage.
+                let last = front.job.steps.last().map_or(step, |(n, _)| *n);
+                s.raise_done(last);
+                let r = waiting.pop_front().expect("front exists");
+                draining.push(r.job);
+                progressed = true;
+                continue;
+            }
+            break;
+        }
+        // Complete steps, in order.
+        while let Some((step, req, state)) = inflight.front() {
+            if !req.is_completed() {
+                break;
+            }
+            if let Some(e) = req.error() {
+                tracing::debug!(rank, step, "GPE: step failed: {e}");
+                state.finish(Err(e));
+            }
+            tracing::trace!(rank, step, "GPE: step done");
+            s.raise_done(*step);
+            inflight.pop_front();
+            progressed = true;
+        }
+        // Finish jobs whose steps all completed; release their buffers once the device is
+        // past their copies back.
+        draining.retain_mut(|job| {
+            let last = job.steps.last().map_or(0, |(n, _)| *n);
+            let host_over = s.counter(DONE).load(Ordering::Acquire) >= last
+                && !inflight.iter().any(|(n, _, _)| *n <= last);
+            if !host_over {
+                return true;
+            }
+            job.state.finish(Ok(()));
+            if s.counter(FINISHED).load(Ordering::Acquire) < last {
+                return true;
+            }
+            if let Some(b) = job.staging.take() {
+                s.pool.give(b);
+            }
+            tracing::trace!(rank, op = job.op, "GPE: operation released");
+            // Never drop tensors here (see `Shared::reaper`).
+            let _ = s.reaper.send(std::mem::take(&mut job.keep));
+            progressed = true;
+            false
+        });
+        if stopping && waiting.is_empty() && inflight.is_empty() {
+            // Release any device wait that could still come (ops refused after the flag).
+            s.raise_done(u64::MAX);
+            // Operations whose copies back have not run yet (the device never got there):
+            // wait a while, then leak their buffers rather than free memory in use.
+            let give_up = Instant::now() + Duration::from_secs(10);
+            for mut job in draining.drain(..) {
+                let last = job.steps.last().map_or(0, |(n, _)| *n);
+                while s.counter(FINISHED).load(Ordering::Acquire) < last && Instant::now() < give_up
+                {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                if s.counter(FINISHED).load(Ordering::Acquire) >= last {
+                    let _ = s.reaper.send(std::mem::take(&mut job.keep));
+                } else {
+                    tracing::warn!(rank, op = job.op, "GPE stop: the device never finished it");
+                    std::mem::forget(std::mem::take(&mut job.keep));
+                    std::mem::forget(job.staging.take());
+                }
+            }
+            return;
+        }
+        if progressed {
+            idle_rounds = 0;
+            continue;
+        }
+        idle_rounds += 1;
+        if waiting.is_empty() && inflight.is_empty() && draining.is_empty() {
+            // Nothing in flight: block on the queue (bounded, to notice a stop).
+            if let Ok(job) = rx.recv_timeout(Duration::from_millis(50)) {
+                waiting.push_back(Running { job, next: 0 });
+            }
+        } else if idle_rounds < 64 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(if idle_rounds < 1024 {
+                10
+            } else {
+                100
+            }));
+        }
+    }
+}
