@@ -193,6 +193,23 @@ impl CommCore {
         Ok(r as usize)
     }
 
+    /// On a CUDA communicator, the caller's current stream
+    /// (`torch.cuda.current_stream(device).cuda_stream`): operations run after the work issued
+    /// on it so far, as with ProcessGroupNCCL. `None` on CPU.
+    fn caller_stream(&self) -> PyResult<Option<u64>> {
+        Python::attach(|py| {
+            let device = self.device.bind(py);
+            if device.getattr("type")?.extract::<String>()? != "cuda" {
+                return Ok(None);
+            }
+            let stream = py
+                .import("torch")?
+                .getattr("cuda")?
+                .call_method1("current_stream", (device,))?;
+            Ok(Some(stream.getattr("cuda_stream")?.extract::<u64>()?))
+        })
+    }
+
     fn op_options(
         &self,
         op: &str,
@@ -217,6 +234,7 @@ impl CommCore {
                 .filter(|t| !t.is_zero())
                 .unwrap_or(settings.timeout),
         );
+        o.stream = self.caller_stream()?;
         Ok(o)
     }
 

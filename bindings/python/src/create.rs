@@ -11,7 +11,7 @@ use pyo3::types::{PyDict, PyTuple};
 use crate::comm::{no_allocator, Backend, CommCore, Hints, NativeComm, PyTorchComm};
 use crate::error::{value_error, ResultExt};
 use crate::store::PyStore;
-use crate::tensor::{check_supported_device, parse_device};
+use crate::tensor::parse_device;
 use crate::types::{timeout_arg, PyCommOptions};
 
 fn py_backends() -> &'static Mutex<BTreeMap<String, Py<PyAny>>> {
@@ -196,7 +196,6 @@ pub(crate) fn new_comm(
     }
 
     let dev = parse_device(&torch_device)?;
-    check_supported_device(dev, &format!("new_comm: device {dev}"))?;
     let api_store = match store {
         Some(s) => Some(Arc::new(PyStore::new(s)?) as Arc<dyn ctran::bootstrap::Store>),
         None => None,

@@ -27,8 +27,10 @@ mod work;
 
 use pyo3::prelude::*;
 
-// Linking the backend crate registers `ctran`.
+// Linking the backend crates registers `ctran` and `nccl` (libnccl loads at run time, on first
+// use of the `nccl` backend: the wheel links no CUDA library).
 use torchcomms_ctran as _;
+use torchcomms_nccl as _;
 
 fn init_logging() {
     let filter = std::env::var("TORCHCOMMS_LOG").unwrap_or_else(|_| "error".into());
@@ -39,6 +41,19 @@ fn init_logging() {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .try_init();
+}
+
+/// Where libnccl was found and its version, or why it cannot be used here (`nccl` backend).
+#[pyfunction]
+#[pyo3(name = "_nccl_info")]
+fn nccl_info() -> String {
+    match (
+        torchcomms_nccl::nccl_version(),
+        torchcomms_nccl::nccl_path(),
+    ) {
+        (Ok(v), Ok(p)) => format!("NCCL {v} ({})", p.display()),
+        (Err(e), _) | (_, Err(e)) => format!("unavailable: {e}"),
+    }
 }
 
 /// The colltrace records of every communicator of this process (the engine's flight recorder),
@@ -82,5 +97,6 @@ fn _comms(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(watchdog::_health_check, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("_ENGINE_VERSION", torchcomms_ctran::VERSION)?;
+    m.add_function(wrap_pyfunction!(nccl_info, m)?)?;
     Ok(())
 }

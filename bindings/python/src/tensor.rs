@@ -61,17 +61,6 @@ pub(crate) fn parse_device(dev: &Bound<'_, PyAny>) -> PyResult<Device> {
     })
 }
 
-/// Rejects devices this build cannot serve, naming the device.
-pub(crate) fn check_supported_device(device: Device, what: &str) -> PyResult<()> {
-    match device {
-        Device::Cpu => Ok(()),
-        Device::Cuda(_) => Err(pyo3::exceptions::PyNotImplementedError::new_err(format!(
-            "{what} is on {device}: this build of torchcomms supports CPU tensors only \
-             (CUDA comes with the GPU backend); use device \"cpu\""
-        ))),
-    }
-}
-
 /// Converts one tensor argument `arg` of operation `op`.
 pub(crate) fn to_tensor(obj: &Bound<'_, PyAny>, op: &str, arg: &str) -> PyResult<Tensor> {
     let py = obj.py();
@@ -101,7 +90,7 @@ pub(crate) fn to_tensor(obj: &Bound<'_, PyAny>, op: &str, arg: &str) -> PyResult
         "cuda" => parse_device(&device_obj)?,
         other => {
             return Err(value_error(format!(
-                "{op}: argument `{arg}` is on device {}, expected a cpu tensor",
+                "{op}: argument `{arg}` is on device {}, expected a cpu or cuda tensor",
                 device_obj
                     .str()
                     .map(|s| s.to_string())
@@ -109,7 +98,6 @@ pub(crate) fn to_tensor(obj: &Bound<'_, PyAny>, op: &str, arg: &str) -> PyResult
             )))
         }
     };
-    check_supported_device(device, &format!("{op}: argument `{arg}`"))?;
     let contiguous: bool = obj.call_method0("is_contiguous")?.extract()?;
     let numel: usize = obj.call_method0("numel")?.extract()?;
     let ptr: usize = obj.call_method0("data_ptr")?.extract()?;

@@ -387,3 +387,5 @@ class _Hooks:
 
 # Upstream's C++ submodules torchcomms._comms.hooks.{fr,clog}; here aliases of torchcomms.hooks.
 hooks: _Hooks
+# The nccl backend (bindings/python/src/lib.rs): where libnccl was found, or why not.
+def _nccl_info() -> str: ...
