@@ -12,7 +12,7 @@
 # 4. Performance: torch.distributed+NCCL (scripts/bench/nccl_bench.py) and ours (nccl backend)
 #    on the same sizes in one run, joined into one table (scripts/bench/compare_gpu.py).
 #    The rank tests include CUDA graph capture (global mode) and replay with new inputs.
-# 2. Python: the torchcomms wheel (WHEEL_DIR, default .gpu/wheel; pytest from .gpu/pydeps when
+# 2. Python (nccl, then ctran, then ctran over TCP only): the torchcomms wheel (WHEEL_DIR, default .gpu/wheel; pytest from .gpu/pydeps when
 #    the machine has none) installed into a private folder; bindings/python/gpu_tests under
 #    torchrun on every GPU: CUDA tensors on the nccl backend, every op x dtype, the caller's
 #    current stream, torch.cuda.graph capture and replay, PREMUL_SUM with a device factor.
@@ -80,10 +80,17 @@ rm -rf "$PYTARGET"
 extra=()
 "$PYTHON" -c "import pytest" 2>/dev/null || extra=("$PYDEPS"/*.whl)
 if "$PYTHON" -m pip install --quiet --no-deps --no-index --target "$PYTARGET" "$WHEEL_DIR"/torchcomms-*.whl "${extra[@]}"; then
-    PYTHONPATH="$PYTARGET${PYTHONPATH:+:$PYTHONPATH}" "${STEP[@]}" "$PYTHON" -m torch.distributed.run \
-        --standalone --nproc_per_node "$NGPU" -m pytest bindings/python/gpu_tests -q -rs \
-        -p no:cacheprovider 2>&1 | tee "$OUT/python-cuda.log"
-    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+    # nccl; ctran with its default transports (shm between local ranks); ctran over TCP only.
+    for cfg in "nccl" "ctran" "ctran CTRAN_BACKENDS=socket"; do
+        read -r backend envs <<<"$cfg"
+        echo "-- backend $backend ${envs:-}"
+        log="$OUT/python-cuda-$backend${envs:+-socket}.log"
+        env ${envs:+"$envs"} TORCHCOMMS_TEST_BACKEND="$backend" \
+            PYTHONPATH="$PYTARGET${PYTHONPATH:+:$PYTHONPATH}" "${STEP[@]}" "$PYTHON" -m torch.distributed.run \
+            --standalone --nproc_per_node "$NGPU" -m pytest bindings/python/gpu_tests -q -rs -s \
+            -p no:cacheprovider >"$log" 2>&1 || { status=1; grep -E "^E |Error" "$log" | head -20; }
+        grep -E "passed|failed|issued in" "$log" || true
+    done
     rm -rf "$PYTARGET"
 else
     echo "gpu-test: cannot install the wheel from $WHEEL_DIR" >&2
@@ -92,10 +99,13 @@ fi
 
 echo "== 3. correctness: every op x dtype x reduce op on $NGPU GPUs (nccl backend)"
 if [ "$QUICK" = 1 ]; then SIZES=(-b 1 -e 64K -f 256); else SIZES=(-b 1 -e 1M -f 32); fi
-"${STEP[@]}" "$PERF" -n "$NGPU" --device cuda --backend nccl --op all -d all -o all "${SIZES[@]}" \
-    -w 1 -i 1 -c 1 --json "$OUT/correctness.json" >"$OUT/correctness.log" 2>&1 || status=1
-grep -E "Out of bounds|error" "$OUT/correctness.log" || true
-tail -n 4 "$OUT/correctness.log"
+for backend in nccl ctran; do
+    "${STEP[@]}" "$PERF" -n "$NGPU" --device cuda --backend $backend --op all -d all -o all "${SIZES[@]}" \
+        -w 1 -i 1 -c 1 --json "$OUT/correctness-$backend.json" >"$OUT/correctness-$backend.log" 2>&1 || status=1
+    echo "-- $backend"
+    grep -E "Out of bounds|error" "$OUT/correctness-$backend.log" | sort | uniq -c || true
+    tail -n 3 "$OUT/correctness-$backend.log"
+done
 
 if [ "$SKIP_PERF" = 1 ]; then
     echo "gpu-test: $( [ $status = 0 ] && echo PASSED || echo FAILED ) (logs in $OUT; perf skipped)"
@@ -111,9 +121,12 @@ for r in $(seq 1 "$ROUNDS"); do
         --json "$OUT/torch-$r.json" >"$OUT/torch-$r.log" 2>&1 || { cat "$OUT/torch-$r.log"; status=1; }
     "${STEP[@]}" "$PERF" -n "$NGPU" --device cuda --backend nccl --op "$OPS" -b 8 -e "$MAX" -w 10 -i "$ITERS" -c 0 \
         --json "$OUT/ours-$r.json" >"$OUT/ours-$r.log" 2>&1 || { cat "$OUT/ours-$r.log"; status=1; }
+    "${STEP[@]}" "$PERF" -n "$NGPU" --device cuda --backend ctran --op "$OPS" -b 8 -e "$MAX" -w 10 -i "$ITERS" -c 0 \
+        --json "$OUT/ctran-$r.json" >"$OUT/ctran-$r.log" 2>&1 || { cat "$OUT/ctran-$r.log"; status=1; }
 done
 if ls "$OUT"/torch-*.json "$OUT"/ours-*.json >/dev/null 2>&1; then
-    "$PYTHON" scripts/bench/compare_gpu.py --torch "$OUT"/torch-*.json --ours "$OUT"/ours-*.json | tee "$OUT/compare.md"
+    "$PYTHON" scripts/bench/compare_gpu.py --torch "$OUT"/torch-*.json --ours "$OUT"/ours-*.json \
+        --ctran "$OUT"/ctran-*.json | tee "$OUT/compare.md"
 fi
 echo "gpu-test: $( [ $status = 0 ] && echo PASSED || echo FAILED ) (logs in $OUT)"
 exit $status

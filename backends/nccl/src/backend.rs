@@ -550,6 +550,7 @@ impl NcclBackend {
                 op,
                 blocking,
                 issued: Instant::now(),
+                captured: capturing,
             }),
             timeout,
         );

@@ -226,6 +226,9 @@ pub(crate) struct NcclWork {
     /// Barriers block the host in `wait()`.
     pub(crate) blocking: bool,
     pub(crate) issued: Instant,
+    /// Issued while the caller's stream captured a graph: it runs at each replay, which the
+    /// graph's owner waits for; the handle has nothing to poll (like ProcessGroupNCCL's).
+    pub(crate) captured: bool,
 }
 
 impl NcclWork {
@@ -248,6 +251,9 @@ impl WorkHandle for NcclWork {
     }
 
     fn wait_blocking(&self, timeout: Duration) -> Result<()> {
+        if self.captured {
+            return Ok(());
+        }
         let start = Instant::now();
         let mut nap = Duration::from_micros(2);
         loop {
@@ -272,6 +278,9 @@ impl WorkHandle for NcclWork {
     }
 
     fn status(&self) -> WorkStatus {
+        if self.captured {
+            return WorkStatus::Completed;
+        }
         match self.event.query() {
             Ok(true) => WorkStatus::Completed,
             Ok(false) => match self.shared.failure() {
@@ -285,6 +294,9 @@ impl WorkHandle for NcclWork {
     }
 
     fn error(&self) -> Option<Error> {
+        if self.captured {
+            return None;
+        }
         match self.event.query() {
             Ok(true) => None,
             _ => self.failed(),

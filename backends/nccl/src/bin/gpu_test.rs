@@ -409,7 +409,7 @@ fn graph_capture(r: &Rank) -> Result<()> {
     let cs = caller.as_raw();
     let x = dev_tensor(&r.ctx, DataType::F32, &vec![-7.0; len])?;
     let gathered: Vec<Tensor> = (0..n)
-        .map(|_| dev_tensor(&r.ctx, DataType::F32, &vec![0.0; 4]))
+        .map(|_| dev_tensor(&r.ctx, DataType::F32, &[0.0; 4]))
         .collect::<Result<_>>()?;
     let mine = dev_tensor(&r.ctx, DataType::F32, &[0.0; 4])?;
     let sync = OpOptions::sync().with_stream(cs.0);
