@@ -924,3 +924,107 @@ fn auto_agrees_on_every_rank() {
         }
     }
 }
+
+/// Blocks far larger than what the transport buffers between two ranks (shared-memory FIFOs of
+/// two chunk-sized slots, while ring algorithms keep up to eight staging slots in flight): a
+/// pipelined algorithm that made a rank wait for a send to finish before posting a receive its
+/// left neighbour's send needs (ring reduce_scatter once sent a whole block of step 0 before
+/// any piece of step 1, and each rank waited for its right neighbour to free a slot) deadlocks
+/// here, and the short timeout turns the hang into a failure.
+#[test]
+fn large_blocks_over_a_shallow_fifo_do_not_deadlock() {
+    const PIECES: usize = 24;
+    for n in [2, 3, 4] {
+        with_ranks(
+            n,
+            "deep",
+            |cfg| {
+                cfg.use_shm = true;
+                cfg.shm.fifo_slots = 2;
+                cfg.shm.fifo_slot_bytes = CHUNK;
+                cfg.timeout = Duration::from_secs(10);
+            },
+            |c| {
+                let me = c.rank();
+                let (d, op) = (DataType::F32, ReduceOp::Sum);
+                let es = d.size_bytes();
+                let mut ran = 0;
+                for algo in algos(Collective::ReduceScatter) {
+                    // Equal blocks, then uneven ones (reduce_scatter_v), all of many pieces.
+                    let even = vec![PIECES * CHUNK / es; n];
+                    let uneven: Vec<usize> = (0..n)
+                        .map(|j| (j + 1) * PIECES * CHUNK / es / n + 3 * j)
+                        .collect();
+                    for sizes in [even, uneven] {
+                        let starts: Vec<usize> = sizes
+                            .iter()
+                            .scan(0, |a, &s| {
+                                let o = *a;
+                                *a += s;
+                                Some(o)
+                            })
+                            .collect();
+                        let mut blocks: Vec<Vec<u8>> = (0..n)
+                            .map(|j| inputs(d, op, me, starts[j], sizes[j]))
+                            .collect();
+                        let ins: Vec<Span> = blocks.iter_mut().map(|b| span_of(b)).collect();
+                        let mut out = vec![0u8; sizes[me] * es];
+                        let o = span_of(&mut out);
+                        run(
+                            c,
+                            Op::ReduceScatter {
+                                inputs: ins,
+                                output: o,
+                                dtype: d,
+                                op,
+                            },
+                            algo,
+                        );
+                        let what = format!("reduce_scatter {algo} n={n} sizes={sizes:?}");
+                        check_reduced(&out, d, op, n, starts[me], &what);
+                        ran += 1;
+                    }
+                }
+                let count = n * PIECES * CHUNK / es;
+                for algo in algos(Collective::AllReduce) {
+                    let mut buf = inputs(d, op, me, 0, count);
+                    let b = span_of(&mut buf);
+                    run(
+                        c,
+                        Op::AllReduce {
+                            buf: b,
+                            dtype: d,
+                            op,
+                        },
+                        algo,
+                    );
+                    check_reduced(&buf, d, op, n, 0, &format!("all_reduce {algo} n={n}"));
+                    ran += 1;
+                }
+                for algo in algos(Collective::AllGather) {
+                    let len = PIECES * CHUNK;
+                    let mut input = block_bytes(me, len, 1);
+                    let mut output = vec![0u8; n * len];
+                    let out = span_of(&mut output);
+                    run(
+                        c,
+                        Op::AllGather {
+                            input: span_of(&mut input),
+                            outputs: (0..n).map(|j| out.sub(j * len, len)).collect(),
+                        },
+                        algo,
+                    );
+                    for j in 0..n {
+                        assert_eq!(
+                            output[j * len..(j + 1) * len],
+                            block_bytes(j, len, 1),
+                            "all_gather {algo} n={n} block {j}"
+                        );
+                    }
+                    ran += 1;
+                }
+                assert!(ran >= 3, "ran {ran} operations");
+            },
+        );
+    }
+}
