@@ -177,14 +177,16 @@ impl CtranBackend {
 
     fn issue(&self, op: Op, keep: ctran::comm::KeepAlive, opts: &OpOptions) -> Result<Work> {
         let timeout = opts.timeout_or(self.comm.config().timeout);
+        // Hints for the engine's algorithm choice (ctran::algos::select::Hints): `algo`, and
+        // `uniform_blocks` (every rank passes equal blocks, as all_to_all_single does).
+        let hints = ctran::algos::select::Hints {
+            algo: opts.hints.get("algo").map(String::as_str),
+            uniform: opts
+                .hints
+                .get("uniform_blocks")
+                .is_some_and(|v| matches!(v.as_str(), "1" | "true")),
+        };
         if let Some(gpe) = &self.gpe {
-            let hints = ctran::algos::select::Hints {
-                algo: opts.hints.get("algo").map(String::as_str),
-                uniform: opts
-                    .hints
-                    .get("uniform_blocks")
-                    .is_some_and(|v| matches!(v.as_str(), "1" | "true")),
-            };
             // A barrier blocks the host, like ProcessGroupNCCL's.
             let blocking = matches!(op, Op::Barrier);
             let caller = ctran::cuda::RawStream(opts.stream.unwrap_or(0));
@@ -195,15 +197,6 @@ impl CtranBackend {
             }
             return Ok(work);
         }
-        // Hints for the engine's algorithm choice (ctran::algos::select::Hints): `algo`, and
-        // `uniform_blocks` (every rank passes equal blocks, as all_to_all_single does).
-        let hints = ctran::algos::select::Hints {
-            algo: opts.hints.get("algo").map(String::as_str),
-            uniform: opts
-                .hints
-                .get("uniform_blocks")
-                .is_some_and(|v| matches!(v.as_str(), "1" | "true")),
-        };
         let request =
             self.comm
                 .submit_with_options(op, Some(timeout), keep, hints, Some(opts.async_op));

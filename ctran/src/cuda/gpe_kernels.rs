@@ -2,13 +2,12 @@
 //! memory, `wait` holds the stream until the host raises one. Compiled by NVRTC at first use
 //! and loaded once per device, like the reduction kernels.
 
-use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
-use super::driver::{driver, Context, Function, Module, RawStream};
+use super::driver::{Context, Function, Module, RawStream};
 use super::error::Result;
-use super::nvrtc;
+use super::kernels::{load_once, PerDevice};
 
 /// Source of the flag kernels.
 pub const GPE_SOURCE: &str = include_str!("kernels/gpe.cu");
@@ -27,29 +26,15 @@ pub struct GpeKernels {
 impl GpeKernels {
     /// The kernels of device `ctx`, compiled (or read from the cache) and loaded at first use.
     pub fn get(ctx: &Arc<Context>) -> Result<Arc<GpeKernels>> {
-        static LOADED: OnceLock<Mutex<HashMap<u32, Arc<GpeKernels>>>> = OnceLock::new();
-        let mut map = LOADED
-            .get_or_init(Default::default)
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if let Some(k) = map.get(&ctx.ordinal()) {
-            return Ok(Arc::clone(k));
-        }
-        let image = nvrtc::compile(
-            GPE_SOURCE_NAME,
-            GPE_SOURCE,
-            ctx.compute_capability(),
-            driver()?.version,
-        )?;
-        let module = Module::load(ctx, &image.bytes)?;
-        let k = Arc::new(GpeKernels {
-            ctx: Arc::clone(ctx),
-            post: module.function("gpe_post")?,
-            wait: module.function("gpe_wait")?,
-            _module: module,
-        });
-        map.insert(ctx.ordinal(), Arc::clone(&k));
-        Ok(k)
+        static LOADED: PerDevice<GpeKernels> = OnceLock::new();
+        load_once(&LOADED, ctx, GPE_SOURCE_NAME, GPE_SOURCE, |module, _| {
+            Ok(GpeKernels {
+                ctx: Arc::clone(ctx),
+                post: module.function("gpe_post")?,
+                wait: module.function("gpe_wait")?,
+                _module: module,
+            })
+        })
     }
 
     fn launch_flag(&self, f: Function, flag: u64, step: u64, stream: RawStream) -> Result<()> {

@@ -23,6 +23,32 @@ pub const REDUCE_SOURCE_NAME: &str = "ctran/src/cuda/kernels/reduce.cu";
 
 const BLOCK: u32 = 512;
 
+/// Kernels of one source loaded per device ordinal.
+pub(crate) type PerDevice<T> = OnceLock<Mutex<HashMap<u32, Arc<T>>>>;
+
+/// The kernels of `source` on device `ctx`: compiled by NVRTC (or read from the disk cache) and
+/// loaded at the first call for that device, then shared; `make` wraps the loaded module.
+pub(crate) fn load_once<T>(
+    loaded: &PerDevice<T>,
+    ctx: &Arc<Context>,
+    name: &str,
+    source: &str,
+    make: impl FnOnce(Module, nvrtc::Image) -> Result<T>,
+) -> Result<Arc<T>> {
+    let mut map = loaded
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    if let Some(k) = map.get(&ctx.ordinal()) {
+        return Ok(Arc::clone(k));
+    }
+    let image = nvrtc::compile(name, source, ctx.compute_capability(), driver()?.version)?;
+    let module = Module::load(ctx, &image.bytes)?;
+    let k = Arc::new(make(module, image)?);
+    map.insert(ctx.ordinal(), Arc::clone(&k));
+    Ok(k)
+}
+
 /// The reduction kernels loaded on one device.
 #[derive(Debug)]
 pub struct ReduceKernels {
@@ -36,30 +62,22 @@ pub struct ReduceKernels {
 impl ReduceKernels {
     /// The kernels of device `ctx`, compiled (or read from the cache) and loaded at first use.
     pub fn get(ctx: &Arc<Context>) -> Result<Arc<ReduceKernels>> {
-        static LOADED: OnceLock<Mutex<HashMap<u32, Arc<ReduceKernels>>>> = OnceLock::new();
-        let mut map = LOADED
-            .get_or_init(Default::default)
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if let Some(k) = map.get(&ctx.ordinal()) {
-            return Ok(Arc::clone(k));
-        }
-        let image = nvrtc::compile(
+        static LOADED: PerDevice<ReduceKernels> = OnceLock::new();
+        load_once(
+            &LOADED,
+            ctx,
             REDUCE_SOURCE_NAME,
             REDUCE_SOURCE,
-            ctx.compute_capability(),
-            driver()?.version,
-        )?;
-        let module = Module::load(ctx, &image.bytes)?;
-        let k = Arc::new(ReduceKernels {
-            ctx: Arc::clone(ctx),
-            module,
-            funcs: Mutex::new(HashMap::new()),
-            target: image.target,
-            from_cache: image.from_cache,
-        });
-        map.insert(ctx.ordinal(), Arc::clone(&k));
-        Ok(k)
+            |module, image| {
+                Ok(ReduceKernels {
+                    ctx: Arc::clone(ctx),
+                    module,
+                    funcs: Mutex::new(HashMap::new()),
+                    target: image.target,
+                    from_cache: image.from_cache,
+                })
+            },
+        )
     }
 
     /// The target the kernels were built for (`sm_90`).

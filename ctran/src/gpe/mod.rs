@@ -282,11 +282,10 @@ impl Gpe {
         // Check the choice now, so a bad hint fails at the call rather than on the GPE thread.
         s.comm.algo_for(&op, hints)?;
         s.ctx.bind().map_err(e)?;
-        let sizing = plan::plan(&op, rank, std::ptr::null_mut(), s.config.chunk_bytes);
         // Earlier operations still hold the ring: wait for them (bounded by the timeout).
         let staging = s
             .pool
-            .take(sizing.staging_bytes, Instant::now() + timeout)
+            .take(plan::staging_bytes(&op, rank), Instant::now() + timeout)
             .map_err(e)?
             .ok_or_else(|| Error::Timeout {
                 op: name.into(),

@@ -22,11 +22,10 @@ pub(crate) struct Step {
     pub(crate) outputs: Vec<Copy>,
 }
 
-/// The steps of one operation and the staging bytes they need.
+/// The steps of one operation.
 #[derive(Debug)]
 pub(crate) struct Plan {
     pub(crate) steps: Vec<Step>,
-    pub(crate) staging_bytes: usize,
 }
 
 /// What the host operation does with a buffer.
@@ -167,17 +166,28 @@ fn chunkable(op: &Op) -> Option<(Span, usize)> {
     }
 }
 
-/// Plans `op` (over device buffers) for staging. `base` is the staging address the host
-/// operation will see (the pinned buffer's host address); `chunk` the step size in bytes.
-pub(crate) fn plan(op: &Op, rank: usize, base: *mut u8, chunk: usize) -> Plan {
-    // One staging region per buffer, in the order map_spans visits them.
-    let mut regions: Vec<(Span, Role, usize)> = Vec::new();
+/// One staging region per buffer, in the order map_spans visits them (buffer, role, offset),
+/// and the staging bytes they need in all.
+fn regions(op: &Op, rank: usize) -> (Vec<(Span, Role, usize)>, usize) {
+    let mut regions = Vec::new();
     let mut bytes = 0usize;
     map_spans(op, rank, &mut |s, role| {
         regions.push((s, role, bytes));
         bytes += s.len().div_ceil(ALIGN) * ALIGN;
         s
     });
+    (regions, bytes)
+}
+
+/// The staging bytes [`plan`] lays `op` out in (taken before the staging exists).
+pub(crate) fn staging_bytes(op: &Op, rank: usize) -> usize {
+    regions(op, rank).1
+}
+
+/// Plans `op` (over device buffers) for staging. `base` is the staging address the host
+/// operation will see (the pinned buffer's host address); `chunk` the step size in bytes.
+pub(crate) fn plan(op: &Op, rank: usize, base: *mut u8, chunk: usize) -> Plan {
+    let (regions, _) = regions(op, rank);
     let staged = |off: usize, len: usize| -> Span {
         if len == 0 {
             return Span::EMPTY;
@@ -218,10 +228,7 @@ pub(crate) fn plan(op: &Op, rank: usize, base: *mut u8, chunk: usize) -> Plan {
                 }
             })
             .collect();
-        return Plan {
-            steps,
-            staging_bytes: bytes,
-        };
+        return Plan { steps };
     }
     let mut i = 0;
     let host = map_spans(op, rank, &mut |_, _| {
@@ -242,7 +249,6 @@ pub(crate) fn plan(op: &Op, rank: usize, base: *mut u8, chunk: usize) -> Plan {
             host,
             outputs: pick(Role::writes),
         }],
-        staging_bytes: bytes,
     }
 }
 
@@ -265,7 +271,7 @@ mod tests {
             op: ReduceOp::Sum,
         };
         let p = plan(&op, 0, staging.as_mut_ptr(), 300);
-        assert_eq!(p.staging_bytes, 1024);
+        assert_eq!(staging_bytes(&op, 0), 1024);
         let lens: Vec<usize> = p.steps.iter().map(|s| s.inputs[0].len).collect();
         assert_eq!(lens, vec![300, 300, 300, 100]);
         assert_eq!(p.steps[3].outputs[0].device, 0x1000_0000 + 900);
@@ -307,7 +313,7 @@ mod tests {
         };
         let p = plan(&op, 0, staging.as_mut_ptr(), 4);
         assert_eq!(p.steps.len(), 1);
-        assert_eq!(p.staging_bytes, 3 * ALIGN);
+        assert_eq!(staging_bytes(&op, 0), 3 * ALIGN);
         let s = &p.steps[0];
         assert_eq!(s.inputs.len(), 1);
         assert_eq!(
@@ -333,6 +339,6 @@ mod tests {
         };
         let p = plan(&op, 0, std::ptr::null_mut(), 64);
         assert_eq!(p.steps.len(), 1);
-        assert_eq!(p.staging_bytes, 0);
+        assert_eq!(staging_bytes(&op, 0), 0);
     }
 }
