@@ -97,14 +97,22 @@ else
     status=1
 fi
 
-echo "== 3. correctness: every op x dtype x reduce op on $NGPU GPUs (nccl backend)"
+echo "== 3. correctness: every op x dtype x reduce op on $NGPU GPUs (nccl, ctran over NVLink and over host transports)"
 if [ "$QUICK" = 1 ]; then SIZES=(-b 1 -e 64K -f 256); else SIZES=(-b 1 -e 1M -f 32); fi
-for backend in nccl ctran; do
-    "${STEP[@]}" "$PERF" -n "$NGPU" --device cuda --backend $backend --op all -d all -o all "${SIZES[@]}" \
-        -w 1 -i 1 -c 1 --json "$OUT/correctness-$backend.json" >"$OUT/correctness-$backend.log" 2>&1 || status=1
-    echo "-- $backend"
-    grep -E "Out of bounds|error" "$OUT/correctness-$backend.log" | sort | uniq -c || true
-    tail -n 3 "$OUT/correctness-$backend.log"
+# ctran four ways: NVLink with the size-based choice, NVLink staged where an op can be (direct
+# elsewhere), NVLink direct only, and the host transports through the GPE (no nvl).
+# Direct mode exports user allocations over CUDA IPC, which takes allocations of 2 MiB and
+# more (smaller ones go through the GPE), so its sweep starts at 4 MiB.
+for cfg in "nccl" "ctran" "ctran CTRAN_NVL_ALGO=staged" "ctran CTRAN_NVL_ALGO=direct" "ctran CTRAN_BACKENDS=socket,shm"; do
+    read -r backend envs <<<"$cfg"
+    tag="$backend${envs:+-$(echo "${envs#*=}" | tr , -)}"
+    sizes=("${SIZES[@]}")
+    [ "$envs" = CTRAN_NVL_ALGO=direct ] && sizes=(-b 4M -e 16M -f 4)
+    env ${envs:+"$envs"} "${STEP[@]}" "$PERF" -n "$NGPU" --device cuda --backend $backend --op all -d all -o all "${sizes[@]}" \
+        -w 1 -i 1 -c 1 --json "$OUT/correctness-$tag.json" >"$OUT/correctness-$tag.log" 2>&1 || status=1
+    echo "-- $tag"
+    grep -E "Out of bounds|error" "$OUT/correctness-$tag.log" | sort | uniq -c || true
+    tail -n 3 "$OUT/correctness-$tag.log"
 done
 
 if [ "$SKIP_PERF" = 1 ]; then

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use ctran::bootstrap::{env, rendezvous};
 use ctran::gpe::{Gpe, GpeConfig, GpeRequest};
+use ctran::nvl::Nvl;
 use ctran::{Comm, CommConfig, Op, P2p, Request, RequestStatus, Span};
 use torchcomms::{
     Backend, BackendRegistration, CommOptions, Device, Error, InitArgs, OpOptions, P2POp, ReduceOp,
@@ -27,6 +28,10 @@ pub const VERSION: &str = concat!("ctran ", env!("CARGO_PKG_VERSION"));
 pub struct CtranBackend {
     comm: Arc<Comm>,
     device: Device,
+    /// On a CUDA device whose peers all sit on this host and reach each other's GPUs: the
+    /// NVLink transport (kernels on peer memory). Declared before `gpe`, whose stream it
+    /// launches on, so it is dropped first.
+    nvl: Option<Nvl>,
     /// On a CUDA device: the GPU progress engine that runs ops on device buffers through the
     /// host transports, stream-ordered.
     gpe: Option<Gpe>,
@@ -166,10 +171,11 @@ impl CtranBackend {
             }
         };
         let comm = Arc::new(comm);
-        let gpe = start_gpe(&comm, args.device, o.high_priority_stream)?;
+        let (gpe, nvl) = start_gpu(&comm, args.device, o.high_priority_stream)?;
         Ok(Box::new(CtranBackend {
             comm,
             device: args.device,
+            nvl,
             gpe,
             aborted: AtomicBool::new(false),
         }))
@@ -190,7 +196,27 @@ impl CtranBackend {
             // A barrier blocks the host, like ProcessGroupNCCL's.
             let blocking = matches!(op, Op::Barrier);
             let caller = ctran::cuda::RawStream(opts.stream.unwrap_or(0));
-            let request = gpe.issue(op, caller, timeout, hints, keep)?;
+            if self.comm.is_finalized() {
+                return Err(Error::Engine(ctran::Error::Finalized {
+                    op: op.name().into(),
+                    comm: self.comm.name().into(),
+                }));
+            }
+            let request = match &self.nvl {
+                Some(nvl) => {
+                    match nvl.issue(&op, caller, gpe.stream(), timeout, hints, keep.clone()) {
+                        Ok(r) => r,
+                        // Every rank met the same refusal in the address exchange (a buffer
+                        // that cannot be exported): the host transports carry this one.
+                        Err(ctran::Error::NotSupported(why)) if !op.is_p2p() => {
+                            tracing::debug!(op = op.name(), "nvl: {why}; through the GPE");
+                            gpe.issue(op, caller, timeout, hints, keep)?
+                        }
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                None => gpe.issue(op, caller, timeout, hints, keep)?,
+            };
             let work = Work::new(Box::new(GpuWork { request, blocking }), timeout);
             if !opts.async_op || blocking {
                 work.wait()?;
@@ -214,10 +240,15 @@ impl CtranBackend {
     }
 }
 
-/// The GPU progress engine of a communicator on a CUDA device; none on CPU.
-fn start_gpe(comm: &Arc<Comm>, device: Device, high_priority: bool) -> Result<Option<Gpe>> {
+/// The GPU progress engine and, where every rank's GPU reaches every other's, the NVLink
+/// transport of a communicator on a CUDA device; neither on CPU.
+fn start_gpu(
+    comm: &Arc<Comm>,
+    device: Device,
+    high_priority: bool,
+) -> Result<(Option<Gpe>, Option<Nvl>)> {
     let Device::Cuda(ordinal) = device else {
-        return Ok(None);
+        return Ok((None, None));
     };
     let ctx = ctran::cuda::Context::get(ordinal).map_err(|e| {
         Error::Engine(ctran::Error::Cuda {
@@ -231,7 +262,13 @@ fn start_gpe(comm: &Arc<Comm>, device: Device, high_priority: bool) -> Result<Op
         staging_budget: comm.config().gpe_staging_bytes,
         high_priority,
     };
-    Ok(Some(Gpe::start(Arc::clone(comm), &ctx, config)?))
+    let gpe = Gpe::start(Arc::clone(comm), &ctx, config)?;
+    let nvl = if comm.config().use_nvl {
+        Nvl::start(comm, &ctx, comm.config().nvl.clone())?
+    } else {
+        None
+    };
+    Ok((Some(gpe), nvl))
 }
 
 impl Backend for CtranBackend {
@@ -416,10 +453,11 @@ impl Backend for CtranBackend {
             return Ok(None);
         };
         let comm = Arc::new(comm);
-        let gpe = start_gpe(&comm, self.device, options.high_priority_stream)?;
+        let (gpe, nvl) = start_gpu(&comm, self.device, options.high_priority_stream)?;
         Ok(Some(Box::new(CtranBackend {
             comm,
             device: self.device,
+            nvl,
             gpe,
             aborted: AtomicBool::new(false),
         })))
@@ -438,6 +476,9 @@ impl Backend for CtranBackend {
 
     fn abort(&self) -> Result<()> {
         self.aborted.store(true, Ordering::Release);
+        if let Some(nvl) = &self.nvl {
+            nvl.abort();
+        }
         self.comm.abort("abort() called");
         Ok(())
     }

@@ -32,6 +32,10 @@ pub struct CommConfig {
     pub socket: SocketConfig,
     /// Use shared memory between ranks of one host (`CTRAN_BACKENDS` contains `shm`).
     pub use_shm: bool,
+    /// Use the NVLink transport for GPU buffers when every rank's GPU reaches every other's.
+    pub use_nvl: bool,
+    /// The NVLink transport's settings.
+    pub nvl: crate::nvl::NvlConfig,
     /// Shared-memory transport settings.
     pub shm: ShmConfig,
     /// Abort the whole process when an operation fails or times out (torchcomms'
@@ -105,6 +109,17 @@ impl CommConfig {
             gpe_staging_bytes: cv.ctran_gpe_staging_bytes(),
             socket,
             use_shm: cv.ctran_backends().contains(&"shm"),
+            use_nvl: cv.ctran_backends().contains(&"nvl"),
+            nvl: crate::nvl::NvlConfig {
+                staged_max_bytes: cv.ctran_nvl_staged_max_bytes(),
+                p2p_slot_bytes: cv.ctran_nvl_p2p_slot_bytes(),
+                p2p_slots: usize::try_from(cv.ctran_nvl_p2p_slots())
+                    .unwrap_or(1)
+                    .max(1),
+                blocks: usize::try_from(cv.ctran_nvl_blocks()).unwrap_or(0),
+                mode: cv.ctran_nvl_algo().to_string(),
+                budget_bytes: cv.ctran_nvl_budget_bytes(),
+            },
             shm,
             abort_process_on_error: false,
             algos,

@@ -23,6 +23,7 @@ use crate::transport::mapper::Mapper;
 use crate::transport::socket::Waker;
 pub use config::CommConfig;
 use executor::{Command, Executor, Task};
+pub(crate) use init::host_id;
 pub use op::{Op, P2p};
 pub use request::{Request, RequestStatus};
 

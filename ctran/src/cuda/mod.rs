@@ -35,8 +35,10 @@ pub mod driver;
 pub mod error;
 pub mod gpe_kernels;
 pub mod graph;
+pub mod ipc;
 pub mod kernels;
 pub mod libs;
+pub mod nvl_kernels;
 pub mod nvrtc;
 pub mod pinned;
 

@@ -108,9 +108,53 @@ struct Job {
 #[derive(Debug, Default)]
 pub struct OpState {
     result: Mutex<Option<Result<()>>>,
+    /// Where kernels that wait on peers report giving up (the NVLink path).
+    device: Option<DeviceStatus>,
+}
+
+/// A status word in mapped host memory that a comm's kernels set when they time out or see the
+/// abort flag; sticky, like NCCL's asynchronous error.
+#[derive(Debug, Clone)]
+pub struct DeviceStatus {
+    /// The word (and what keeps it allocated).
+    pub word: Arc<PinnedBuffer>,
+    /// The communicator's name.
+    pub comm: String,
+    /// The operation's timeout.
+    pub timeout: Duration,
+}
+
+impl DeviceStatus {
+    /// The error the word reports for `op` on `rank`, if any.
+    pub fn error(&self, op: &str, rank: usize) -> Option<Error> {
+        // SAFETY: the word is 4 aligned bytes of mapped memory that kernels write atomically.
+        let v = unsafe { std::ptr::read_volatile(self.word.as_ptr().cast::<u32>()) };
+        match v {
+            0 => None,
+            cuda::nvl_kernels::STATUS_TIMEOUT => Some(Error::Timeout {
+                op: op.into(),
+                seq: 0,
+                rank,
+                peer: None,
+                timeout: self.timeout,
+            }),
+            _ => Some(Error::Aborted {
+                comm: self.comm.clone(),
+                reason: format!("{op}: the communicator was aborted while its kernels waited"),
+            }),
+        }
+    }
 }
 
 impl OpState {
+    /// The outcome of an operation whose kernels report through `device`.
+    pub(crate) fn on_device(device: DeviceStatus) -> OpState {
+        OpState {
+            result: Mutex::new(None),
+            device: Some(device),
+        }
+    }
+
     fn finish(&self, r: Result<()>) {
         let mut g = self.result.lock().unwrap_or_else(|p| p.into_inner());
         if g.is_none() || matches!(g.as_ref(), Some(Ok(()))) && r.is_err() {
@@ -124,6 +168,13 @@ impl OpState {
             .unwrap_or_else(|p| p.into_inner())
             .clone()
     }
+
+    fn get_for(&self, op: &str, rank: usize) -> Option<Result<()>> {
+        if let Some(e) = self.device.as_ref().and_then(|d| d.error(op, rank)) {
+            return Some(Err(e));
+        }
+        self.get()
+    }
 }
 
 /// One issued operation, as the work handle sees it.
@@ -134,13 +185,35 @@ pub struct GpeRequest {
     state: Arc<OpState>,
     caller: RawStream,
     rank: usize,
+    /// Issued while the caller's stream captured a CUDA graph: it runs at each replay, which
+    /// the graph's owner waits for, so the handle has nothing to poll.
+    captured: bool,
 }
 
 impl GpeRequest {
+    /// A request completed by `done_event` on the device, its outcome in `state`.
+    pub(crate) fn new(
+        op: &'static str,
+        done_event: Arc<Event>,
+        state: Arc<OpState>,
+        caller: RawStream,
+        rank: usize,
+        captured: bool,
+    ) -> GpeRequest {
+        GpeRequest {
+            op,
+            done_event,
+            state,
+            caller,
+            rank,
+            captured,
+        }
+    }
+
     /// Makes the caller's stream wait for the operation (returns at once). An error the host
     /// half already met is returned.
     pub fn wait_on_stream(&self) -> Result<()> {
-        if let Some(Err(e)) = self.state.get() {
+        if let Some(Err(e)) = self.state.get_for(self.op, self.rank) {
             return Err(e);
         }
         self.caller
@@ -152,9 +225,15 @@ impl GpeRequest {
     pub fn wait_blocking(&self, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
         let mut nap = Duration::from_micros(20);
+        if self.captured {
+            return Ok(());
+        }
         loop {
+            if let Some(Err(e)) = self.state.get_for(self.op, self.rank) {
+                return Err(e);
+            }
             if self.is_done()? {
-                return match self.state.get() {
+                return match self.state.get_for(self.op, self.rank) {
                     Some(r) => r,
                     None => Ok(()),
                 };
@@ -181,12 +260,15 @@ impl GpeRequest {
 
     /// True once the device work is done (successfully or not).
     pub fn is_completed(&self) -> bool {
-        self.is_done().unwrap_or(true)
+        self.captured || self.is_done().unwrap_or(true)
     }
 
     /// The error of a failed operation.
     pub fn error(&self) -> Option<Error> {
-        match self.state.get() {
+        if self.captured {
+            return None;
+        }
+        match self.state.get_for(self.op, self.rank) {
             Some(Err(e)) => Some(e),
             _ => None,
         }
@@ -357,13 +439,9 @@ impl Gpe {
             });
         }
         drop(next);
-        Ok(GpeRequest {
-            op: name,
-            done_event,
-            state,
-            caller,
-            rank,
-        })
+        Ok(GpeRequest::new(
+            name, done_event, state, caller, rank, false,
+        ))
     }
 
     /// Stops the thread after the operations in flight (their device halves are released even

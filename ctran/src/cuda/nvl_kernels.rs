@@ -1,0 +1,267 @@
+//! The NVLink transport's kernels (`kernels/nvl.cu`): one collective kernel per element type and
+//! one point-to-point kernel, with the parameter blocks they take by value. The layouts here
+//! mirror the CUDA structs field for field (`#[repr(C)]`, checked by size in a test).
+
+use std::ffi::c_void;
+use std::sync::{Arc, OnceLock};
+
+use super::driver::{Context, Function, Module, RawStream};
+use super::error::{CudaError, Result};
+use super::kernels::{load_once, PerDevice};
+use crate::DataType;
+
+/// Source of the NVLink kernels.
+pub const NVL_SOURCE: &str = include_str!("kernels/nvl.cu");
+/// Its name in logs and cache files.
+pub const NVL_SOURCE_NAME: &str = "ctran/src/cuda/kernels/nvl.cu";
+
+/// Most ranks one kernel addresses (peers of one NVLink domain).
+pub const MAX_RANKS: usize = 8;
+/// Most copy segments of one collective launch, before and after the barrier each.
+pub const MAX_SEGS: usize = 16;
+/// Most transfers of one point-to-point launch.
+pub const MAX_P2P: usize = 32;
+/// Most blocks of a grid (the flag arrays are sized for it).
+pub const MAX_BLOCKS: usize = 256;
+/// Threads per block.
+pub const THREADS: u32 = 512;
+
+/// Bytes of the flag array every rank exports (four regions of `MAX_RANKS x MAX_BLOCKS` words).
+pub const FLAG_BYTES: usize = 4 * MAX_RANKS * MAX_BLOCKS * 8;
+/// Bytes of the local counter array (two collective rows, then send and receive per peer).
+pub const COUNTER_BYTES: usize = (2 + 2 * MAX_RANKS) * MAX_BLOCKS * 8;
+
+/// Status word values a kernel writes when it gives up.
+pub const STATUS_TIMEOUT: u32 = 1;
+/// Status word value after the host's abort flag was seen.
+pub const STATUS_ABORTED: u32 = 2;
+
+/// One copy: `len` bytes from `src` to `dst`; an `*_arena` flag adds the current arena half.
+// Fields mirror the CUDA struct of the same name in nvl.cu, which documents them.
+#[allow(missing_docs)]
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Seg {
+    pub src: u64,
+    pub dst: u64,
+    pub len: u64,
+    pub src_arena: u32,
+    pub dst_arena: u32,
+}
+
+/// Where a kernel's flags, counters and status live.
+// Fields mirror the CUDA struct of the same name in nvl.cu, which documents them.
+#[allow(missing_docs)]
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Sync {
+    pub flags: u64,
+    pub peer_flags: [u64; MAX_RANKS],
+    pub counters: u64,
+    pub status: u64,
+    pub abort_flag: u64,
+    pub timeout_ns: u64,
+    pub rank: u32,
+    pub nranks: u32,
+}
+
+/// Reduction operator codes of the kernels.
+#[allow(missing_docs)]
+pub mod op_code {
+    pub const SUM: u32 = 0;
+    pub const PROD: u32 = 1;
+    pub const MIN: u32 = 2;
+    pub const MAX: u32 = 3;
+    pub const BAND: u32 = 4;
+    pub const BOR: u32 = 5;
+    pub const BXOR: u32 = 6;
+    pub const AVG: u32 = 7;
+    pub const PREMUL: u32 = 8;
+}
+
+/// The collective kernel's parameters.
+// Fields mirror the CUDA struct of the same name in nvl.cu, which documents them.
+#[allow(missing_docs)]
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CollParams {
+    pub sync: Sync,
+    pub half_bytes: u64,
+    pub rcount: u64,
+    pub factor: f64,
+    pub divisor: i64,
+    pub rsrc: [u64; MAX_RANKS],
+    pub rdst: [u64; MAX_RANKS],
+    pub rsrc_arena: u32,
+    pub rdst_arena: u32,
+    pub nsrc: u32,
+    pub ndst: u32,
+    pub op: u32,
+    pub npre: u32,
+    pub ncopy: u32,
+    pub end_barrier: u32,
+    pub pre: [Seg; MAX_SEGS],
+    pub copy: [Seg; MAX_SEGS],
+}
+
+impl CollParams {
+    /// No data moved: a barrier.
+    pub fn new(sync: Sync) -> CollParams {
+        CollParams {
+            sync,
+            half_bytes: 0,
+            rcount: 0,
+            factor: 1.0,
+            divisor: 1,
+            rsrc: [0; MAX_RANKS],
+            rdst: [0; MAX_RANKS],
+            rsrc_arena: 0,
+            rdst_arena: 0,
+            nsrc: 0,
+            ndst: 0,
+            op: 0,
+            npre: 0,
+            ncopy: 0,
+            end_barrier: 0,
+            pre: [Seg::default(); MAX_SEGS],
+            copy: [Seg::default(); MAX_SEGS],
+        }
+    }
+}
+
+/// One transfer of the point-to-point kernel.
+// Fields mirror the CUDA struct of the same name in nvl.cu, which documents them.
+#[allow(missing_docs)]
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct P2pOp {
+    pub buf: u64,
+    pub len: u64,
+    pub peer: u32,
+    pub is_send: u32,
+}
+
+/// The point-to-point kernel's parameters.
+// Fields mirror the CUDA struct of the same name in nvl.cu, which documents them.
+#[allow(missing_docs)]
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct P2pParams {
+    pub sync: Sync,
+    pub ring: u64,
+    pub peer_ring: [u64; MAX_RANKS],
+    pub slot_bytes: u64,
+    pub slots: u32,
+    pub nops: u32,
+    pub ops: [P2pOp; MAX_P2P],
+}
+
+/// The NVLink kernels loaded on one device.
+#[derive(Debug)]
+pub struct NvlKernels {
+    ctx: Arc<Context>,
+    _module: Module,
+    /// Collective kernel per element type, in [`DataType::ALL`] order.
+    coll: Vec<(DataType, Function)>,
+    p2p: Function,
+}
+
+fn kernel_suffix(dtype: DataType) -> &'static str {
+    match dtype {
+        DataType::F32 => "f32",
+        DataType::F64 => "f64",
+        DataType::F16 => "f16",
+        DataType::BF16 => "bf16",
+        DataType::I8 => "i8",
+        DataType::U8 => "u8",
+        DataType::I32 => "i32",
+        DataType::I64 => "i64",
+        DataType::Bool => "bool",
+    }
+}
+
+impl NvlKernels {
+    /// The kernels of device `ctx`, compiled (or read from the cache) and loaded at first use.
+    pub fn get(ctx: &Arc<Context>) -> Result<Arc<NvlKernels>> {
+        static LOADED: PerDevice<NvlKernels> = OnceLock::new();
+        load_once(&LOADED, ctx, NVL_SOURCE_NAME, NVL_SOURCE, |module, _| {
+            let mut coll = Vec::new();
+            for d in DataType::ALL {
+                let name = format!("tc_nvl_coll_{}", kernel_suffix(d));
+                coll.push((d, module.function(&name)?));
+            }
+            Ok(NvlKernels {
+                ctx: Arc::clone(ctx),
+                p2p: module.function("tc_nvl_p2p")?,
+                coll,
+                _module: module,
+            })
+        })
+    }
+
+    /// Launches the collective kernel for `dtype` (`Bool`'s for copies only) on `stream`.
+    ///
+    /// # Safety
+    /// Every address in `p` must be valid device memory (or mapped peer memory) of the kind
+    /// the kernel reads or writes there until it finishes, and every rank of the comm must
+    /// launch the matching kernel with the same grid, or the barriers wait until the timeout.
+    pub unsafe fn coll(
+        &self,
+        dtype: DataType,
+        grid: u32,
+        p: &CollParams,
+        stream: RawStream,
+    ) -> Result<()> {
+        let f = self
+            .coll
+            .iter()
+            .find(|(d, _)| *d == dtype)
+            .map(|(_, f)| *f)
+            .ok_or_else(|| CudaError::NoKernel {
+                name: "tc_nvl_coll".into(),
+                dtype: dtype.name().into(),
+                op: "nvl".into(),
+            })?;
+        let mut copy = *p;
+        let mut params: [*mut c_void; 1] = [(&mut copy as *mut CollParams).cast()];
+        self.ctx.bind()?;
+        // SAFETY: the kernel takes one CollParams by value (copied at launch); the caller
+        // vouches for the addresses inside.
+        unsafe { f.launch(grid, THREADS, stream, &mut params) }
+    }
+
+    /// Launches the point-to-point kernel on `stream`.
+    ///
+    /// # Safety
+    /// As for [`NvlKernels::coll`]; the matching peers must launch their halves.
+    pub unsafe fn p2p(&self, grid: u32, p: &P2pParams, stream: RawStream) -> Result<()> {
+        let mut copy = *p;
+        let mut params: [*mut c_void; 1] = [(&mut copy as *mut P2pParams).cast()];
+        self.ctx.bind()?;
+        // SAFETY: as for `coll`.
+        unsafe { self.p2p.launch(grid, THREADS, stream, &mut params) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameter_blocks_have_the_cuda_layout() {
+        // Sizes computed from nvl.cu's structs (8-byte aligned, no padding but at the ends).
+        assert_eq!(std::mem::size_of::<Seg>(), 32);
+        assert_eq!(std::mem::size_of::<Sync>(), 8 + 64 + 8 * 4 + 8);
+        assert_eq!(
+            std::mem::size_of::<CollParams>(),
+            112 + 32 + 128 + 32 + 2 * MAX_SEGS * 32
+        );
+        assert_eq!(std::mem::size_of::<P2pOp>(), 24);
+        assert_eq!(
+            std::mem::size_of::<P2pParams>(),
+            112 + 8 + 64 + 8 + 8 + MAX_P2P * 24
+        );
+        assert!(std::mem::size_of::<CollParams>() <= 4096);
+        assert!(std::mem::size_of::<P2pParams>() <= 4096);
+    }
+}

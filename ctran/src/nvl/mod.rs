@@ -1,0 +1,571 @@
+//! The NVLink transport: ranks of one host whose GPUs reach each other's memory move data with
+//! kernels that load and store peer memory directly (CUDA IPC), synchronised by flags in peer
+//! memory. Nothing on the host waits for the device: an operation is one kernel launch on the
+//! comm's stream, ordered after the caller's stream like NCCL's, and capturable in CUDA graphs.
+//!
+//! At comm creation every rank allocates a flag array and an arena (two halves for staged
+//! collectives, then a ring per peer for sends and receives) and exchanges their IPC handles;
+//! the transport is on only when every rank is on this host, sees every peer's device and can
+//! reach it (`cuDeviceCanAccessPeer`); otherwise the caller keeps the host-transport path (the
+//! GPE). [`plan`] says how each collective maps onto the kernel; [`registry`] caches the IPC
+//! handles of user buffers for direct mode.
+//!
+//! Memory: the flag array (256 KiB), the arena (`2 x CTRAN_NVL_STAGED_MAX_BYTES` plus
+//! `CTRAN_NVL_P2P_SLOTS x CTRAN_NVL_P2P_SLOT_BYTES` per peer) and nothing per operation: direct
+//! mode works in the user's buffers.
+
+pub mod plan;
+pub mod registry;
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::algos::select::Hints;
+use crate::comm::{Comm, KeepAlive};
+use crate::cuda::ipc::{self, Mapped, HANDLE_BYTES};
+use crate::cuda::nvl_kernels::{
+    NvlKernels, P2pOp, P2pParams, Sync, COUNTER_BYTES, FLAG_BYTES, MAX_BLOCKS, MAX_P2P, MAX_RANKS,
+};
+use crate::cuda::{Context, CudaError, DeviceBuffer, Event, PinnedBuffer, RawStream};
+use crate::error::{Error, Result};
+use crate::gpe::{DeviceStatus, GpeRequest, OpState};
+use crate::{Op, P2p, Span};
+
+use plan::{Layout, Mode};
+use registry::{Record, Registry, RECORD_BYTES};
+
+/// How the transport is set up (from the `CTRAN_NVL_*` cvars).
+#[derive(Debug, Clone)]
+pub struct NvlConfig {
+    /// Largest per-rank input of a staged collective; larger ones go direct.
+    pub staged_max_bytes: usize,
+    /// Bytes of one slot of a point-to-point ring.
+    pub p2p_slot_bytes: usize,
+    /// Slots per peer.
+    pub p2p_slots: usize,
+    /// Blocks per kernel (0: one per multiprocessor).
+    pub blocks: usize,
+    /// `auto`, `staged` or `direct`.
+    pub mode: String,
+    /// Device memory the transport may allocate per comm.
+    pub budget_bytes: usize,
+}
+
+/// Offsets in the mapped status page.
+const STATUS: usize = 0;
+const ABORT: usize = 64;
+
+/// One rank's card in the setup exchange.
+const CARD_BYTES: usize = 8 + 8 + 32 + 8 + 2 * HANDLE_BYTES + 8;
+
+/// The NVLink transport of one communicator on one device.
+#[derive(Debug)]
+pub struct Nvl {
+    comm: Arc<Comm>,
+    /// Carries the per-operation address exchanges of direct mode, apart from the comm's own
+    /// host operations so the two never interleave differently on different ranks.
+    control: Comm,
+    ctx: Arc<Context>,
+    kernels: Arc<NvlKernels>,
+    grid: u32,
+    layout: Layout,
+    p2p_ring: [u64; MAX_RANKS],
+    config: NvlConfig,
+    flags: DeviceBuffer,
+    counters: DeviceBuffer,
+    _arena: DeviceBuffer,
+    peer_flags: [u64; MAX_RANKS],
+    _peers: Vec<Mapped>,
+    status: Arc<PinnedBuffer>,
+    pre: Event,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    registry: Registry,
+    /// Buffers of operations in flight, dropped once their event has completed.
+    pending: VecDeque<(Arc<Event>, KeepAlive)>,
+}
+
+fn cuda(op: &str, rank: usize) -> impl Fn(CudaError) -> Error + '_ {
+    move |e| Error::Cuda {
+        op: op.into(),
+        rank,
+        detail: e.to_string(),
+    }
+}
+
+impl Nvl {
+    /// Sets the transport up for `comm` on device `ctx`; every rank of the comm must call it.
+    /// `Ok(None)` when some rank cannot use it (then none does).
+    pub fn start(comm: &Arc<Comm>, ctx: &Arc<Context>, config: NvlConfig) -> Result<Option<Nvl>> {
+        let (rank, size) = (comm.rank(), comm.size());
+        let e = cuda("new_comm", rank);
+        let arena_bytes =
+            2 * config.staged_max_bytes + size * config.p2p_slots * config.p2p_slot_bytes;
+        let mut why_not = None;
+        if size > MAX_RANKS {
+            why_not = Some(format!(
+                "{size} ranks (the NVLink kernels address at most {MAX_RANKS})"
+            ));
+        }
+        if arena_bytes + FLAG_BYTES > config.budget_bytes {
+            why_not = Some(format!(
+                "its arena ({arena_bytes} bytes) exceeds CTRAN_NVL_BUDGET_BYTES ({})",
+                config.budget_bytes
+            ));
+        }
+        let flags = DeviceBuffer::zeroed(ctx, FLAG_BYTES).map_err(&e)?;
+        let counters = DeviceBuffer::zeroed(ctx, COUNTER_BYTES).map_err(&e)?;
+        let arena = DeviceBuffer::zeroed(ctx, arena_bytes.max(16)).map_err(&e)?;
+        let flags_out = ipc::export(ctx, flags.as_ptr()).map_err(&e)?;
+        let arena_out = ipc::export(ctx, arena.as_ptr()).map_err(&e)?;
+        let bus = ipc::pci_bus_id(ctx).map_err(&e)?;
+        // The card: host, eligibility, device, SMs, handles, arena size.
+        let mut card = Vec::with_capacity(CARD_BYTES);
+        card.extend_from_slice(&crate::comm::host_id().to_le_bytes());
+        card.extend_from_slice(&u64::from(why_not.is_none()).to_le_bytes());
+        let mut busb = [0u8; 32];
+        busb[..bus.len().min(31)].copy_from_slice(&bus.as_bytes()[..bus.len().min(31)]);
+        card.extend_from_slice(&busb);
+        card.extend_from_slice(&(ctx.sm_count().max(1) as u64).to_le_bytes());
+        card.extend_from_slice(&flags_out.handle);
+        card.extend_from_slice(&arena_out.handle);
+        card.extend_from_slice(&(arena_bytes as u64).to_le_bytes());
+        let cards = all_gather(comm, &card)?;
+        let word = |c: &[u8], at: usize| u64::from_le_bytes(c[at..at + 8].try_into().expect("8"));
+        let me = &cards[rank];
+        let mut ok = why_not.is_none();
+        let mut sms = u64::MAX;
+        let mut peers = Vec::new();
+        let mut peer_flags = [0u64; MAX_RANKS];
+        let mut arenas = [0u64; MAX_RANKS];
+        for (q, c) in cards.iter().enumerate() {
+            ok &= word(c, 0) == word(me, 0)
+                && word(c, 8) == 1
+                && word(c, 56 + 2 * HANDLE_BYTES) == arena_bytes as u64;
+            sms = sms.min(word(c, 48));
+            if !ok || q >= MAX_RANKS {
+                ok = false;
+                continue;
+            }
+            if q == rank {
+                peer_flags[q] = flags.as_ptr();
+                arenas[q] = arena.as_ptr();
+                continue;
+            }
+            let bus_q = String::from_utf8_lossy(&c[16..48])
+                .trim_end_matches('\0')
+                .to_string();
+            if !ipc::can_access(ctx, &bus_q).unwrap_or(false) {
+                if why_not.is_none() {
+                    why_not = Some(format!(
+                        "device {bus} cannot reach rank {q}'s device {bus_q}"
+                    ));
+                }
+                ok = false;
+                continue;
+            }
+            let mut h = [0u8; HANDLE_BYTES];
+            h.copy_from_slice(&c[56..56 + HANDLE_BYTES]);
+            let mut ha = [0u8; HANDLE_BYTES];
+            ha.copy_from_slice(&c[56 + HANDLE_BYTES..56 + 2 * HANDLE_BYTES]);
+            match (Mapped::open(ctx, &h), Mapped::open(ctx, &ha)) {
+                (Ok(f), Ok(a)) => {
+                    peer_flags[q] = f.ptr();
+                    arenas[q] = a.ptr();
+                    peers.push(f);
+                    peers.push(a);
+                }
+                (r1, r2) => {
+                    let err = r1
+                        .err()
+                        .or(r2.err())
+                        .map(|e| e.to_string())
+                        .unwrap_or_default();
+                    why_not.get_or_insert(format!("mapping rank {q}'s memory: {err}"));
+                    ok = false;
+                }
+            }
+        }
+        // Everyone must agree: one more exchange of the local verdicts.
+        let verdicts = all_gather(comm, &[u8::from(ok)])?;
+        if verdicts.iter().any(|v| v[0] == 0) {
+            tracing::info!(
+                rank,
+                reason = why_not.as_deref().unwrap_or("a peer cannot"),
+                "nvl: off"
+            );
+            return Ok(None);
+        }
+        let control = comm
+            .split(
+                &(0..size).collect::<Vec<_>>(),
+                &format!("{}.nvl", comm.name()),
+                None,
+                false,
+            )?
+            .ok_or_else(|| Error::NotSupported("nvl: control comm missing".into()))?;
+        let grid = match config.blocks {
+            0 => sms,
+            b => b as u64,
+        }
+        .clamp(1, MAX_BLOCKS as u64) as u32;
+        let kernels = NvlKernels::get(ctx).map_err(&e)?;
+        let status = Arc::new(PinnedBuffer::alloc(ctx, 128).map_err(&e)?);
+        let coll_bytes = 2 * config.staged_max_bytes as u64;
+        let mut p2p_ring = [0u64; MAX_RANKS];
+        for q in 0..size {
+            p2p_ring[q] = arenas[q] + coll_bytes;
+        }
+        tracing::info!(rank, grid, "nvl: on");
+        Ok(Some(Nvl {
+            comm: Arc::clone(comm),
+            control,
+            ctx: Arc::clone(ctx),
+            kernels,
+            grid,
+            layout: Layout {
+                rank,
+                nranks: size,
+                arena: arenas,
+                half: config.staged_max_bytes as u64,
+            },
+            p2p_ring,
+            config,
+            flags,
+            counters,
+            _arena: arena,
+            peer_flags,
+            _peers: peers,
+            pre: Event::new(ctx).map_err(&e)?,
+            status,
+            inner: Mutex::new(Inner {
+                registry: Registry::new(ctx),
+                pending: VecDeque::new(),
+            }),
+        }))
+    }
+
+    fn sync(&self, timeout: Duration) -> Sync {
+        Sync {
+            flags: self.flags.as_ptr(),
+            peer_flags: self.peer_flags,
+            counters: self.counters.as_ptr(),
+            status: self.status.device_ptr() + STATUS as u64,
+            abort_flag: self.status.device_ptr() + ABORT as u64,
+            timeout_ns: u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX),
+            rank: self.layout.rank as u32,
+            nranks: self.layout.nranks as u32,
+        }
+    }
+
+    /// Makes every waiting kernel of this comm give up (their operations fail as aborted).
+    pub fn abort(&self) {
+        // SAFETY: 4 aligned bytes of our mapped page; kernels only read this word.
+        unsafe { std::ptr::write_volatile(self.status.as_ptr().add(ABORT).cast::<u32>(), 1) };
+    }
+
+    /// The mode `op` runs in, the same on every rank; an unknown or inapplicable hint is an
+    /// error that lists the valid ones.
+    fn mode(&self, op: &Op, hints: Hints<'_>) -> Result<Mode> {
+        let staged =
+            plan::staged_bytes(op, hints.uniform).filter(|&b| b <= self.config.staged_max_bytes);
+        let Some(asked) = hints.algo else {
+            // The cvar: staged where the op can be, direct elsewhere.
+            return Ok(match (self.config.mode.as_str(), staged) {
+                ("direct", _) | (_, None) => Mode::Direct,
+                _ => Mode::Staged,
+            });
+        };
+        match asked {
+            "auto" | "" => Ok(if staged.is_some() { Mode::Staged } else { Mode::Direct }),
+            "staged" | "one_shot" if staged.is_some() => Ok(Mode::Staged),
+            "direct" | "two_shot" => Ok(Mode::Direct),
+            "staged" | "one_shot" => Err(Error::invalid(
+                format!("{} algo", op.name()),
+                format!(
+                    "direct or two_shot: staged takes equal blocks of at most {} bytes per rank (CTRAN_NVL_STAGED_MAX_BYTES)",
+                    self.config.staged_max_bytes
+                ),
+                asked,
+            )),
+            other => Err(Error::invalid(
+                format!("{} algo", op.name()),
+                "one of auto, staged (one_shot), direct (two_shot) for GPU buffers over NVLink",
+                other,
+            )),
+        }
+    }
+
+    /// Issues `op` on `stream` (the comm's) after the caller's stream. Every rank issues the
+    /// same operations in the same order.
+    pub fn issue(
+        &self,
+        op: &Op,
+        caller: RawStream,
+        stream: RawStream,
+        timeout: Duration,
+        hints: Hints<'_>,
+        keep: KeepAlive,
+    ) -> Result<GpeRequest> {
+        let name = op.name();
+        let rank = self.layout.rank;
+        let e = cuda(name, rank);
+        let device = DeviceStatus {
+            word: Arc::clone(&self.status),
+            comm: self.comm.name().into(),
+            timeout,
+        };
+        if let Some(err) = device.error(name, rank) {
+            return Err(err);
+        }
+        let captured = caller.is_capturing().map_err(&e)?;
+        let sync = self.sync(timeout);
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        self.reap(&mut inner);
+        self.ctx.bind().map_err(&e)?;
+        let launch: Launch = if op.is_p2p() {
+            Launch::P2p(Box::new(self.p2p_params(op, sync)?))
+        } else {
+            let (dtype, p) = match self.mode(op, hints)? {
+                Mode::Staged => plan::staged(op, &self.layout, sync)?,
+                Mode::Direct => {
+                    let planned =
+                        self.exchange(op, &mut inner.registry, timeout)?
+                            .and_then(|peers| {
+                                let at = |q: usize, i: usize| peers[q].get(i).map_or(0, |a| a.0);
+                                let len = |q: usize, i: usize| peers[q].get(i).map_or(0, |a| a.1);
+                                plan::direct(op, &self.layout, sync, &at, &len)
+                            });
+                    match planned {
+                        Ok(x) => x,
+                        Err(err) => {
+                            // Peers have planned and will launch: meet them at both barriers
+                            // with nothing to move, so they finish, and report the error here.
+                            let mut p = crate::cuda::nvl_kernels::CollParams::new(sync);
+                            p.end_barrier = 1;
+                            let stream_err = self.launch_now(
+                                &Launch::Coll(crate::DataType::U8, Box::new(p)),
+                                caller,
+                                stream,
+                            );
+                            if let Err(e2) = stream_err {
+                                tracing::warn!("nvl: releasing peers after an error: {e2}");
+                            }
+                            return Err(err);
+                        }
+                    }
+                }
+            };
+            Launch::Coll(dtype, Box::new(p))
+        };
+        let done = Arc::new(Event::new(&self.ctx).map_err(&e)?);
+        self.launch_now(&launch, caller, stream)?;
+        done.record(stream).map_err(&e)?;
+        if !captured {
+            inner.pending.push_back((Arc::clone(&done), keep));
+        }
+        let state = Arc::new(OpState::on_device(device));
+        Ok(GpeRequest::new(name, done, state, caller, rank, captured))
+    }
+
+    /// Orders `stream` after `caller` and launches.
+    fn launch_now(&self, launch: &Launch, caller: RawStream, stream: RawStream) -> Result<()> {
+        let e = cuda("nvl launch", self.layout.rank);
+        self.pre.record(caller).map_err(&e)?;
+        stream.wait_event(&self.pre).map_err(&e)?;
+        match launch {
+            // SAFETY: the buffers are the op's tensors (kept alive by the caller's keepalive
+            // until the op's event), the arena, flags and counters of this comm (alive while it
+            // is, and Drop waits for the stream), and peers' memory mapped by IPC; every rank
+            // launches the same plan.
+            Launch::Coll(dtype, p) => unsafe { self.kernels.coll(*dtype, self.grid, p, stream) },
+            // SAFETY: as above.
+            Launch::P2p(p) => unsafe { self.kernels.p2p(self.grid, p, stream) },
+        }
+        .map_err(&e)
+    }
+
+    /// Drops the buffers of completed operations.
+    fn reap(&self, inner: &mut Inner) {
+        while let Some((ev, _)) = inner.pending.front() {
+            if !crate::cuda::graph::relaxed(|| ev.query()).unwrap_or(true) {
+                break;
+            }
+            inner.pending.pop_front();
+        }
+    }
+
+    /// Direct mode's exchange: every rank's exposed buffers, as (address here, length).
+    fn exchange(
+        &self,
+        op: &Op,
+        registry: &mut Registry,
+        timeout: Duration,
+    ) -> Result<Result<Peers>> {
+        let rank = self.layout.rank;
+        let mine = plan::exposed(op);
+        if mine.len() > MAX_RANKS {
+            return Err(Error::NotSupported(format!(
+                "nvl: {} exposes {} buffers (at most {MAX_RANKS})",
+                op.name(),
+                mine.len()
+            )));
+        }
+        let mut wire = Vec::with_capacity(8 + MAX_RANKS * RECORD_BYTES);
+        let mut records = Vec::new();
+        let mut failure = None;
+        for s in &mine {
+            match registry.expose(s.addr() as u64, s.len()) {
+                Ok(r) => records.push(r),
+                Err(err) => {
+                    failure.get_or_insert(err.to_string());
+                    records.push(Record::default());
+                }
+            }
+        }
+        wire.extend_from_slice(&(records.len() as u32).to_le_bytes());
+        wire.extend_from_slice(&u32::from(failure.is_none()).to_le_bytes());
+        for r in &records {
+            r.write(&mut wire);
+        }
+        wire.resize(8 + MAX_RANKS * RECORD_BYTES, 0);
+        let all = all_gather_timeout(&self.control, &wire, Some(timeout))?;
+        let mut out = Vec::with_capacity(all.len());
+        for (q, w) in all.iter().enumerate() {
+            let count = u32::from_le_bytes(w[0..4].try_into().expect("4")) as usize;
+            let ok = u32::from_le_bytes(w[4..8].try_into().expect("4")) == 1;
+            if !ok {
+                return Err(Error::NotSupported(format!(
+                    "{}: rank {q} cannot export its buffers over CUDA IPC{}",
+                    op.name(),
+                    failure
+                        .as_deref()
+                        .map(|f| format!(" ({f})"))
+                        .unwrap_or_default()
+                )));
+            }
+            let mut list = Vec::with_capacity(count);
+            for i in 0..count.min(MAX_RANKS) {
+                let r = Record::read(&w[8 + i * RECORD_BYTES..]);
+                let addr = if q == rank {
+                    if r.len == 0 {
+                        0
+                    } else {
+                        mine[i].addr() as u64
+                    }
+                } else {
+                    match registry.resolve(q, &r) {
+                        Ok(a) => a,
+                        Err(err) => return Ok(Err(cuda(op.name(), rank)(err))),
+                    }
+                };
+                list.push((addr, r.len as usize));
+            }
+            out.push(list);
+        }
+        Ok(Ok(out))
+    }
+
+    fn p2p_params(&self, op: &Op, sync: Sync) -> Result<P2pParams> {
+        let list: Vec<(Span, usize, bool)> = match op {
+            Op::Send { buf, peer } => vec![(*buf, *peer, true)],
+            Op::Recv { buf, peer } => vec![(*buf, *peer, false)],
+            Op::Batch { ops } => ops
+                .iter()
+                .map(|o| match o {
+                    P2p::Send { buf, peer } => (*buf, *peer, true),
+                    P2p::Recv { buf, peer } => (*buf, *peer, false),
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        if list.len() > MAX_P2P {
+            return Err(Error::NotSupported(format!(
+                "nvl: a batch of {} transfers (at most {MAX_P2P} per launch)",
+                list.len()
+            )));
+        }
+        let mut p = P2pParams {
+            sync,
+            ring: self.p2p_ring[self.layout.rank],
+            peer_ring: self.p2p_ring,
+            slot_bytes: self.config.p2p_slot_bytes as u64,
+            slots: self.config.p2p_slots as u32,
+            nops: 0,
+            ops: [P2pOp::default(); MAX_P2P],
+        };
+        for (buf, peer, is_send) in list {
+            if peer >= self.layout.nranks || peer == self.layout.rank {
+                return Err(Error::invalid(
+                    format!("{} peer", op.name()),
+                    format!(
+                        "a rank in 0..{} other than {}",
+                        self.layout.nranks, self.layout.rank
+                    ),
+                    peer,
+                ));
+            }
+            p.ops[p.nops as usize] = P2pOp {
+                buf: buf.addr() as u64,
+                len: buf.len() as u64,
+                peer: peer as u32,
+                is_send: u32::from(is_send),
+            };
+            p.nops += 1;
+        }
+        Ok(p)
+    }
+}
+
+/// Every rank's exposed buffers as (address here, length), by rank.
+type Peers = Vec<Vec<(u64, usize)>>;
+
+enum Launch {
+    Coll(crate::DataType, Box<crate::cuda::nvl_kernels::CollParams>),
+    P2p(Box<P2pParams>),
+}
+
+impl Drop for Nvl {
+    fn drop(&mut self) {
+        // The stream belongs to the caller (the GPE's): our memory must outlive the kernels
+        // already launched on it, so wait for the last one.
+        let inner = self.inner.get_mut().unwrap_or_else(|p| p.into_inner());
+        if let Some((ev, _)) = inner.pending.back() {
+            if let Err(e) = ev.synchronize() {
+                tracing::warn!("nvl: waiting for the last operation: {e}");
+            }
+        }
+        inner.pending.clear();
+        let _ = self.control.finalize();
+    }
+}
+
+fn all_gather(comm: &Comm, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+    all_gather_timeout(comm, mine, None)
+}
+
+/// Host all-gather of equal-sized byte records.
+fn all_gather_timeout(comm: &Comm, mine: &[u8], timeout: Option<Duration>) -> Result<Vec<Vec<u8>>> {
+    let n = comm.size();
+    let mut input = mine.to_vec();
+    let mut out = vec![vec![0u8; mine.len()]; n];
+    // SAFETY: the spans cover live local vectors that outlive `run`, which waits.
+    let (input_span, outputs) = unsafe {
+        (
+            Span::from_slice(&mut input),
+            out.iter_mut().map(|v| Span::from_slice(v)).collect(),
+        )
+    };
+    comm.run(
+        Op::AllGather {
+            input: input_span,
+            outputs,
+        },
+        timeout,
+    )?;
+    Ok(out)
+}

@@ -1,0 +1,500 @@
+//! How each collective maps onto one launch of the NVLink collective kernel.
+//!
+//! **Staged** (small messages, no per-op exchange): every rank copies its input into its own
+//! arena half before the start barrier; after it, each rank *pulls* what it needs from peers'
+//! arenas into its own outputs. Nobody writes another rank's memory, so no end barrier is
+//! needed: all_reduce is one-shot (every rank reduces every peer's copy, in rank order, so the
+//! results are bitwise equal).
+//!
+//! **Direct** (large messages): ranks exchange the addresses of their buffers (IPC handles,
+//! cached) and move data straight between user buffers: all_reduce is two-shot in one pass
+//! (rank r reduces slice r of every input and stores the sum into slice r of every output;
+//! no other rank touches slice r, so it is safe in place), all_gather and all_to_all push,
+//! reduce_scatter pulls. An end barrier tells every rank that peers are done with its buffers.
+
+use crate::cuda::nvl_kernels::{op_code, CollParams, Seg, Sync, MAX_RANKS, MAX_SEGS};
+use crate::error::{Error, Result};
+use crate::{DataType, Op, ReduceOp, Span};
+
+/// Which of the two ways an operation runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Through the comm's arena (see the module doc).
+    Staged,
+    /// Between user buffers.
+    Direct,
+}
+
+/// What a plan needs to know about the comm.
+#[derive(Debug, Clone, Copy)]
+pub struct Layout {
+    /// This rank.
+    pub rank: usize,
+    /// Ranks of the comm.
+    pub nranks: usize,
+    /// Every rank's arena start as mapped here.
+    pub arena: [u64; MAX_RANKS],
+    /// Bytes of one arena half (the largest staged input).
+    pub half: u64,
+}
+
+/// Bytes a rank stages for `op` in staged mode, when the op can be staged: the same number on
+/// every rank, so the choice of mode agrees across ranks.
+pub fn staged_bytes(op: &Op, uniform: bool) -> Option<usize> {
+    match op {
+        Op::AllReduce { buf, .. } | Op::Reduce { buf, .. } | Op::Broadcast { buf, .. } => {
+            Some(buf.len())
+        }
+        Op::AllGather { outputs, .. } => equal_len(outputs),
+        Op::ReduceScatter { inputs, .. } => equal_len(inputs).map(|l| l * inputs.len()),
+        Op::AllToAll { inputs, .. } if uniform => equal_len(inputs).map(|l| l * inputs.len()),
+        // Root's blocks are all the output's size (torchcomms takes equal tensors); every
+        // rank knows that size, so all agree.
+        Op::Scatter { inputs, output, .. } => {
+            equal_len(inputs).filter(|&l| inputs.is_empty() || l == output.len())?;
+            Some(output.len() * MAX_RANKS)
+        }
+        Op::Gather { input, outputs, .. } => {
+            equal_len(outputs).filter(|&l| outputs.is_empty() || l == input.len())?;
+            Some(input.len())
+        }
+        Op::Barrier => Some(0),
+        _ => None,
+    }
+}
+
+fn equal_len(spans: &[Span]) -> Option<usize> {
+    let l = spans.first().map_or(0, Span::len);
+    spans.iter().all(|s| s.len() == l).then_some(l)
+}
+
+fn seg(src: u64, dst: u64, len: usize) -> Seg {
+    Seg {
+        src,
+        dst,
+        len: len as u64,
+        src_arena: 0,
+        dst_arena: 0,
+    }
+}
+
+fn addr(s: &Span) -> u64 {
+    s.addr() as u64
+}
+
+/// Sets the reduction operator of `p` for `dtype` over `nranks` inputs.
+fn set_op(p: &mut CollParams, dtype: DataType, op: ReduceOp, nranks: usize) -> Result<()> {
+    op.check_dtype(dtype)?;
+    p.op = match op {
+        ReduceOp::Sum => op_code::SUM,
+        ReduceOp::Product => op_code::PROD,
+        ReduceOp::Min => op_code::MIN,
+        ReduceOp::Max => op_code::MAX,
+        ReduceOp::BAnd => op_code::BAND,
+        ReduceOp::BOr => op_code::BOR,
+        ReduceOp::BXor => op_code::BXOR,
+        ReduceOp::Avg => op_code::AVG,
+        ReduceOp::PremulSum { .. } => op_code::PREMUL,
+    };
+    match op {
+        ReduceOp::PremulSum { factor } => p.factor = factor,
+        ReduceOp::Avg if dtype.is_float() => p.factor = 1.0 / nranks as f64,
+        ReduceOp::Avg => p.divisor = nranks as i64,
+        _ => {}
+    }
+    Ok(())
+}
+
+fn push(list: &mut [Seg; MAX_SEGS], n: &mut u32, s: Seg) -> Result<()> {
+    let i = *n as usize;
+    if i >= MAX_SEGS {
+        return Err(Error::NotSupported(format!(
+            "nvl: more than {MAX_SEGS} copies in one operation"
+        )));
+    }
+    if s.len > 0 && !(s.src == s.dst && s.src_arena == s.dst_arena) {
+        list[i] = s;
+        *n += 1;
+    }
+    Ok(())
+}
+
+/// The staged plan of `op`: the element type the kernel runs with, and its parameters.
+pub fn staged(op: &Op, l: &Layout, sync: Sync) -> Result<(DataType, CollParams)> {
+    let mut p = CollParams::new(sync);
+    p.half_bytes = l.half;
+    let (r, n) = (l.rank, l.nranks);
+    let mine = l.arena[r];
+    let to_arena = |src: u64, off: usize, len: usize| Seg {
+        dst_arena: 1,
+        ..seg(src, mine + off as u64, len)
+    };
+    let from_arena = |peer: usize, off: usize, dst: u64, len: usize| Seg {
+        src_arena: 1,
+        ..seg(l.arena[peer] + off as u64, dst, len)
+    };
+    let mut dtype = DataType::U8;
+    match op {
+        Op::AllReduce { buf, dtype: d, op } => {
+            dtype = *d;
+            push(&mut p.pre, &mut p.npre, to_arena(addr(buf), 0, buf.len()))?;
+            reduce_all_arenas(&mut p, l, 0, addr(buf), buf.len(), *d, *op)?;
+        }
+        Op::Reduce {
+            buf,
+            dtype: d,
+            op,
+            root,
+        } => {
+            dtype = *d;
+            push(&mut p.pre, &mut p.npre, to_arena(addr(buf), 0, buf.len()))?;
+            if r == *root {
+                reduce_all_arenas(&mut p, l, 0, addr(buf), buf.len(), *d, *op)?;
+            }
+        }
+        Op::Broadcast { buf, root } => {
+            if r == *root {
+                push(&mut p.pre, &mut p.npre, to_arena(addr(buf), 0, buf.len()))?;
+            } else {
+                push(
+                    &mut p.copy,
+                    &mut p.ncopy,
+                    from_arena(*root, 0, addr(buf), buf.len()),
+                )?;
+            }
+        }
+        Op::AllGather { input, outputs } => {
+            push(
+                &mut p.pre,
+                &mut p.npre,
+                to_arena(addr(input), 0, input.len()),
+            )?;
+            for (q, out) in outputs.iter().enumerate() {
+                let s = if q == r {
+                    seg(addr(input), addr(out), out.len())
+                } else {
+                    from_arena(q, 0, addr(out), out.len())
+                };
+                push(&mut p.copy, &mut p.ncopy, s)?;
+            }
+        }
+        Op::ReduceScatter {
+            inputs,
+            output,
+            dtype: d,
+            op,
+        } => {
+            dtype = *d;
+            let len = output.len();
+            for (q, input) in inputs.iter().enumerate() {
+                push(&mut p.pre, &mut p.npre, to_arena(addr(input), q * len, len))?;
+            }
+            reduce_all_arenas(&mut p, l, r * len, addr(output), len, *d, *op)?;
+        }
+        Op::AllToAll { inputs, outputs } => {
+            let len = inputs.first().map_or(0, Span::len);
+            for (q, input) in inputs.iter().enumerate() {
+                push(&mut p.pre, &mut p.npre, to_arena(addr(input), q * len, len))?;
+            }
+            for (q, out) in outputs.iter().enumerate() {
+                let s = if q == r {
+                    seg(addr(&inputs[r]), addr(out), out.len())
+                } else {
+                    from_arena(q, r * len, addr(out), out.len())
+                };
+                push(&mut p.copy, &mut p.ncopy, s)?;
+            }
+        }
+        Op::Scatter {
+            inputs,
+            output,
+            root,
+        } => {
+            let len = output.len();
+            if r == *root {
+                for (q, input) in inputs.iter().enumerate() {
+                    push(&mut p.pre, &mut p.npre, to_arena(addr(input), q * len, len))?;
+                }
+                push(
+                    &mut p.copy,
+                    &mut p.ncopy,
+                    seg(addr(&inputs[r]), addr(output), len),
+                )?;
+            } else {
+                push(
+                    &mut p.copy,
+                    &mut p.ncopy,
+                    from_arena(*root, r * len, addr(output), len),
+                )?;
+            }
+        }
+        Op::Gather {
+            input,
+            outputs,
+            root,
+        } => {
+            push(
+                &mut p.pre,
+                &mut p.npre,
+                to_arena(addr(input), 0, input.len()),
+            )?;
+            if r == *root {
+                for (q, out) in outputs.iter().enumerate() {
+                    let s = if q == r {
+                        seg(addr(input), addr(out), out.len())
+                    } else {
+                        from_arena(q, 0, addr(out), out.len())
+                    };
+                    push(&mut p.copy, &mut p.ncopy, s)?;
+                }
+            }
+        }
+        Op::Barrier => {}
+        other => {
+            return Err(Error::NotSupported(format!(
+                "nvl: {} has no staged form",
+                other.name()
+            )))
+        }
+    }
+    let _ = n;
+    Ok((dtype, p))
+}
+
+/// Reduction of `len` bytes at offset `off` of every rank's arena into `dst`.
+fn reduce_all_arenas(
+    p: &mut CollParams,
+    l: &Layout,
+    off: usize,
+    dst: u64,
+    len: usize,
+    dtype: DataType,
+    op: ReduceOp,
+) -> Result<()> {
+    set_op(p, dtype, op, l.nranks)?;
+    for q in 0..l.nranks {
+        p.rsrc[q] = l.arena[q] + off as u64;
+    }
+    p.rsrc_arena = (1u32 << l.nranks) - 1;
+    p.nsrc = l.nranks as u32;
+    p.rdst[0] = dst;
+    p.ndst = 1;
+    p.rcount = (len / dtype.size_bytes()) as u64;
+    Ok(())
+}
+
+/// The buffers a rank exposes to peers for `op` in direct mode, in a fixed order that
+/// [`direct`] reads peers' lists by.
+pub fn exposed(op: &Op) -> Vec<Span> {
+    match op {
+        Op::AllReduce { buf, .. } | Op::Reduce { buf, .. } | Op::Broadcast { buf, .. } => {
+            vec![*buf]
+        }
+        Op::AllGather { outputs, .. } => outputs.clone(),
+        Op::ReduceScatter { inputs, .. } => inputs.clone(),
+        Op::AllToAll { outputs, .. } => outputs.clone(),
+        Op::Scatter { output, .. } => vec![*output],
+        Op::Gather { outputs, .. } => outputs.clone(),
+        _ => Vec::new(),
+    }
+}
+
+/// Slice `q` of a two-shot all_reduce over `bytes`: (offset, length), cut on 16-byte bounds so
+/// the kernel moves whole vectors.
+pub fn two_shot_slice(bytes: usize, nranks: usize, q: usize) -> (usize, usize) {
+    let per = bytes.div_ceil(nranks).div_ceil(16) * 16;
+    let lo = (per * q).min(bytes);
+    let hi = (per * (q + 1)).min(bytes);
+    (lo, hi - lo)
+}
+
+/// The direct plan of `op`; `peer(q, i)` is the address here of rank q's i-th exposed buffer
+/// (this rank's own for q == rank) and `peer_len(q, i)` its length.
+pub fn direct(
+    op: &Op,
+    l: &Layout,
+    sync: Sync,
+    peer: &dyn Fn(usize, usize) -> u64,
+    peer_len: &dyn Fn(usize, usize) -> usize,
+) -> Result<(DataType, CollParams)> {
+    let mut p = CollParams::new(sync);
+    p.end_barrier = 1;
+    let (r, n) = (l.rank, l.nranks);
+    let mut dtype = DataType::U8;
+    let size_mismatch = |what: &str, q: usize, mine: usize, theirs: usize| {
+        Error::invalid(
+            format!("{} {what}", op.name()),
+            format!("{theirs} bytes, as rank {q} expects"),
+            format!("{mine} bytes on rank {r}"),
+        )
+    };
+    match op {
+        Op::AllReduce { buf, dtype: d, op } => {
+            dtype = *d;
+            set_op(&mut p, *d, *op, n)?;
+            let (off, len) = two_shot_slice(buf.len(), n, r);
+            for q in 0..n {
+                p.rsrc[q] = peer(q, 0) + off as u64;
+                p.rdst[q] = peer(q, 0) + off as u64;
+            }
+            p.nsrc = n as u32;
+            p.ndst = n as u32;
+            p.rcount = (len / d.size_bytes()) as u64;
+        }
+        Op::Reduce {
+            buf,
+            dtype: d,
+            op,
+            root,
+        } => {
+            dtype = *d;
+            if r == *root {
+                set_op(&mut p, *d, *op, n)?;
+                for q in 0..n {
+                    p.rsrc[q] = peer(q, 0);
+                }
+                p.rdst[0] = addr(buf);
+                p.nsrc = n as u32;
+                p.ndst = 1;
+                p.rcount = (buf.len() / d.size_bytes()) as u64;
+            }
+        }
+        Op::Broadcast { buf, root } => {
+            if r == *root {
+                for q in (0..n).filter(|&q| q != r) {
+                    push(
+                        &mut p.copy,
+                        &mut p.ncopy,
+                        seg(addr(buf), peer(q, 0), buf.len()),
+                    )?;
+                }
+            }
+        }
+        Op::AllGather { input, .. } => {
+            for q in 0..n {
+                let theirs = peer_len(q, r);
+                if theirs != input.len() {
+                    return Err(size_mismatch("the input", q, input.len(), theirs));
+                }
+                push(
+                    &mut p.copy,
+                    &mut p.ncopy,
+                    seg(addr(input), peer(q, r), input.len()),
+                )?;
+            }
+        }
+        Op::ReduceScatter {
+            output,
+            dtype: d,
+            op,
+            ..
+        } => {
+            dtype = *d;
+            set_op(&mut p, *d, *op, n)?;
+            for q in 0..n {
+                let theirs = peer_len(q, r);
+                if theirs != output.len() {
+                    return Err(size_mismatch("the output", q, output.len(), theirs));
+                }
+                p.rsrc[q] = peer(q, r);
+            }
+            p.rdst[0] = addr(output);
+            p.nsrc = n as u32;
+            p.ndst = 1;
+            p.rcount = (output.len() / d.size_bytes()) as u64;
+        }
+        Op::AllToAll { inputs, .. } => {
+            for (q, input) in inputs.iter().enumerate() {
+                let theirs = peer_len(q, r);
+                if theirs != input.len() {
+                    return Err(size_mismatch("input block", q, input.len(), theirs));
+                }
+                push(
+                    &mut p.copy,
+                    &mut p.ncopy,
+                    seg(addr(input), peer(q, r), input.len()),
+                )?;
+            }
+        }
+        Op::Scatter { inputs, root, .. } => {
+            if r == *root {
+                for (q, input) in inputs.iter().enumerate() {
+                    let theirs = peer_len(q, 0);
+                    if theirs != input.len() {
+                        return Err(size_mismatch("input block", q, input.len(), theirs));
+                    }
+                    push(
+                        &mut p.copy,
+                        &mut p.ncopy,
+                        seg(addr(input), peer(q, 0), input.len()),
+                    )?;
+                }
+            }
+        }
+        Op::Gather { input, root, .. } => {
+            let theirs = peer_len(*root, r);
+            if theirs != input.len() {
+                return Err(size_mismatch("the input", *root, input.len(), theirs));
+            }
+            push(
+                &mut p.copy,
+                &mut p.ncopy,
+                seg(addr(input), peer(*root, r), input.len()),
+            )?;
+        }
+        Op::Barrier => p.end_barrier = 0,
+        other => {
+            return Err(Error::NotSupported(format!(
+                "nvl: {} is not a collective",
+                other.name()
+            )))
+        }
+    }
+    Ok((dtype, p))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_shot_slices_cover_the_buffer_on_vector_bounds() {
+        for bytes in [0usize, 1, 15, 16, 17, 1000, 4096, 1 << 20, (1 << 20) + 4] {
+            for n in 1..=8 {
+                let mut next = 0;
+                for q in 0..n {
+                    let (off, len) = two_shot_slice(bytes, n, q);
+                    assert_eq!(off, next, "bytes {bytes} n {n} q {q}");
+                    if len > 0 {
+                        assert_eq!(off % 16, 0);
+                    }
+                    next = off + len;
+                }
+                assert_eq!(next, bytes);
+            }
+        }
+    }
+
+    #[test]
+    fn staged_sizes_agree_only_for_equal_blocks() {
+        let mut a = vec![0u8; 64];
+        // SAFETY: spans over a live local buffer, only measured here.
+        let mut s = |o: usize, l: usize| unsafe { Span::from_raw(a.as_mut_ptr().add(o), l) };
+        let equal = Op::AllGather {
+            input: s(0, 8),
+            outputs: vec![s(0, 8), s(8, 8)],
+        };
+        assert_eq!(staged_bytes(&equal, false), Some(8));
+        let ragged = Op::AllGather {
+            input: s(0, 8),
+            outputs: vec![s(0, 8), s(8, 4)],
+        };
+        assert_eq!(staged_bytes(&ragged, false), None);
+        let a2a = Op::AllToAll {
+            inputs: vec![s(0, 8), s(8, 8)],
+            outputs: vec![s(16, 8), s(24, 8)],
+        };
+        assert_eq!(staged_bytes(&a2a, false), None);
+        assert_eq!(staged_bytes(&a2a, true), Some(16));
+    }
+}
