@@ -1,6 +1,7 @@
 # Type stubs of the compiled module torchcomms._comms (bindings/python/src).
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 from typing import Any, Callable, ClassVar, Optional, Sequence, Union
 
@@ -300,6 +301,7 @@ class TorchComm:
     def abort(self) -> None: ...
     def is_abort_supported(self) -> bool: ...
     def is_aborted(self) -> bool: ...
+    def dump_trace(self, dir: Optional[Union[str, os.PathLike[str]]] = None) -> str: ...
     def reconfigure(
         self,
         uuid: int,
