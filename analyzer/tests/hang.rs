@@ -280,20 +280,24 @@ impl Drop for Ranks {
     }
 }
 
-#[test]
-fn a_live_hang_is_named_by_watch_and_on_the_web_page() {
-    let dir = fresh_dir("live");
+/// A 4-rank job whose ranks serve their live state, with a store that outlives communicator
+/// creation (torchrun-like), so the analyzer finds the endpoints there. The timeout is long:
+/// everything the tests check happens before it fires.
+struct LiveJob {
+    ranks: Ranks,
+    store: TcpStoreServer,
+    store_addr: String,
+}
+
+fn live_job(scenario: &[&str], dir: &Path, env: &[(&str, &str)]) -> LiveJob {
     let store = TcpStoreServer::bind("127.0.0.1", 0).expect("store server");
     let port = store.port();
-    // torchrun-like: the job's store outlives communicator creation, so the analyzer finds the
-    // endpoints there. The timeout is long: everything below happens while the job hangs.
-    let job = job(
-        &["skip", "--iters", "5", "--rank", "2", "--at", "2"],
-        &dir,
-        "120",
-    )
-    .env("TORCHCOMMS_TRACE_HTTP", "1")
-    .env("TORCHELASTIC_USE_AGENT_STORE", "1");
+    let mut job = job(scenario, dir, "120")
+        .env("TORCHCOMMS_TRACE_HTTP", "1")
+        .env("TORCHELASTIC_USE_AGENT_STORE", "1");
+    for (k, v) in env {
+        job = job.env(k, v);
+    }
     let mut ranks = Ranks(Vec::new());
     for r in 0..4 {
         let mut cmd = Command::new(worker());
@@ -304,64 +308,85 @@ fn a_live_hang_is_named_by_watch_and_on_the_web_page() {
             .stderr(Stdio::null());
         ranks.0.push(cmd.spawn().expect("start a rank"));
     }
-    let store_addr = format!("127.0.0.1:{port}");
-
-    // watch: poll until the verdict names rank 2 (the job hangs for 120 s; give it 60).
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let (v, text) = loop {
-        let out = analyzer()
-            .args([
-                "watch",
-                "--once",
-                "--format",
-                "json",
-                "--hang-ms",
-                "500",
-                "--store",
-                &store_addr,
-            ])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.code() == Some(0),
-            "watch failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-        let named = v["comms"].as_array().is_some_and(|cs| {
-            cs.iter().any(|c| {
-                c["name"] == "world"
-                    && c["mismatches"].as_array().is_some_and(|m| !m.is_empty())
-                    && c["progress"].as_array().is_some_and(|p| p.len() == 4)
-                    && c["status"] == "mismatch"
-                    && c["findings"]
-                        .to_string()
-                        .contains("stuck in all_reduce seq 7")
-            })
-        });
-        if named {
-            let text = run_ok(analyzer().args([
-                "watch",
-                "--once",
-                "--hang-ms",
-                "500",
-                "--store",
-                &store_addr,
-            ]));
-            break (v, String::from_utf8_lossy(&text.stdout).into_owned());
-        }
-        assert!(
-            Instant::now() < deadline,
-            "watch never named the hang: {v:#}"
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    };
-    for c in &mut ranks.0 {
-        assert!(
-            c.try_wait().unwrap().is_none(),
-            "a rank exited before the timeout: the verdict must come from live state"
-        );
+    LiveJob {
+        ranks,
+        store,
+        store_addr: format!("127.0.0.1:{port}"),
     }
+}
+
+impl LiveJob {
+    /// Polls `comms-analyzer watch --once` (JSON) until `named` holds for the verdict (at most
+    /// 60 s), then returns it and the text verdict of a run right after.
+    fn watch_until(&self, what: &str, named: impl Fn(&Value) -> bool) -> (Value, String) {
+        let args = [
+            "watch",
+            "--once",
+            "--hang-ms",
+            "500",
+            "--store",
+            &self.store_addr,
+        ];
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let out = analyzer()
+                .args(args)
+                .args(["--format", "json"])
+                .output()
+                .unwrap();
+            assert!(
+                out.status.code() == Some(0),
+                "watch failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+            if named(&v) {
+                let text = run_ok(analyzer().args(args));
+                return (v, String::from_utf8_lossy(&text.stdout).into_owned());
+            }
+            assert!(Instant::now() < deadline, "watch never named {what}: {v:#}");
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    /// Every rank still runs and none dumped a file into `dir`: what watch said came from the
+    /// live endpoints.
+    fn assert_still_live(&mut self, dir: &Path) {
+        for c in &mut self.ranks.0 {
+            assert!(
+                c.try_wait().unwrap().is_none(),
+                "a rank exited before the timeout: the verdict must come from live state"
+            );
+        }
+        assert_eq!(std::fs::read_dir(dir).unwrap().count(), 0);
+    }
+}
+
+/// The `world` comm of a verdict, if it has one.
+fn world_of(v: &Value) -> Option<&Value> {
+    v["comms"].as_array()?.iter().find(|c| c["name"] == "world")
+}
+
+#[test]
+fn a_live_hang_is_named_by_watch_and_on_the_web_page() {
+    let dir = fresh_dir("live");
+    let mut job = live_job(
+        &["skip", "--iters", "5", "--rank", "2", "--at", "2"],
+        &dir,
+        &[],
+    );
+    // watch: poll until the verdict names rank 2 (the job hangs for 120 s; give it 60).
+    let (v, text) = job.watch_until("the hang", |v| {
+        world_of(v).is_some_and(|c| {
+            c["mismatches"].as_array().is_some_and(|m| !m.is_empty())
+                && c["progress"].as_array().is_some_and(|p| p.len() == 4)
+                && c["status"] == "mismatch"
+                && c["findings"]
+                    .to_string()
+                    .contains("stuck in all_reduce seq 7")
+        })
+    });
+    job.assert_still_live(&dir);
     let (seq, fields, _) = mismatch_of(world(&v), &[2]);
     assert_eq!((seq, fields), (7, vec!["op".to_string()]));
     assert!(
@@ -369,8 +394,11 @@ fn a_live_hang_is_named_by_watch_and_on_the_web_page() {
         "{text}"
     );
     assert!(text.contains("stuck in all_reduce seq 7"), "{text}");
-    // No rank dumped a file: all of this came from the live endpoints.
-    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+    let LiveJob {
+        mut ranks,
+        store,
+        store_addr,
+    } = job;
 
     // serve + a real browser.
     let Some(browser) = find_chromium() else {
@@ -442,6 +470,95 @@ fn a_live_hang_is_named_by_watch_and_on_the_web_page() {
     println!("screenshot of the page: {}", shot.display());
     drop(ranks);
     let _ = store.shutdown();
+}
+
+#[test]
+fn a_live_size_mismatch_is_named_by_watch() {
+    let dir = fresh_dir("live-mismatch");
+    // Rank 1 passes 64 elements to the second all_reduce, the others 2. The engine sees the
+    // sizes differ on the wire and fails the operation on every rank; the ranks then stay up
+    // (holding) long past the checks below. They dump only on a signal, so that no file can
+    // stand in for the live state.
+    let mut job = live_job(
+        &[
+            "mismatch",
+            "--iters",
+            "4",
+            "--rank",
+            "1",
+            "--at",
+            "1",
+            "--hold-ms",
+            "120000",
+        ],
+        &dir,
+        &[("TORCHCOMMS_TRACE_DUMP_ON", "signal")],
+    );
+    let (v, text) = job.watch_until("the size mismatch", |v| {
+        world_of(v).is_some_and(|c| {
+            c["progress"].as_array().is_some_and(|p| p.len() == 4)
+                && c["mismatches"].as_array().is_some_and(|ms| {
+                    ms.iter()
+                        .any(|m| m["odd_ranks"] == serde_json::json!([1]) && m["seq"] == 4)
+                })
+        })
+    });
+    job.assert_still_live(&dir);
+    let (seq, fields, _) = mismatch_of(world(&v), &[1]);
+    assert_eq!(seq, 4);
+    assert!(fields.contains(&"count".to_string()), "{fields:?}");
+    assert_ne!(world(&v)["status"], "ok", "{text}");
+    let needle = "seq 4: rank 1 called all_reduce (f32, 64 elements, 256 B, sum) where ranks 0,2,3 called all_reduce (f32, 2 elements, 8 B, sum)";
+    assert!(text.contains(needle), "`{needle}` missing from:\n{text}");
+    let _ = job.store.shutdown();
+}
+
+#[test]
+fn a_live_slow_rank_is_named_by_watch() {
+    let dir = fresh_dir("live-slow");
+    // Rank 3 sleeps 150 ms before each of 8 all_reduces; then every rank holds, alive.
+    let iters = 8;
+    let mut job = live_job(
+        &[
+            "slow",
+            "--iters",
+            &iters.to_string(),
+            "--rank",
+            "3",
+            "--delay-ms",
+            "150",
+            "--hold-ms",
+            "120000",
+        ],
+        &dir,
+        &[],
+    );
+    // Two barriers of creation, the all_reduces, the final barrier.
+    let last = iters + 3;
+    let (v, text) = job.watch_until("the slow rank after every rank finished", |v| {
+        world_of(v).is_some_and(|c| {
+            c["progress"]
+                .as_array()
+                .is_some_and(|p| p.len() == 4 && p.iter().all(|r| r["completed"] == last))
+        })
+    });
+    job.assert_still_live(&dir);
+    let w = world(&v);
+    assert_eq!(w["status"], "ok", "{text}");
+    let slow = w["slowest"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["op"] == "all_reduce")
+        .unwrap_or_else(|| panic!("{text}"));
+    assert_eq!(slow["rank"], 3, "{text}");
+    assert_eq!(slow["significant"], true, "{text}");
+    assert!(slow["mean_late_ms"].as_f64().unwrap() >= 100.0, "{text}");
+    assert!(
+        text.contains("rank 3 is the slowest in all_reduce"),
+        "{text}"
+    );
+    let _ = job.store.shutdown();
 }
 
 #[test]

@@ -54,7 +54,7 @@ use std::sync::Arc;
 
 pub use clock::now_ns;
 pub use registry::{
-    configure, dump, dump_all, dump_configured, dump_file_name, http_addr, next_instance,
+    configure, dump, dump_all, dump_configured, dump_file_name, find, http_addr, next_instance,
     on_failure, snapshot, trace_dir,
 };
 pub use schema::{CommState, Dump, Trigger};

@@ -74,6 +74,18 @@ pub fn configure(cfg: &TraceConfig) {
     }
 }
 
+/// The trace of the communicator named `name` in which this process is rank `rank` (the
+/// newest such, when a name was reused), for bindings that know a communicator by name and
+/// rank only. `None` when no traced communicator matches (tracing off, or a backend that
+/// records none).
+pub fn find(name: &str, rank: usize) -> Option<Arc<CommTrace>> {
+    lock(&registry().comms)
+        .iter()
+        .rev()
+        .find(|c| c.meta().name == name && c.meta().rank == rank)
+        .cloned()
+}
+
 /// The directory automatic dumps go to.
 pub fn trace_dir() -> PathBuf {
     lock(&registry().settings)
@@ -254,4 +266,34 @@ pub fn on_failure(trace: &CommTrace, trigger: Trigger, reason: &str) -> Vec<Path
 /// The address of the live endpoint, when one is served.
 pub fn http_addr() -> Option<SocketAddr> {
     crate::http::addr()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::CommMeta;
+
+    fn meta(name: &str, rank: usize, instance: u64) -> CommMeta {
+        CommMeta {
+            name: name.into(),
+            instance,
+            rank,
+            size: 2,
+            global_ranks: vec![0, 1],
+        }
+    }
+
+    #[test]
+    fn find_returns_the_newest_trace_of_a_name_and_rank() {
+        let _first = CommTrace::new(meta("find-test", 0, 1), 4);
+        let other_rank = CommTrace::new(meta("find-test", 1, 1), 4);
+        let newest = CommTrace::new(meta("find-test", 0, 2), 4);
+        assert!(Arc::ptr_eq(&find("find-test", 0).unwrap(), &newest));
+        assert!(Arc::ptr_eq(&find("find-test", 1).unwrap(), &other_rank));
+        assert!(find("find-test", 2).is_none());
+        assert!(find("find-test-other", 0).is_none());
+        // Tracing off: nothing is registered, nothing is found.
+        let _off = CommTrace::new(meta("find-off", 0, 1), 0);
+        assert!(find("find-off", 0).is_none());
+    }
 }

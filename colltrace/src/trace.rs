@@ -136,6 +136,12 @@ fn rank_of(r: u32) -> Option<usize> {
 
 /// Words of a packed record.
 const WORDS: usize = 11;
+/// Word of a packed record holding the end time.
+const ENDED_WORD: usize = 4;
+/// Word of a packed record holding the transport, kind, state, async flag and timeout.
+const FLAGS_WORD: usize = 10;
+/// Position of the state (3 bits) in [`FLAGS_WORD`].
+const STATE_SHIFT: u32 = 18;
 
 /// One operation, fixed size, names as codes; timestamps in the trace's clock unit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -204,7 +210,7 @@ impl Rec {
                 | u64::from(self.algorithm) << 48,
             u64::from(self.transport)
                 | kind_code(self.kind) << 16
-                | state_code(self.state) << 18
+                | state_code(self.state) << STATE_SHIFT
                 | async_code(self.async_op) << 21
                 | u64::from(self.timeout_ms) << 32,
         ]
@@ -216,7 +222,7 @@ impl Rec {
             seq: w[1],
             enqueued: w[2],
             started: w[3],
-            ended: w[4],
+            ended: w[ENDED_WORD],
             count: w[5],
             in_bytes: w[6],
             out_bytes: w[7],
@@ -226,11 +232,11 @@ impl Rec {
             dtype: (w[9] >> 16) as u16,
             reduce_op: (w[9] >> 32) as u16,
             algorithm: (w[9] >> 48) as u16,
-            transport: w[10] as u16,
-            kind: kind_of((w[10] >> 16) & 3),
-            state: state_of((w[10] >> 18) & 7),
-            async_op: async_of((w[10] >> 21) & 3),
-            timeout_ms: (w[10] >> 32) as u32,
+            transport: w[FLAGS_WORD] as u16,
+            kind: kind_of((w[FLAGS_WORD] >> 16) & 3),
+            state: state_of((w[FLAGS_WORD] >> STATE_SHIFT) & 7),
+            async_op: async_of((w[FLAGS_WORD] >> 21) & 3),
+            timeout_ms: (w[FLAGS_WORD] >> 32) as u32,
         }
     }
 
@@ -306,6 +312,24 @@ impl<const N: usize> Slot<N> {
         let s = self.seq.load(Ordering::Relaxed) | 1;
         self.seq.store(s, Ordering::Relaxed);
         self.write_claimed(s, w);
+    }
+
+    /// Changes words `i` and `j` to `a` and `b` as the only writer of this slot (the other
+    /// words keep what this thread wrote last): two stores instead of `N`.
+    #[inline]
+    fn write_two(&self, (i, a): (usize, u64), (j, b): (usize, u64)) {
+        let s = self.seq.load(Ordering::Relaxed) | 1;
+        self.seq.store(s, Ordering::Relaxed);
+        fence(Ordering::Release);
+        self.words[i].store(a, Ordering::Relaxed);
+        self.words[j].store(b, Ordering::Relaxed);
+        self.seq.store(s.wrapping_add(1), Ordering::Release);
+    }
+
+    /// Word `i` as last written by the calling thread (the slot's only writer).
+    #[inline]
+    fn own_word(&self, i: usize) -> u64 {
+        self.words[i].load(Ordering::Relaxed)
     }
 
     /// Claims the slot for writing (several threads may try); returns the odd sequence to pass
@@ -944,23 +968,28 @@ impl TraceWriter {
             rec.slot = self.push(&r);
         }
         let slot = self.slot(rec.slot);
-        let mut r = Rec::unpack(slot.own());
-        if r.id != rec.q.id || r.state.is_final() {
+        // Only the end time and the state change: read the id and the flags, write the end
+        // and the flags (two words, not the whole record).
+        let flags = slot.own_word(FLAGS_WORD);
+        if slot.own_word(0) != rec.q.id || state_of((flags >> STATE_SHIFT) & 7).is_final() {
             return;
         }
         let (state, error) = outcome.parts();
-        r.state = state;
-        r.ended = now;
         if let Some(e) = error {
-            lock(&self.trace.exec.extra).entry(r.id).or_default().error = Some(e);
+            lock(&self.trace.exec.extra)
+                .entry(rec.q.id)
+                .or_default()
+                .error = Some(e);
         }
-        slot.write(r.pack());
-        if state == State::Completed {
-            let (k, ex) = (seq_index(r.kind), &self.trace.exec);
-            if r.kind != RecordKind::Comm && r.seq > self.completed[k] {
-                self.completed[k] = r.seq;
+        let flags = (flags & !(7 << STATE_SHIFT)) | state_code(state) << STATE_SHIFT;
+        slot.write_two((ENDED_WORD, now), (FLAGS_WORD, flags));
+        let kind = rec.q.kind;
+        if state == State::Completed && kind != RecordKind::Comm {
+            let (k, ex) = (seq_index(kind), &self.trace.exec);
+            if rec.q.seq > self.completed[k] {
+                self.completed[k] = rec.q.seq;
                 let c = [&ex.coll_completed, &ex.p2p_completed][k];
-                c.store(r.seq, Ordering::Release);
+                c.store(rec.q.seq, Ordering::Release);
             }
         }
     }
@@ -1279,6 +1308,12 @@ mod tests {
                 assert_eq!(r.count, Some(r.seq * 3), "{r:?}");
                 assert_eq!(r.in_bytes, r.seq * 12, "{r:?}");
                 assert_eq!(r.id, r.seq, "{r:?}");
+                // The end time and the state are written together (two words of the slot).
+                assert_eq!(
+                    r.state == State::Completed,
+                    r.ended_ns >= r.started_ns && r.ended_ns > 0,
+                    "{r:?}"
+                );
                 checked += 1;
             }
         }

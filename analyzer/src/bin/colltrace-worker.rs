@@ -11,6 +11,10 @@
 //! - `absent --rank R`: rank R exits without creating the communicator; the others time out
 //!   creating it.
 //!
+//! `--hold-ms H` keeps every rank (and its live endpoint) up for H ms after its last operation
+//! and before it dumps, so that `comms-analyzer watch` sees the live state of a job that ran to
+//! its end.
+//!
 //! Prints `RESULT ok` or `RESULT error: ...` and exits 0 unless the scenario itself broke.
 
 use std::time::Duration;
@@ -45,6 +49,7 @@ fn run(scenario: &str, args: &[String]) -> Result<()> {
     let odd = arg(args, "--rank", 2)?;
     let at = arg(args, "--at", 2)?;
     let delay = arg(args, "--delay-ms", 100)?;
+    let hold = arg(args, "--hold-ms", 0)?;
     // The rank the launcher gave this process (an input, not a tunable).
     if scenario == "absent" && std::env::var("TORCHCOMM_RANK").ok() == Some(odd.to_string()) {
         println!("RESULT absent");
@@ -69,6 +74,9 @@ fn run(scenario: &str, args: &[String]) -> Result<()> {
     }
     if result.is_ok() {
         result = comm.barrier(&OpOptions::sync()).and_then(|w| w.wait());
+    }
+    if hold > 0 {
+        std::thread::sleep(Duration::from_millis(hold as u64));
     }
     if scenario != "skip" {
         let files = colltrace::dump_all(&colltrace::trace_dir())?;

@@ -622,6 +622,35 @@ impl PyTorchComm {
         }
     }
 
+    /// Writes this communicator's colltrace (its last operations, sequence numbers and states;
+    /// schema `docs/colltrace-schema.md`) as JSON into `dir` (default: the cvar
+    /// `TORCHCOMMS_TRACE_DIR`), as `colltrace_rank<N>_<name>_<instance>.json`, and returns the
+    /// file's path (the Rust API's `Comm::dump_trace`). `comms-analyzer report DIR` reads the
+    /// files of every rank.
+    #[pyo3(signature = (dir=None))]
+    fn dump_trace(&self, py: Python<'_>, dir: Option<std::path::PathBuf>) -> PyResult<String> {
+        let core = &self.core;
+        if let Backend::Python(_) = core.backend {
+            return Err(PyNotImplementedError::new_err(format!(
+                "dump_trace on communicator {}: backend {} is written in Python and keeps no \
+                 colltrace",
+                core.name, core.backend_name
+            )));
+        }
+        let Some(trace) = colltrace::find(&core.name, core.rank) else {
+            return Err(PyRuntimeError::new_err(format!(
+                "dump_trace on communicator {}, rank {}: no colltrace (tracing is off with \
+                 TORCHCOMMS_TRACE_BUFFER_SIZE=0, or backend {} records none)",
+                core.name, core.rank, core.backend_name
+            )));
+        };
+        let dir = dir.unwrap_or_else(colltrace::trace_dir);
+        let path = py
+            .detach(|| trace.dump_to(&dir, colltrace::Trigger::Api, Some("TorchComm.dump_trace")))
+            .map_err(crate::error::colltrace_error)?;
+        Ok(path.to_string_lossy().into_owned())
+    }
+
     /// Whether `abort()` is implemented.
     fn is_abort_supported(&self) -> bool {
         match &self.core.backend {

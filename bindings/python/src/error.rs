@@ -136,6 +136,11 @@ pub(crate) fn value_error(msg: impl Into<String>) -> PyErr {
     Python::attach(|py| new_err(py, &VALUE_ERROR, msg.into()))
 }
 
+/// A colltrace dump that could not be written: `OSError` naming the file or directory.
+pub(crate) fn colltrace_error(e: colltrace::Error) -> PyErr {
+    pyo3::exceptions::PyOSError::new_err(e.to_string())
+}
+
 /// A `CommTypeError` (wrong Python type or unsupported dtype).
 pub(crate) fn type_error(msg: impl Into<String>) -> PyErr {
     Python::attach(|py| new_err(py, &TYPE_ERROR, msg.into()))

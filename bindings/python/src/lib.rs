@@ -10,12 +10,14 @@
 //! tensor object is handed to the engine as the owner of its memory, so async operations keep
 //! their tensors alive. Errors map once, in [`error`].
 //!
-//! Logging: the engine logs through `tracing`; set `TORCHCOMMS_LOG` (an `EnvFilter`, e.g.
-//! `debug` or `ctran=trace`) to see it on stderr. The default shows errors only.
+//! Logging: the engine logs through `tracing`; set the cvar `TORCHCOMMS_LOG` (an `EnvFilter`,
+//! e.g. `debug` or `ctran=trace`; environment or `TORCHCOMMS_CONFIG` file) to see it on stderr.
+//! The default shows errors only.
 
 mod batch;
 mod comm;
 mod create;
+mod cvars;
 mod error;
 mod fake;
 mod hooks;
@@ -33,7 +35,11 @@ use torchcomms_ctran as _;
 use torchcomms_nccl as _;
 
 fn init_logging() {
-    let filter = std::env::var("TORCHCOMMS_LOG").unwrap_or_else(|_| "error".into());
+    // `TORCHCOMMS_LOG` through the cvars (the configuration file may set it too); an invalid
+    // configuration leaves the defaults here and fails communicator creation.
+    let filter = torchcomms_cvars::Cvars::load()
+        .map(|cv| cv.torchcomms_log().to_string())
+        .unwrap_or_else(|_| "error".into());
     let filter = tracing_subscriber::EnvFilter::try_new(&filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error"));
     // Another library may have installed a subscriber already: keep it.
@@ -94,6 +100,7 @@ fn _comms(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(create::_registered_backends, m)?)?;
     m.add_function(wrap_pyfunction!(create::get_mem_allocator, m)?)?;
     m.add_function(wrap_pyfunction!(_colltrace_snapshot, m)?)?;
+    m.add_function(wrap_pyfunction!(cvars::_cvar, m)?)?;
     m.add_function(wrap_pyfunction!(watchdog::_health_check, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("_ENGINE_VERSION", torchcomms_ctran::VERSION)?;

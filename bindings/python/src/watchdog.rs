@@ -125,11 +125,12 @@ pub(crate) fn _health_check() -> bool {
     !UNHEALTHY.load(Ordering::Acquire)
 }
 
+/// `TORCHCOMM_HEALTH_CHECK_WAIT_MS` (unset or invalid: no wait): how long the abort hooks may
+/// sleep on top of their grace period.
 fn health_check_wait() -> Duration {
-    std::env::var("TORCHCOMM_HEALTH_CHECK_WAIT_MS")
+    torchcomms_cvars::Cvars::load()
         .ok()
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .map(Duration::from_millis)
+        .and_then(|cv| cv.torchcomm_health_check_wait_ms())
         .unwrap_or_default()
 }
 

@@ -113,7 +113,18 @@ def _alias_hook_modules() -> None:
 
 _alias_hook_modules()
 
-if os.environ.get("TORCHCOMMS_PATCH_FOR_COMPILE") == "1":
+
+def _patch_for_compile() -> bool:
+    """The cvar TORCHCOMMS_PATCH_FOR_COMPILE; an invalid value warns here (importing never
+    fails on configuration) and fails communicator creation."""
+    try:
+        return bool(_comms._cvar("TORCHCOMMS_PATCH_FOR_COMPILE"))
+    except ValueError as e:
+        warnings.warn(str(e), stacklevel=3)
+        return False
+
+
+if _patch_for_compile():
     warnings.warn(
         "TORCHCOMMS_PATCH_FOR_COMPILE=1: torch.compile support (torchcomms.functional) is not "
         "available in torchcomms-rs yet; collectives run eagerly",

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import functools
 import io
-import os
 import pickle
 from datetime import timedelta
 from typing import Any, Optional
 
 import torch
+
+from torchcomms import _comms
 
 __all__ = [
     "all_gather_object",
@@ -31,7 +32,8 @@ __all__ = [
 
 @functools.lru_cache(maxsize=None)
 def _use_pickle() -> bool:
-    return os.environ.get("TORCHCOMMS_SERIALIZATION") == "pickle"
+    # The cvar TORCHCOMMS_SERIALIZATION (environment or TORCHCOMMS_CONFIG file; validated).
+    return _comms._cvar("TORCHCOMMS_SERIALIZATION") == "pickle"
 
 
 def _dumps(obj: object) -> bytes:

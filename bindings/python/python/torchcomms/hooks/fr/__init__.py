@@ -22,7 +22,8 @@ import (where this torch has ``_register_handler``): ``torchcomms_fr_trace_json`
 a communicator is registered) and ``torchcomms_health_check`` (``{"healthy": bool}``: false once
 any communicator of this process failed or timed out).
 
-Environment:
+Configuration (cvars: the environment or the ``TORCHCOMMS_CONFIG`` file, validated; see
+``docs/cvars.md``):
     ``TORCHCOMM_FR_BUFFER_SIZE``: entries of the shared recorder (2000; 0 disables it).
     ``TORCHCOMM_FR_DUMP_TEMP_FILE``: prefix of ``dump_file`` paths (default
     ``$XDG_CACHE_HOME/torch/comm_lib_trace_rank_`` or ``~/.cache/...``); with
@@ -37,6 +38,7 @@ import collections
 import json
 import os
 import pickle
+import sys
 import threading
 import time
 import weakref
@@ -117,11 +119,6 @@ def _tensors(args: Any, names: tuple[str, ...]) -> list[torch.Tensor]:
     return out
 
 
-def _env_int(name: str, default: int) -> int:
-    try:
-        return int(os.environ.get(name, default))
-    except ValueError:
-        return default
 
 
 class _Recorder:
@@ -151,7 +148,7 @@ def _global_recorder() -> _Recorder:
     global _GLOBAL
     with _GLOBAL_LOCK:
         if _GLOBAL is None:
-            _GLOBAL = _Recorder(_env_int("TORCHCOMM_FR_BUFFER_SIZE", 2000))
+            _GLOBAL = _Recorder(_comms._cvar("TORCHCOMM_FR_BUFFER_SIZE"))
         return _GLOBAL
 
 
@@ -272,9 +269,13 @@ class FlightRecorderHook:
 
         def abort_hook() -> None:
             rec.healthy = False
-            wait_ms = os.environ.get("TORCHCOMM_HEALTH_CHECK_WAIT_MS")
-            if wait_ms:
-                time.sleep(int(wait_ms) / 1000)
+            try:
+                wait_s = _comms._cvar("TORCHCOMM_HEALTH_CHECK_WAIT_MS")
+            except ValueError as e:  # the process is going down: say why, do not wait
+                print(f"torchcomms: {e}", file=sys.stderr)
+                wait_s = None
+            if wait_s:
+                time.sleep(wait_s)
 
         self._handles.append(comm.register_pre_hook(pre_hook))
         self._handles.append(comm.register_post_hook(post_hook))
@@ -436,8 +437,8 @@ def _snapshot(rec: "_Recorder", include_completed: bool, for_json: bool) -> dict
 
 
 def _dump_file(rec: "_Recorder", rank: int, include_completed: bool) -> str:
-    path = os.environ.get("TORCHCOMM_FR_DUMP_TEMP_FILE")
-    if path and os.environ.get("TORCHCOMM_FR_DUMP_DYNAMIC_FILE_NAME") == "1":
+    path = _comms._cvar("TORCHCOMM_FR_DUMP_TEMP_FILE")
+    if path and _comms._cvar("TORCHCOMM_FR_DUMP_DYNAMIC_FILE_NAME"):
         target = path
     else:
         if not path:
