@@ -781,7 +781,7 @@ mod tests {
         let cv = Cvars::defaults();
         assert_eq!(cv.ctran_chunk_bytes(), 1 << 20);
         assert_eq!(cv.torchcomm_timeout_seconds(), Duration::from_secs(600));
-        assert_eq!(cv.ctran_backends(), &["socket", "shm"]);
+        assert_eq!(cv.ctran_backends(), &["socket", "shm", "nvl"]);
         assert_eq!(cv.ctran_socket_ifaddr(), None);
         assert_eq!(cv.ctran_socket_spin_us(), None);
         assert_eq!(cv.ctran_shm_spin_us(), None);

@@ -411,7 +411,7 @@ pub unsafe extern "C" fn tc_backends(names: *mut *const c_char) -> tc_status_t {
     })
 }
 
-/// Stores the names of the transports this build has, comma-separated ("socket,shm"), in `*names`
+/// Stores the names of the transports this build has, comma-separated ("socket,shm,nvl"), in `*names`
 /// (a static string).
 ///
 /// # Safety

@@ -18,8 +18,9 @@ use std::time::Instant;
 
 use crate::span::Span;
 
-/// Names of the transports this build has (`socket` between hosts, `shm` within one).
-pub const AVAILABLE: &[&str] = &["socket", "shm"];
+/// Names of the transports this build has (`socket` between hosts, `shm` within one, `nvl`
+/// between GPUs of one host: see [`crate::nvl`]).
+pub const AVAILABLE: &[&str] = &["socket", "shm", "nvl"];
 
 /// Identifies a posted send or receive until [`Transport::test`] reports it finished.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
