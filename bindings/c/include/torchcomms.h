@@ -276,7 +276,7 @@ enum tc_status_t tc_version_numbers(int32_t *major, int32_t *minor, int32_t *pat
 // `names` is NULL or valid for writing a pointer.
 enum tc_status_t tc_backends(const char **names);
 
-// Stores the names of the transports this build has, comma-separated ("socket,shm"), in `*names`
+// Stores the names of the transports this build has, comma-separated ("socket,shm,nvl"), in `*names`
 // (a static string).
 //
 // # Safety
