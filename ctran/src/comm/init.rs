@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 use super::{Comm, CommConfig, Op};
 use crate::bootstrap::{PrefixStore, Store};
 use crate::error::{Error, Result};
-use crate::span::Span;
 use crate::transport::mapper::Mapper;
 use crate::transport::shm::ShmTransport;
 use crate::transport::socket::mesh::{
@@ -317,27 +316,7 @@ fn split_inner(
         listener.as_ref().map(|l| l.1),
     );
 
-    let size = parent.size();
-    let mut gathered = vec![0u8; RECORD * size];
-    let mut input = mine;
-    // SAFETY: `input` and `gathered` live on this stack frame until `run` returns, which is
-    // after the operation completed or failed for good.
-    let (input_span, out_span) = unsafe {
-        (
-            Span::from_slice(&mut input),
-            Span::from_slice(&mut gathered),
-        )
-    };
-    let outputs = (0..size)
-        .map(|r| out_span.sub(r * RECORD, RECORD))
-        .collect();
-    parent.run(
-        Op::AllGather {
-            input: input_span,
-            outputs,
-        },
-        Some(timeout),
-    )?;
+    let gathered = parent.all_gather_bytes(&mine, Some(timeout))?;
 
     let Some((listener, _)) = listener else {
         return Ok(None);

@@ -19,6 +19,7 @@ use crate::algos::select::{CostModel, Hints, Selector};
 use crate::algos::staging::Staging;
 use crate::bootstrap::Store;
 use crate::error::{Error, Result};
+use crate::span::Span;
 use crate::transport::mapper::Mapper;
 use crate::transport::socket::Waker;
 pub use config::CommConfig;
@@ -297,6 +298,37 @@ impl Comm {
         // The engine enforces the deadline; the extra second only covers a wedged thread.
         self.submit(op, Some(t))
             .wait_timeout(t + Duration::from_secs(1), self.rank())
+    }
+
+    /// Host all-gather of one equal-sized byte record per rank, for setup exchanges: the
+    /// records of ranks 0, 1, ... one after the other.
+    pub(crate) fn all_gather_bytes(
+        &self,
+        mine: &[u8],
+        timeout: Option<Duration>,
+    ) -> Result<Vec<u8>> {
+        let len = mine.len();
+        let mut input = mine.to_vec();
+        let mut gathered = vec![0u8; len * self.size()];
+        // SAFETY: `input` and `gathered` live on this frame until `run` returns, which is after
+        // the operation completed or failed for good.
+        let (input_span, out_span) = unsafe {
+            (
+                Span::from_slice(&mut input),
+                Span::from_slice(&mut gathered),
+            )
+        };
+        let outputs = (0..self.size())
+            .map(|r| out_span.sub(r * len, len))
+            .collect();
+        self.run(
+            Op::AllGather {
+                input: input_span,
+                outputs,
+            },
+            timeout,
+        )?;
+        Ok(gathered)
     }
 
     /// Creates a sub-communicator of the ranks in `ranks` (indices into this communicator),
