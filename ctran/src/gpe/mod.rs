@@ -275,7 +275,8 @@ impl GpeRequest {
     }
 }
 
-fn cuda_err(op: &str, rank: usize, e: crate::cuda::CudaError) -> Error {
+/// A driver error of `op` on `rank` as an engine error.
+pub(crate) fn cuda_err(op: &str, rank: usize, e: crate::cuda::CudaError) -> Error {
     Error::Cuda {
         op: op.into(),
         rank,

@@ -29,7 +29,7 @@ use crate::cuda::nvl_kernels::{
 };
 use crate::cuda::{Context, CudaError, DeviceBuffer, Event, PinnedBuffer, RawStream};
 use crate::error::{Error, Result};
-use crate::gpe::{DeviceStatus, GpeRequest, OpState};
+use crate::gpe::{cuda_err, DeviceStatus, GpeRequest, OpState};
 use crate::{Op, P2p, Span};
 
 use plan::{Layout, Mode};
@@ -90,11 +90,7 @@ struct Inner {
 }
 
 fn cuda(op: &str, rank: usize) -> impl Fn(CudaError) -> Error + '_ {
-    move |e| Error::Cuda {
-        op: op.into(),
-        rank,
-        detail: e.to_string(),
-    }
+    move |e| cuda_err(op, rank, e)
 }
 
 impl Nvl {
@@ -134,9 +130,10 @@ impl Nvl {
         card.extend_from_slice(&flags_out.handle);
         card.extend_from_slice(&arena_out.handle);
         card.extend_from_slice(&(arena_bytes as u64).to_le_bytes());
-        let cards = all_gather(comm, &card)?;
+        let cards = comm.all_gather_bytes(&card, None)?;
+        let cards: Vec<&[u8]> = cards.chunks_exact(CARD_BYTES).collect();
         let word = |c: &[u8], at: usize| u64::from_le_bytes(c[at..at + 8].try_into().expect("8"));
-        let me = &cards[rank];
+        let me = cards[rank];
         let mut ok = why_not.is_none();
         let mut sms = u64::MAX;
         let mut peers = Vec::new();
@@ -191,8 +188,8 @@ impl Nvl {
             }
         }
         // Everyone must agree: one more exchange of the local verdicts.
-        let verdicts = all_gather(comm, &[u8::from(ok)])?;
-        if verdicts.iter().any(|v| v[0] == 0) {
+        let verdicts = comm.all_gather_bytes(&[u8::from(ok)], None)?;
+        if verdicts.contains(&0) {
             tracing::info!(
                 rank,
                 reason = why_not.as_deref().unwrap_or("a peer cannot"),
@@ -435,9 +432,9 @@ impl Nvl {
             r.write(&mut wire);
         }
         wire.resize(8 + MAX_RANKS * RECORD_BYTES, 0);
-        let all = all_gather_timeout(&self.control, &wire, Some(timeout))?;
-        let mut out = Vec::with_capacity(all.len());
-        for (q, w) in all.iter().enumerate() {
+        let all = self.control.all_gather_bytes(&wire, Some(timeout))?;
+        let mut out = Vec::with_capacity(self.layout.nranks);
+        for (q, w) in all.chunks_exact(wire.len()).enumerate() {
             let count = u32::from_le_bytes(w[0..4].try_into().expect("4")) as usize;
             let ok = u32::from_le_bytes(w[4..8].try_into().expect("4")) == 1;
             if !ok {
@@ -544,30 +541,4 @@ impl Drop for Nvl {
         inner.pending.clear();
         let _ = self.control.finalize();
     }
-}
-
-fn all_gather(comm: &Comm, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
-    all_gather_timeout(comm, mine, None)
-}
-
-/// Host all-gather of equal-sized byte records.
-fn all_gather_timeout(comm: &Comm, mine: &[u8], timeout: Option<Duration>) -> Result<Vec<Vec<u8>>> {
-    let n = comm.size();
-    let mut input = mine.to_vec();
-    let mut out = vec![vec![0u8; mine.len()]; n];
-    // SAFETY: the spans cover live local vectors that outlive `run`, which waits.
-    let (input_span, outputs) = unsafe {
-        (
-            Span::from_slice(&mut input),
-            out.iter_mut().map(|v| Span::from_slice(v)).collect(),
-        )
-    };
-    comm.run(
-        Op::AllGather {
-            input: input_span,
-            outputs,
-        },
-        timeout,
-    )?;
-    Ok(out)
 }

@@ -123,7 +123,7 @@ fn push(list: &mut [Seg; MAX_SEGS], n: &mut u32, s: Seg) -> Result<()> {
 pub fn staged(op: &Op, l: &Layout, sync: Sync) -> Result<(DataType, CollParams)> {
     let mut p = CollParams::new(sync);
     p.half_bytes = l.half;
-    let (r, n) = (l.rank, l.nranks);
+    let r = l.rank;
     let mine = l.arena[r];
     let to_arena = |src: u64, off: usize, len: usize| Seg {
         dst_arena: 1,
@@ -257,7 +257,6 @@ pub fn staged(op: &Op, l: &Layout, sync: Sync) -> Result<(DataType, CollParams)>
             )))
         }
     }
-    let _ = n;
     Ok((dtype, p))
 }
 
@@ -328,6 +327,13 @@ pub fn direct(
             format!("{mine} bytes on rank {r}"),
         )
     };
+    // A copy of `src` into the buffer rank q exposed as `(dst, theirs)`, which must be as long.
+    let copy_to = |p: &mut CollParams, what: &str, q: usize, src: &Span, dst: u64, theirs| {
+        if theirs != src.len() {
+            return Err(size_mismatch(what, q, src.len(), theirs));
+        }
+        push(&mut p.copy, &mut p.ncopy, seg(addr(src), dst, src.len()))
+    };
     match op {
         Op::AllReduce { buf, dtype: d, op } => {
             dtype = *d;
@@ -372,15 +378,7 @@ pub fn direct(
         }
         Op::AllGather { input, .. } => {
             for q in 0..n {
-                let theirs = peer_len(q, r);
-                if theirs != input.len() {
-                    return Err(size_mismatch("the input", q, input.len(), theirs));
-                }
-                push(
-                    &mut p.copy,
-                    &mut p.ncopy,
-                    seg(addr(input), peer(q, r), input.len()),
-                )?;
+                copy_to(&mut p, "the input", q, input, peer(q, r), peer_len(q, r))?;
             }
         }
         Op::ReduceScatter {
@@ -405,41 +403,24 @@ pub fn direct(
         }
         Op::AllToAll { inputs, .. } => {
             for (q, input) in inputs.iter().enumerate() {
-                let theirs = peer_len(q, r);
-                if theirs != input.len() {
-                    return Err(size_mismatch("input block", q, input.len(), theirs));
-                }
-                push(
-                    &mut p.copy,
-                    &mut p.ncopy,
-                    seg(addr(input), peer(q, r), input.len()),
-                )?;
+                copy_to(&mut p, "input block", q, input, peer(q, r), peer_len(q, r))?;
             }
         }
         Op::Scatter { inputs, root, .. } => {
             if r == *root {
                 for (q, input) in inputs.iter().enumerate() {
-                    let theirs = peer_len(q, 0);
-                    if theirs != input.len() {
-                        return Err(size_mismatch("input block", q, input.len(), theirs));
-                    }
-                    push(
-                        &mut p.copy,
-                        &mut p.ncopy,
-                        seg(addr(input), peer(q, 0), input.len()),
-                    )?;
+                    copy_to(&mut p, "input block", q, input, peer(q, 0), peer_len(q, 0))?;
                 }
             }
         }
         Op::Gather { input, root, .. } => {
-            let theirs = peer_len(*root, r);
-            if theirs != input.len() {
-                return Err(size_mismatch("the input", *root, input.len(), theirs));
-            }
-            push(
-                &mut p.copy,
-                &mut p.ncopy,
-                seg(addr(input), peer(*root, r), input.len()),
+            copy_to(
+                &mut p,
+                "the input",
+                *root,
+                input,
+                peer(*root, r),
+                peer_len(*root, r),
             )?;
         }
         Op::Barrier => p.end_barrier = 0,
