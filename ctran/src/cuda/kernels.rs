@@ -17,7 +17,10 @@ use super::nvrtc;
 use crate::{DataType, ReduceOp};
 
 /// Source of the reduction kernels.
-pub const REDUCE_SOURCE: &str = include_str!("kernels/reduce.cu");
+pub const REDUCE_SOURCE: &str = concat!(
+    include_str!("kernels/common.cuh"),
+    include_str!("kernels/reduce.cu")
+);
 /// Its name in logs and cache files.
 pub const REDUCE_SOURCE_NAME: &str = "ctran/src/cuda/kernels/reduce.cu";
 

@@ -11,7 +11,10 @@ use super::kernels::{load_once, PerDevice};
 use crate::DataType;
 
 /// Source of the NVLink kernels.
-pub const NVL_SOURCE: &str = include_str!("kernels/nvl.cu");
+pub const NVL_SOURCE: &str = concat!(
+    include_str!("kernels/common.cuh"),
+    include_str!("kernels/nvl.cu")
+);
 /// Its name in logs and cache files.
 pub const NVL_SOURCE_NAME: &str = "ctran/src/cuda/kernels/nvl.cu";
 

@@ -26,13 +26,7 @@
 // Waits poll an abort word in mapped host memory and give up after timeout_ns (globaltimer),
 // writing the reason to the status word, so a dead peer becomes an error, never a hang.
 
-typedef unsigned char u8;
-typedef signed char i8;
-typedef int i32;
-typedef long long i64;
-typedef unsigned short u16;
-typedef unsigned int u32;
-typedef unsigned long long u64;
+// Types and f16/bf16 conversions: common.cuh, prepended.
 
 #define MAXR 8
 #define MAXC 16
@@ -185,17 +179,6 @@ __device__ void copy_range(u8* dst, const u8* src, u64 lo, u64 hi) {
 }
 
 // ---- element types and operators ----
-__device__ __forceinline__ float f16_to_f32(u16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
-__device__ __forceinline__ u16 f32_to_f16(float f) { u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
-__device__ __forceinline__ float bf16_to_f32(u16 b) { return __uint_as_float(((u32)b) << 16); }
-__device__ __forceinline__ u16 f32_to_bf16(float f) {
-    u32 u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 0x0040u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (u16)(u >> 16);
-}
-struct f16 { u16 bits; };
-struct bf16 { u16 bits; };
 struct boolean { u8 v; };
 
 // Tr<T>: storage type T computed as C; KIND 0 float, 1 integer, 2 bool.

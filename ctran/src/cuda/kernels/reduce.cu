@@ -9,39 +9,7 @@
 // Integers wrap; bool bytes read nonzero as true and are written as 0 or 1.
 // No header is included, so NVRTC needs nothing beyond its own library.
 
-typedef unsigned char u8;
-typedef signed char i8;
-typedef int i32;
-typedef long long i64;
-typedef unsigned short u16;
-typedef unsigned int u32;
-typedef unsigned long long u64;
-
-// ---- f16 / bf16 as raw bits ----
-struct f16 { u16 bits; };
-struct bf16 { u16 bits; };
-
-__device__ __forceinline__ float f16_to_f32(u16 h) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f;
-}
-__device__ __forceinline__ u16 f32_to_f16(float f) {
-    u16 h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return h;
-}
-__device__ __forceinline__ float bf16_to_f32(u16 b) {
-    return __uint_as_float(((u32)b) << 16);
-}
-__device__ __forceinline__ u16 f32_to_bf16(float f) {
-    u32 u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) {
-        return (u16)((u >> 16) | 0x0040u);  // quiet NaN, sign kept
-    }
-    u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
-    return (u16)(u >> 16);
-}
+// Types and f16/bf16 conversions: common.cuh, prepended.
 
 // ---- per-type traits: storage -> compute type and back ----
 template <typename T> struct Tr;
