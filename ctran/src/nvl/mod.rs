@@ -44,7 +44,8 @@ pub struct NvlConfig {
     pub p2p_slot_bytes: usize,
     /// Slots per peer.
     pub p2p_slots: usize,
-    /// Blocks per kernel (0: two per multiprocessor, at most 256).
+    /// Blocks of staged and p2p kernels (0: one per multiprocessor); direct ones run twice as
+    /// many (at most 256).
     pub blocks: usize,
     /// `auto`, `staged` or `direct`.
     pub mode: String,
@@ -68,7 +69,10 @@ pub struct Nvl {
     control: Comm,
     ctx: Arc<Context>,
     kernels: Arc<NvlKernels>,
+    /// Blocks of staged collectives and point-to-point launches.
     grid: u32,
+    /// Blocks of direct collectives (a superset of `grid`'s).
+    direct_grid: u32,
     layout: Layout,
     p2p_ring: [u64; MAX_RANKS],
     config: NvlConfig,
@@ -205,13 +209,17 @@ impl Nvl {
                 false,
             )?
             .ok_or_else(|| Error::NotSupported("nvl: control comm missing".into()))?;
-        // Two blocks per multiprocessor by default: a 1 GB all_reduce on 2 H200 moved 337 GB/s
-        // with 256 blocks against 316 with one per SM (docs/perf/gpu.md).
         let grid = match config.blocks {
-            0 => sms * 2,
+            0 => sms,
             b => b as u64,
         }
         .clamp(1, MAX_BLOCKS as u64) as u32;
+        // Direct mode runs twice as many blocks: a 1 GB all_reduce on 2 H200 moved 337 GB/s with
+        // 256 blocks against 316 with one per SM, while 256 blocks doubled the 8 KB latency
+        // (11 to 22 us; docs/perf/gpu.md). Staged ops and p2p keep `grid`: the arena halves
+        // are safe only if every staged op cuts the arena with the same grid, and blocks
+        // 0..grid take part in every collective, so their epochs (and halves) stay in step.
+        let direct_grid = (grid * 2).min(MAX_BLOCKS as u32);
         let kernels = NvlKernels::get(ctx).map_err(&e)?;
         let status = Arc::new(PinnedBuffer::alloc(ctx, 128).map_err(&e)?);
         let coll_bytes = 2 * config.staged_max_bytes as u64;
@@ -219,13 +227,14 @@ impl Nvl {
         for q in 0..size {
             p2p_ring[q] = arenas[q] + coll_bytes;
         }
-        tracing::info!(rank, grid, "nvl: on");
+        tracing::info!(rank, grid, direct_grid, "nvl: on");
         Ok(Some(Nvl {
             comm: Arc::clone(comm),
             control,
             ctx: Arc::clone(ctx),
             kernels,
             grid,
+            direct_grid,
             layout: Layout {
                 rank,
                 nranks: size,
@@ -329,7 +338,8 @@ impl Nvl {
         let launch: Launch = if op.is_p2p() {
             Launch::P2p(Box::new(self.p2p_params(op, sync)?))
         } else {
-            let (dtype, p) = match self.mode(op, hints)? {
+            let mode = self.mode(op, hints)?;
+            let (dtype, p) = match mode {
                 Mode::Staged => plan::staged(op, &self.layout, sync)?,
                 Mode::Direct => {
                     let planned =
@@ -347,7 +357,7 @@ impl Nvl {
                             let mut p = crate::cuda::nvl_kernels::CollParams::new(sync);
                             p.end_barrier = 1;
                             let stream_err = self.launch_now(
-                                &Launch::Coll(crate::DataType::U8, Box::new(p)),
+                                &Launch::Coll(crate::DataType::U8, Box::new(p), self.direct_grid),
                                 caller,
                                 stream,
                             );
@@ -359,7 +369,11 @@ impl Nvl {
                     }
                 }
             };
-            Launch::Coll(dtype, Box::new(p))
+            let grid = match mode {
+                Mode::Staged => self.grid,
+                Mode::Direct => self.direct_grid,
+            };
+            Launch::Coll(dtype, Box::new(p), grid)
         };
         let done = Arc::new(Event::new(&self.ctx).map_err(&e)?);
         self.launch_now(&launch, caller, stream)?;
@@ -381,7 +395,7 @@ impl Nvl {
             // until the op's event), the arena, flags and counters of this comm (alive while it
             // is, and Drop waits for the stream), and peers' memory mapped by IPC; every rank
             // launches the same plan.
-            Launch::Coll(dtype, p) => unsafe { self.kernels.coll(*dtype, self.grid, p, stream) },
+            Launch::Coll(dtype, p, grid) => unsafe { self.kernels.coll(*dtype, *grid, p, stream) },
             // SAFETY: as above.
             Launch::P2p(p) => unsafe { self.kernels.p2p(self.grid, p, stream) },
         }
@@ -524,7 +538,12 @@ impl Nvl {
 type Peers = Vec<Vec<(u64, usize)>>;
 
 enum Launch {
-    Coll(crate::DataType, Box<crate::cuda::nvl_kernels::CollParams>),
+    /// Element type, parameters, blocks.
+    Coll(
+        crate::DataType,
+        Box<crate::cuda::nvl_kernels::CollParams>,
+        u32,
+    ),
     P2p(Box<P2pParams>),
 }
 
