@@ -119,7 +119,10 @@ impl Nvl {
         }
         let flags = DeviceBuffer::zeroed(ctx, FLAG_BYTES).map_err(&e)?;
         let counters = DeviceBuffer::zeroed(ctx, COUNTER_BYTES).map_err(&e)?;
-        let arena = DeviceBuffer::zeroed(ctx, arena_bytes.max(16)).map_err(&e)?;
+        // A rank that cannot take part allocates no arena (only a token to export): the budget
+        // holds even for the moment before the verdict.
+        let arena_alloc = if why_not.is_none() { arena_bytes } else { 0 };
+        let arena = DeviceBuffer::zeroed(ctx, arena_alloc.max(16)).map_err(&e)?;
         let flags_out = ipc::export(ctx, flags.as_ptr()).map_err(&e)?;
         let arena_out = ipc::export(ctx, arena.as_ptr()).map_err(&e)?;
         let bus = ipc::pci_bus_id(ctx).map_err(&e)?;
