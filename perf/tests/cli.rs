@@ -1,7 +1,7 @@
 //! Smoke tests of the built binary: a full local run over every dtype and reduction, and a bad
 //! argument.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_torchcomms-perf");
@@ -38,43 +38,48 @@ fn perf() -> Command {
     cmd
 }
 
-#[test]
-fn every_dtype_and_redop_on_three_ranks() {
-    let json = temp_path("rows.json");
-    let out = perf()
-        .args([
-            "-n",
-            "3",
-            "-b",
-            "8",
-            "-e",
-            "64K",
-            "--dtype",
-            "all",
-            "--redop",
-            "all",
-            "-w",
-            "1",
-            "-i",
-            "2",
-            "--timeout",
-            "120",
-            "--json",
-        ])
-        .arg(&json)
-        .output()
-        .expect("run torchcomms-perf");
-    let stdout = String::from_utf8_lossy(&out.stdout);
+/// Runs `cmd` (whose `--json` goes to `json`), asserts it succeeded and returns the JSON rows
+/// and the printed tables.
+fn rows_of(cmd: &mut Command, json: &Path) -> (Vec<serde_json::Value>, String) {
+    let out = cmd.output().expect("run torchcomms-perf");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success(),
         "exit {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
         out.status
     );
-    let text = std::fs::read_to_string(&json).expect("the --json file");
+    let text = std::fs::read_to_string(json).expect("the --json file");
     // Best effort: a leftover file in the temp directory harms nobody.
-    let _ = std::fs::remove_file(&json);
-    let rows: Vec<serde_json::Value> = serde_json::from_str(&text).expect("a JSON array");
+    let _ = std::fs::remove_file(json);
+    (serde_json::from_str(&text).expect("a JSON array"), stdout)
+}
+
+#[test]
+fn every_dtype_and_redop_on_three_ranks() {
+    let json = temp_path("rows.json");
+    let mut cmd = perf();
+    cmd.args([
+        "-n",
+        "3",
+        "-b",
+        "8",
+        "-e",
+        "64K",
+        "--dtype",
+        "all",
+        "--redop",
+        "all",
+        "-w",
+        "1",
+        "-i",
+        "2",
+        "--timeout",
+        "120",
+        "--json",
+    ])
+    .arg(&json);
+    let (rows, stdout) = rows_of(&mut cmd, &json);
 
     // Every op, every dtype and every valid reduction printed rows.
     let ops = [
@@ -133,7 +138,8 @@ fn every_dtype_and_redop_on_three_ranks() {
 #[test]
 fn algo_all_prints_one_table_per_algorithm_and_the_auto_summary() {
     let json = temp_path("algos.json");
-    let out = perf()
+    let mut cmd = perf();
+    cmd
         // Over TCP, with 4 KiB staging chunks: tree scatter cannot hold 3 blocks of 2 KiB.
         .env("CTRAN_BACKENDS", "socket")
         .env("CTRAN_CHUNK_BYTES", "4096")
@@ -160,19 +166,8 @@ fn algo_all_prints_one_table_per_algorithm_and_the_auto_summary() {
             "120",
             "--json",
         ])
-        .arg(&json)
-        .output()
-        .expect("run torchcomms-perf");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "exit {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        out.status
-    );
-    let text = std::fs::read_to_string(&json).expect("the --json file");
-    let _ = std::fs::remove_file(&json);
-    let rows: Vec<serde_json::Value> = serde_json::from_str(&text).expect("a JSON array");
+        .arg(&json);
+    let (rows, stdout) = rows_of(&mut cmd, &json);
     for (op, algos) in [
         (
             "all_reduce",
@@ -211,7 +206,7 @@ fn algo_all_prints_one_table_per_algorithm_and_the_auto_summary() {
         stdout.contains("# auto within 10% of the best algorithm: "),
         "{stdout}"
     );
-    assert!(rows.iter().all(|r| r["wrong"] == 0), "{text}");
+    assert!(rows.iter().all(|r| r["wrong"] == 0), "{rows:?}");
 }
 
 #[test]
