@@ -218,6 +218,18 @@ fn algos(c: Collective) -> Vec<&'static str> {
     v
 }
 
+/// Where each block starts when blocks of `sizes` lie one after the other.
+fn offsets(sizes: &[usize]) -> Vec<usize> {
+    sizes
+        .iter()
+        .scan(0, |a, &s| {
+            let o = *a;
+            *a += s;
+            Some(o)
+        })
+        .collect()
+}
+
 // ---------------------------------------------------------------------------------------------
 
 #[test]
@@ -376,14 +388,7 @@ fn reduce_scatter_every_algorithm_equal_uneven_and_in_place() {
                                     }
                             })
                             .collect();
-                        let starts: Vec<usize> = sizes
-                            .iter()
-                            .scan(0, |a, &s| {
-                                let o = *a;
-                                *a += s;
-                                Some(o)
-                            })
-                            .collect();
+                        let starts = offsets(&sizes);
                         let mut blocks: Vec<Vec<u8>> = (0..n)
                             .map(|j| inputs(d, op, me, starts[j], sizes[j]))
                             .collect();
@@ -956,14 +961,7 @@ fn large_blocks_over_a_shallow_fifo_do_not_deadlock() {
                         .map(|j| (j + 1) * PIECES * CHUNK / es / n + 3 * j)
                         .collect();
                     for sizes in [even, uneven] {
-                        let starts: Vec<usize> = sizes
-                            .iter()
-                            .scan(0, |a, &s| {
-                                let o = *a;
-                                *a += s;
-                                Some(o)
-                            })
-                            .collect();
+                        let starts = offsets(&sizes);
                         let mut blocks: Vec<Vec<u8>> = (0..n)
                             .map(|j| inputs(d, op, me, starts[j], sizes[j]))
                             .collect();
