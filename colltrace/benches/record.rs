@@ -10,6 +10,19 @@ use std::time::Duration;
 use colltrace::{CommMeta, CommTrace, OpInfo, Outcome};
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 
+/// What the engine records for an 8 B f32 sum all_reduce.
+fn all_reduce_info() -> OpInfo {
+    OpInfo {
+        op: "all_reduce",
+        dtype: Some("f32"),
+        count: Some(2),
+        in_bytes: 8,
+        out_bytes: 8,
+        reduce_op: Some("sum"),
+        ..OpInfo::default()
+    }
+}
+
 fn record(c: &mut Criterion) {
     // As at communicator creation (sets up the clock).
     colltrace::configure(&colltrace::TraceConfig::default());
@@ -35,17 +48,8 @@ fn record(c: &mut Criterion) {
                     Some(false),
                     Duration::from_secs(600),
                 );
-                let info = || OpInfo {
-                    op: "all_reduce",
-                    dtype: Some("f32"),
-                    count: Some(2),
-                    in_bytes: 8,
-                    out_bytes: 8,
-                    reduce_op: Some("sum"),
-                    ..OpInfo::default()
-                };
                 trace.publish(h.queued());
-                w.start(&mut h, info, Some("shm"), Some("shm"));
+                w.start(&mut h, all_reduce_info, Some("shm"), Some("shm"));
                 w.finish(&mut h, Outcome::Completed);
                 black_box(h);
             })
@@ -79,16 +83,7 @@ fn record(c: &mut Criterion) {
         b.iter_batched(
             &submit,
             |mut h| {
-                let info = || OpInfo {
-                    op: "all_reduce",
-                    dtype: Some("f32"),
-                    count: Some(2),
-                    in_bytes: 8,
-                    out_bytes: 8,
-                    reduce_op: Some("sum"),
-                    ..OpInfo::default()
-                };
-                w.start(&mut h, info, Some("shm"), Some("shm"));
+                w.start(&mut h, all_reduce_info, Some("shm"), Some("shm"));
                 w.finish(&mut h, Outcome::Completed);
                 h
             },
