@@ -241,12 +241,42 @@ def test_async_issue_does_not_block_the_host(comm: Any) -> None:
         assert torch.equal(t[:4].cpu(), torch.full((4,), float(i * WORLD)))
 
 
+def test_frees_on_another_thread_during_async_ops(comm: Any) -> None:
+    """``cudaFree`` waits for the whole device, so a free on another thread can stall the
+    issuing thread's next CUDA call until the ops already on the stream finish. Those ops must
+    finish without anything more from the issuing thread (ctran's GPE once deadlocked here)."""
+    import threading
+
+    stop = threading.Event()
+
+    def churn() -> None:
+        while not stop.is_set():
+            scratch = torch.empty(1 << 22, device=DEV)
+            del scratch
+            torch.cuda.empty_cache()
+
+    freer = threading.Thread(target=churn, daemon=True)
+    freer.start()
+    try:
+        for i in range(100):
+            t = torch.full((1 << 14,), float(i), device=DEV)
+            w = comm.all_reduce(t, ReduceOp.SUM, async_op=True)
+            w.wait()
+            assert torch.equal(t[:4].cpu(), torch.full((4,), float(i * WORLD)))
+    finally:
+        stop.set()
+        freer.join(timeout=60)
+    assert not freer.is_alive(), "the freeing thread is stuck"
+
+
 def test_cuda_graph_capture_and_replay(comm: Any) -> None:
     """Captured in a torch.cuda.graph (global capture mode, PyTorch's default) and replayed
     three times with new inputs written before each replay. ctran over host transports cannot
     be captured (its host half runs per issue) and says so; over NVLink it can, in both modes
     (a 16 MB all_reduce runs direct between user buffers, the small all_gather staged)."""
-    over_nvl = "nvl" in os.environ.get("CTRAN_BACKENDS", "socket,shm,nvl").split(",")
+    # NVLink carries a comm only when every rank is on this host (torchrun's node).
+    one_host = int(os.environ.get("LOCAL_WORLD_SIZE", WORLD)) == WORLD
+    over_nvl = one_host and "nvl" in os.environ.get("CTRAN_BACKENDS", "socket,shm,nvl").split(",")
     if BACKEND == "ctran" and not over_nvl:
         g = torch.cuda.CUDAGraph()
         x = torch.zeros(16, device=DEV)

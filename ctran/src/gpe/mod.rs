@@ -27,7 +27,7 @@ mod plan;
 mod staging;
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -110,6 +110,8 @@ pub struct OpState {
     result: Mutex<Option<Result<()>>>,
     /// Where kernels that wait on peers report giving up (the NVLink path).
     device: Option<DeviceStatus>,
+    /// Its device half could not be enqueued (see [`Gpe::issue`]).
+    cancelled: AtomicBool,
 }
 
 /// A status word in mapped host memory that a comm's kernels set when they time out or see the
@@ -152,7 +154,18 @@ impl OpState {
         OpState {
             result: Mutex::new(None),
             device: Some(device),
+            cancelled: AtomicBool::new(false),
         }
+    }
+
+    /// Fails an operation whose device half could not be enqueued.
+    fn cancel(&self, why: Error) {
+        self.finish(Err(why));
+        self.cancelled.store(true, Ordering::Release);
+    }
+
+    fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::Acquire)
     }
 
     fn finish(&self, r: Result<()>) {
@@ -377,52 +390,34 @@ impl Gpe {
                 peer: None,
                 timeout,
             })?;
-        let Plan { steps, .. } = plan::plan(&op, rank, staging.as_ptr(), s.config.chunk_bytes);
+        let Plan { steps } = plan::plan(
+            &op,
+            rank,
+            staging.as_ptr(),
+            s.config.chunk_bytes,
+            hints.uniform,
+        );
         let done_event = Arc::new(Event::new(&s.ctx).map_err(e)?);
-        let stream = s.stream.as_raw();
-        let posted = s.flags.device_ptr() + POSTED as u64;
-        let done = s.flags.device_ptr() + DONE as u64;
         let base = staging.as_ptr() as u64;
         tracing::trace!(rank, op = name, steps = steps.len(), "GPE: issue");
         let mut next = s.issue.lock().unwrap_or_else(|p| p.into_inner());
-        s.pre.record(caller).map_err(e)?;
-        stream.wait_event(&s.pre).map_err(e)?;
         let first = *next + 1;
-        for (i, step) in steps.iter().enumerate() {
-            for c in &step.inputs {
-                // SAFETY: the device range belongs to a tensor kept alive by `keep` until the
-                // done event; the staging range lies within `staging`, kept as long.
-                unsafe { cuda::copy_any_async(base + c.staging as u64, c.device, c.len, stream) }
-                    .map_err(e)?;
-            }
-            // SAFETY: the flag buffer lives as long as the engine, which outlives its stream's
-            // work (Drop synchronises the stream).
-            unsafe { s.kernels.post(posted, first + i as u64, stream) }.map_err(e)?;
-        }
-        for (i, step) in steps.iter().enumerate() {
-            // SAFETY: as for post; the GPE thread raises `done` for every step it is given,
-            // failed ones included.
-            unsafe { s.kernels.wait(done, first + i as u64, stream) }.map_err(e)?;
-            for c in &step.outputs {
-                // SAFETY: as for the copies in.
-                unsafe { cuda::copy_any_async(c.device, base + c.staging as u64, c.len, stream) }
-                    .map_err(e)?;
-            }
-        }
-        let last = first + steps.len() as u64 - 1;
-        let finished = s.flags.device_ptr() + FINISHED as u64;
-        // SAFETY: as for post.
-        unsafe { s.kernels.post(finished, last, stream) }.map_err(e)?;
-        done_event.record(stream).map_err(e)?;
+        // The numbers are taken even if a launch below fails: the counters only rise.
         *next += steps.len() as u64;
+        let mut copies = Vec::with_capacity(steps.len());
+        let mut host_steps = Vec::with_capacity(steps.len());
+        for (i, st) in steps.into_iter().enumerate() {
+            copies.push((st.inputs, st.outputs));
+            host_steps.push((first + i as u64, st.host));
+        }
         let state = Arc::new(OpState::default());
+        // The host half goes to the GPE thread before the device half is enqueued. Once the
+        // stream holds a wait kernel, another thread's `cuMemFree` (which waits for the device)
+        // can block this thread's next driver call until that wait is released, and only the
+        // GPE thread can release it: it must already have the job.
         let job = Job {
             op: name,
-            steps: steps
-                .into_iter()
-                .enumerate()
-                .map(|(i, st)| (first + i as u64, st.host))
-                .collect(),
+            steps: host_steps,
             hints_algo: hints.algo.map(str::to_string),
             uniform: hints.uniform,
             issued: Instant::now(),
@@ -432,12 +427,21 @@ impl Gpe {
             keep,
         };
         if self.tx.send(job).is_err() {
-            // The thread is gone: nobody will raise `done`; say so (the stream is released
-            // by the stop path, which raised `done` to its maximum).
+            // The thread is gone: nothing was enqueued, so nothing waits for it.
             return Err(Error::Aborted {
                 comm: s.comm.name().into(),
                 reason: format!("{name}: the GPU progress engine of rank {rank} has stopped"),
             });
+        }
+        if let Err(err) = s.enqueue(caller, first, &copies, base, &done_event) {
+            // Part of the device half may be enqueued and the peers expect this rank: the
+            // communicator cannot go on. The GPE thread releases what was enqueued.
+            let err = e(err);
+            state.cancel(err.clone());
+            s.comm.abort(&format!(
+                "GPE: enqueueing {name} on the comm stream failed: {err}"
+            ));
+            return Err(err);
         }
         drop(next);
         Ok(GpeRequest::new(
@@ -468,6 +472,50 @@ impl Drop for Gpe {
 }
 
 impl Shared {
+    /// The device half of an operation whose steps are numbered from `first`, on the comm's
+    /// stream after the caller's: per step, copy its inputs to staging and post it; then per
+    /// step, wait for the host and copy its outputs back; then mark it finished and record
+    /// `done_event`.
+    fn enqueue(
+        &self,
+        caller: RawStream,
+        first: u64,
+        copies: &[(Vec<plan::Copy>, Vec<plan::Copy>)],
+        base: u64,
+        done_event: &Event,
+    ) -> std::result::Result<(), cuda::CudaError> {
+        let stream = self.stream.as_raw();
+        let posted = self.flags.device_ptr() + POSTED as u64;
+        let done = self.flags.device_ptr() + DONE as u64;
+        let finished = self.flags.device_ptr() + FINISHED as u64;
+        self.pre.record(caller)?;
+        stream.wait_event(&self.pre)?;
+        for (i, (inputs, _)) in copies.iter().enumerate() {
+            for c in inputs {
+                // SAFETY: the device range belongs to a tensor kept alive by the job's `keep`
+                // until the device has run the copies back; the staging range lies within the
+                // job's staging, kept as long.
+                unsafe { cuda::copy_any_async(base + c.staging as u64, c.device, c.len, stream) }?;
+            }
+            // SAFETY: the flag buffer lives as long as the engine, which outlives its stream's
+            // work (Drop synchronises the stream).
+            unsafe { self.kernels.post(posted, first + i as u64, stream) }?;
+        }
+        for (i, (_, outputs)) in copies.iter().enumerate() {
+            // SAFETY: as for post; the GPE thread raises `done` for every step it is given,
+            // failed and cancelled ones included.
+            unsafe { self.kernels.wait(done, first + i as u64, stream) }?;
+            for c in outputs {
+                // SAFETY: as for the copies in.
+                unsafe { cuda::copy_any_async(c.device, base + c.staging as u64, c.len, stream) }?;
+            }
+        }
+        let last = first + copies.len() as u64 - 1;
+        // SAFETY: as for post.
+        unsafe { self.kernels.post(finished, last, stream) }?;
+        done_event.record(stream)
+    }
+
     fn counter(&self, offset: usize) -> &AtomicU64 {
         // SAFETY: the flag buffer is 256 bytes of pinned memory, 8-byte aligned at these
         // offsets, alive as long as self; the device accesses it only with whole-word volatile
@@ -550,6 +598,15 @@ fn run(s: &Shared, rx: &Receiver<Job>) {
                 progressed = true;
                 continue;
             }
+            if front.job.state.is_cancelled() {
+                // Its remaining steps will never be posted; release any wait that was enqueued.
+                let last = front.job.steps.last().map_or(step, |(n, _)| *n);
+                s.raise_done(last);
+                let r = waiting.pop_front().expect("front exists");
+                draining.push(r.job);
+                progressed = true;
+                continue;
+            }
             // Not posted yet: the caller's stream is still busy before this op.
             if front.job.issued.elapsed() > front.job.timeout {
                 let why = Error::Timeout {
@@ -598,6 +655,14 @@ fn run(s: &Shared, rx: &Receiver<Job>) {
                 return true;
             }
             job.state.finish(Ok(()));
+            if job.state.is_cancelled() {
+                // Its copies back may or may not have been enqueued, and it may never be
+                // marked finished: keep its buffers forever rather than free memory in use.
+                std::mem::forget(std::mem::take(&mut job.keep));
+                std::mem::forget(job.staging.take());
+                progressed = true;
+                return false;
+            }
             if s.counter(FINISHED).load(Ordering::Acquire) < last {
                 return true;
             }

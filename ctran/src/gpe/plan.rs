@@ -153,15 +153,37 @@ fn map_spans(op: &Op, rank: usize, f: &mut dyn FnMut(Span, Role) -> Span) -> Op 
     }
 }
 
-/// The step sizes of an operation that every rank cuts the same way: the single-buffer
-/// collectives, whose size every rank shares. Others run as one step (all_to_all_v's sizes,
-/// for one, differ per rank, and ranks must agree on the steps).
-fn chunkable(op: &Op) -> Option<(Span, usize)> {
+/// The length every buffer of `op` shares and the unit it may be cut in, when every rank can
+/// cut the operation into the same steps: a step then takes the same slice of each buffer.
+/// The single-buffer collectives qualify; all_gather and reduce_scatter when their blocks are
+/// equal (every rank sees the same block sizes); all_to_all only when the caller declared
+/// uniform blocks, since its sizes may otherwise differ per rank, and ranks must agree on the
+/// number of steps. Everything else runs as one step.
+fn lockstep(op: &Op, uniform: bool) -> Option<(usize, usize)> {
+    fn equal(spans: &[Span]) -> Option<usize> {
+        let len = spans.first()?.len();
+        spans.iter().all(|s| s.len() == len).then_some(len)
+    }
     match op {
         Op::AllReduce { buf, dtype, .. } | Op::Reduce { buf, dtype, .. } => {
-            Some((*buf, dtype.size_bytes()))
+            Some((buf.len(), dtype.size_bytes()))
         }
-        Op::Broadcast { buf, .. } => Some((*buf, 1)),
+        Op::Broadcast { buf, .. } => Some((buf.len(), 1)),
+        Op::AllGather { input, outputs } => {
+            equal(outputs).filter(|&l| l == input.len()).map(|l| (l, 1))
+        }
+        Op::ReduceScatter {
+            inputs,
+            output,
+            dtype,
+            ..
+        } => equal(inputs)
+            .filter(|&l| l == output.len())
+            .map(|l| (l, dtype.size_bytes())),
+        Op::AllToAll { inputs, outputs } if uniform => {
+            let l = equal(inputs)?;
+            (equal(outputs) == Some(l)).then_some((l, 1))
+        }
         _ => None,
     }
 }
@@ -185,8 +207,9 @@ pub(crate) fn staging_bytes(op: &Op, rank: usize) -> usize {
 }
 
 /// Plans `op` (over device buffers) for staging. `base` is the staging address the host
-/// operation will see (the pinned buffer's host address); `chunk` the step size in bytes.
-pub(crate) fn plan(op: &Op, rank: usize, base: *mut u8, chunk: usize) -> Plan {
+/// operation will see (the pinned buffer's host address); `chunk` the bytes one step moves
+/// through staging in all; `uniform` whether the caller declared equal blocks on every rank.
+pub(crate) fn plan(op: &Op, rank: usize, base: *mut u8, chunk: usize, uniform: bool) -> Plan {
     let (regions, _) = regions(op, rank);
     let staged = |off: usize, len: usize| -> Span {
         if len == 0 {
@@ -197,59 +220,56 @@ pub(crate) fn plan(op: &Op, rank: usize, base: *mut u8, chunk: usize) -> Plan {
         // copies back have run.
         unsafe { Span::from_raw(base.add(off), len) }
     };
-    let copy = |s: &Span, off: usize| Copy {
-        device: s.addr() as u64,
-        staging: off,
-        len: s.len(),
+    // Every buffer is cut at the same offsets; a plan that cannot be cut is one step over the
+    // whole buffers.
+    let (len, per) = match lockstep(op, uniform) {
+        Some((len, unit)) if len > 0 => {
+            let per_buffer = chunk / regions.len().max(1);
+            (len, (per_buffer / unit).max(1) * unit)
+        }
+        _ => (0, usize::MAX),
     };
-    if let Some((buf, elem)) = chunkable(op) {
-        let (_, role, off) = regions[0];
-        let step = (chunk / elem).max(1) * elem;
-        let n = buf.len().div_ceil(step).max(1);
-        let steps = (0..n)
-            .map(|k| {
-                let start = k * step;
-                let len = buf.len().saturating_sub(start).min(step);
-                let dev = buf.sub(start.min(buf.len()), len);
-                let host_buf = staged(off + start, len);
-                let host = map_spans(op, rank, &mut |_, _| host_buf);
-                Step {
-                    inputs: if role.reads() {
-                        vec![copy(&dev, off + start)]
-                    } else {
-                        vec![]
-                    },
-                    host,
-                    outputs: if role.writes() {
-                        vec![copy(&dev, off + start)]
-                    } else {
-                        vec![]
-                    },
+    let n = len.div_ceil(per).max(1);
+    let steps = (0..n)
+        .map(|k| {
+            let start = k * per;
+            // The slice of buffer `s` this step takes (all of it when not cut).
+            let slice = |s: &Span| {
+                if per == usize::MAX {
+                    (0, s.len())
+                } else {
+                    (start, s.len().saturating_sub(start).min(per))
                 }
-            })
-            .collect();
-        return Plan { steps };
-    }
-    let mut i = 0;
-    let host = map_spans(op, rank, &mut |_, _| {
-        let (s, _, off) = regions[i];
-        i += 1;
-        staged(off, s.len())
-    });
-    let pick = |want: fn(Role) -> bool| -> Vec<Copy> {
-        regions
-            .iter()
-            .filter(|(s, r, _)| want(*r) && !s.is_empty())
-            .map(|(s, _, off)| copy(s, *off))
-            .collect()
-    };
-    Plan {
-        steps: vec![Step {
-            inputs: pick(Role::reads),
-            host,
-            outputs: pick(Role::writes),
-        }],
-    }
+            };
+            let mut i = 0;
+            let host = map_spans(op, rank, &mut |_, _| {
+                let (s, _, off) = regions[i];
+                i += 1;
+                let (from, l) = slice(&s);
+                staged(off + from, l)
+            });
+            let copies = |want: fn(Role) -> bool| -> Vec<Copy> {
+                regions
+                    .iter()
+                    .filter(|(_, r, _)| want(*r))
+                    .filter_map(|(s, _, off)| {
+                        let (from, l) = slice(s);
+                        (l > 0).then(|| Copy {
+                            device: s.addr() as u64 + from as u64,
+                            staging: off + from,
+                            len: l,
+                        })
+                    })
+                    .collect()
+            };
+            Step {
+                inputs: copies(Role::reads),
+                host,
+                outputs: copies(Role::writes),
+            }
+        })
+        .collect();
+    Plan { steps }
 }
 
 #[cfg(test)]
@@ -270,7 +290,7 @@ mod tests {
             dtype: DataType::F32,
             op: ReduceOp::Sum,
         };
-        let p = plan(&op, 0, staging.as_mut_ptr(), 300);
+        let p = plan(&op, 0, staging.as_mut_ptr(), 300, false);
         assert_eq!(staging_bytes(&op, 0), 1024);
         let lens: Vec<usize> = p.steps.iter().map(|s| s.inputs[0].len).collect();
         assert_eq!(lens, vec![300, 300, 300, 100]);
@@ -292,12 +312,12 @@ mod tests {
             buf: span(0x2000, 100),
             root: 1,
         };
-        let root = plan(&op, 1, staging.as_mut_ptr(), 1 << 20);
+        let root = plan(&op, 1, staging.as_mut_ptr(), 1 << 20, false);
         assert_eq!(
             (root.steps[0].inputs.len(), root.steps[0].outputs.len()),
             (1, 0)
         );
-        let other = plan(&op, 0, staging.as_mut_ptr(), 1 << 20);
+        let other = plan(&op, 0, staging.as_mut_ptr(), 1 << 20, false);
         assert_eq!(
             (other.steps[0].inputs.len(), other.steps[0].outputs.len()),
             (0, 1)
@@ -311,7 +331,7 @@ mod tests {
             input: span(0x3000, 10),
             outputs: vec![span(0x4000, 10), span(0x5000, 10), span(0x6000, 0)],
         };
-        let p = plan(&op, 0, staging.as_mut_ptr(), 4);
+        let p = plan(&op, 0, staging.as_mut_ptr(), 4, false);
         assert_eq!(p.steps.len(), 1);
         assert_eq!(staging_bytes(&op, 0), 3 * ALIGN);
         let s = &p.steps[0];
@@ -331,13 +351,63 @@ mod tests {
     }
 
     #[test]
+    fn equal_blocks_are_cut_in_lockstep() {
+        let mut staging = vec![0u8; 1024];
+        let base = staging.as_mut_ptr() as usize;
+        let op = Op::AllGather {
+            input: span(0x3000, 100),
+            outputs: vec![span(0x4000, 100), span(0x5000, 100)],
+        };
+        // 120 bytes a step over 3 buffers: 40 of each, so 3 steps (40, 40, 20).
+        let p = plan(&op, 1, staging.as_mut_ptr(), 120, false);
+        assert_eq!(p.steps.len(), 3);
+        let last = &p.steps[2];
+        assert_eq!(
+            (
+                last.inputs[0].device,
+                last.inputs[0].staging,
+                last.inputs[0].len
+            ),
+            (0x3000 + 80, 80, 20)
+        );
+        assert_eq!(
+            last.outputs
+                .iter()
+                .map(|c| (c.device, c.staging))
+                .collect::<Vec<_>>(),
+            vec![(0x4000 + 80, 128 + 80), (0x5000 + 80, 256 + 80)]
+        );
+        match &last.host {
+            Op::AllGather { input, outputs } => {
+                assert_eq!((input.addr(), input.len()), (base + 80, 20));
+                assert_eq!((outputs[1].addr(), outputs[1].len()), (base + 256 + 80, 20));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn all_to_all_is_cut_only_when_declared_uniform() {
+        let mut staging = vec![0u8; 1024];
+        let op = Op::AllToAll {
+            inputs: vec![span(0x1000, 64), span(0x2000, 64)],
+            outputs: vec![span(0x3000, 64), span(0x4000, 64)],
+        };
+        assert_eq!(
+            plan(&op, 0, staging.as_mut_ptr(), 128, false).steps.len(),
+            1
+        );
+        assert_eq!(plan(&op, 0, staging.as_mut_ptr(), 128, true).steps.len(), 2);
+    }
+
+    #[test]
     fn empty_all_reduce_is_one_empty_step() {
         let op = Op::AllReduce {
             buf: Span::EMPTY,
             dtype: DataType::F32,
             op: ReduceOp::Sum,
         };
-        let p = plan(&op, 0, std::ptr::null_mut(), 64);
+        let p = plan(&op, 0, std::ptr::null_mut(), 64, false);
         assert_eq!(p.steps.len(), 1);
         assert_eq!(staging_bytes(&op, 0), 0);
     }
