@@ -16,6 +16,8 @@
 #    the machine has none) installed into a private folder; bindings/python/gpu_tests under
 #    torchrun on every GPU: CUDA tensors on the nccl backend, every op x dtype, the caller's
 #    current stream, torch.cuda.graph capture and replay, PREMUL_SUM with a device factor.
+#    Then two hosts made of network namespaces, one GPU each, ctran over TCP
+#    (scripts/gpu-netns-test.sh: the Python suite, correctness, busbw against host tensors).
 # --skip-perf leaves out step 4 (the tables).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -91,6 +93,9 @@ if "$PYTHON" -m pip install --quiet --no-deps --no-index --target "$PYTARGET" "$
             -p no:cacheprovider >"$log" 2>&1 || { status=1; grep -E "^E |Error" "$log" | head -20; }
         grep -E "passed|failed|issued in" "$log" || true
     done
+    echo "-- two hosts (network namespaces), one GPU each, ctran over TCP"
+    PYTHONPATH="$PYTARGET${PYTHONPATH:+:$PYTHONPATH}" BIN=$BIN timeout -k 10 "${NETNS_TIMEOUT:-900}" \
+        scripts/gpu-netns-test.sh "$OUT" 2>&1 | tee "$OUT/netns.log" || status=1
     rm -rf "$PYTARGET"
 else
     echo "gpu-test: cannot install the wheel from $WHEEL_DIR" >&2
@@ -103,12 +108,17 @@ if [ "$QUICK" = 1 ]; then SIZES=(-b 1 -e 64K -f 256); else SIZES=(-b 1 -e 1M -f 
 # elsewhere), NVLink direct only, and the host transports through the GPE (no nvl).
 # Direct mode exports user allocations over CUDA IPC, which takes allocations of 2 MiB and
 # more (smaller ones go through the GPE), so its sweep starts at 4 MiB.
-for cfg in "nccl" "ctran" "ctran CTRAN_NVL_ALGO=staged" "ctran CTRAN_NVL_ALGO=direct" "ctran CTRAN_BACKENDS=socket,shm"; do
+# The host-transport run cuts operations into 64 KiB steps, so the pipelined steps of every op
+# (all_gather, reduce_scatter, all_to_all in lockstep slices) are checked at these sizes.
+for cfg in "nccl" "ctran" "ctran CTRAN_NVL_ALGO=staged" "ctran CTRAN_NVL_ALGO=direct" \
+    "ctran CTRAN_BACKENDS=socket,shm CTRAN_GPE_CHUNK_BYTES=64K"; do
     read -r backend envs <<<"$cfg"
-    tag="$backend${envs:+-$(echo "${envs#*=}" | tr , -)}"
+    first=${envs%% *}
+    tag="$backend${envs:+-$(echo "${first#*=}" | tr , -)}"
     sizes=("${SIZES[@]}")
     [ "$envs" = CTRAN_NVL_ALGO=direct ] && sizes=(-b 4M -e 16M -f 4)
-    env ${envs:+"$envs"} "${STEP[@]}" "$PERF" -n "$NGPU" --device cuda --backend $backend --op all -d all -o all "${sizes[@]}" \
+    # shellcheck disable=SC2086 # envs holds NAME=VALUE words
+    env $envs "${STEP[@]}" "$PERF" -n "$NGPU" --device cuda --backend $backend --op all -d all -o all "${sizes[@]}" \
         -w 1 -i 1 -c 1 --json "$OUT/correctness-$tag.json" >"$OUT/correctness-$tag.log" 2>&1 || status=1
     echo "-- $tag"
     grep -E "Out of bounds|error" "$OUT/correctness-$tag.log" | sort | uniq -c || true

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# CUDA tensors between two "hosts" without NVLink: two network namespaces joined by veths, one
+# GPU and one rank in each, so ctran carries device buffers over TCP through its GPU progress
+# engine (the engine treats each namespace as its own host: no NVLink, no shared memory).
+#
+#   scripts/gpu-netns-test.sh OUT_DIR
+# 1. The Python CUDA suite (bindings/python/gpu_tests, ctran backend) under torchrun --nnodes 2.
+# 2. torchcomms-perf correctness on CUDA across the two hosts: every op x dtype x reduce op.
+# 3. busbw at 64 MB, device tensors against host tensors, same run, both over TCP: across the
+#    two hosts, and between two local ranks with CTRAN_BACKENDS=socket (loopback).
+# Env: BIN (torchcomms-perf), PYTHON, PYTHONPATH (where torchcomms and pytest import from),
+# IP_DIR (a folder holding `ip`, for machines without iproute2). Needs root and 2 GPUs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:?output directory}
+BIN=${BIN:-.gpu/bin}
+PYTHON=${PYTHON:-python3}
+PERF=$BIN/torchcomms-perf
+[ -n "${IP_DIR:-}" ] && export PATH="$IP_DIR:$PATH"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export TORCHCOMM_ABORT_ON_ERROR=0 TORCHCOMM_TIMEOUT_SECONDS=120
+if [ "$(id -u)" != 0 ] || ! ip netns list >/dev/null 2>&1; then
+    echo "SKIP: two-host GPU test needs root and iproute2"
+    exit 0
+fi
+mkdir -p "$OUT"
+trap 'scripts/netns-hosts.sh down' EXIT
+scripts/netns-hosts.sh up 2
+PORT=29620
+status=0
+# One torchrun agent per host, host h on GPU h; node 0's agent serves the store.
+two_hosts() {
+    local tag=$1
+    shift
+    local pids=()
+    for h in 0 1; do
+        scripts/netns-hosts.sh exec "$h" env CUDA_VISIBLE_DEVICES="$h" \
+            timeout -k 10 "${STEP_TIMEOUT:-900}" "$PYTHON" -m torch.distributed.run --nnodes 2 \
+            --node_rank "$h" --nproc_per_node 1 --master_addr 10.77.0.1 --master_port "$PORT" \
+            "$@" >"$OUT/netns-$tag-h$h.log" 2>&1 &
+        pids+=($!)
+    done
+    PORT=$((PORT + 1))
+    local rc=0
+    for p in "${pids[@]}"; do wait "$p" || rc=1; done
+    return $rc
+}
+
+echo "-- python suite, ctran, 2 hosts x 1 GPU over TCP"
+TORCHCOMMS_TEST_BACKEND=ctran two_hosts python -m pytest bindings/python/gpu_tests -q -rs \
+    -p no:cacheprovider || status=1
+grep -hE "passed|failed" "$OUT"/netns-python-h*.log || true
+
+echo "-- correctness, ctran, 2 hosts x 1 GPU over TCP"
+two_hosts correctness --no-python "$PERF" --device cuda --backend ctran --op all -d all -o all \
+    -b 1 -e 1M -f 32 -w 1 -i 1 -c 1 || status=1
+grep -hE "error|wrong" "$OUT"/netns-correctness-h*.log | grep -v "#wrong" | head || true
+grep -hcE "^ +[0-9]+ " "$OUT/netns-correctness-h0.log" | sed 's/^/rows checked: /'
+
+echo "-- busbw at 64 MB over TCP, device vs host tensors"
+SIZES=(--op all_reduce,all_gather,reduce_scatter -b 64M -e 64M -w 3 -i 10 -c 0)
+for dev in cuda cpu; do
+    two_hosts "bw-$dev" --no-python "$PERF" --device "$dev" --backend ctran "${SIZES[@]}" \
+        --json "$OUT/netns-bw-$dev.json" || status=1
+    CTRAN_BACKENDS=socket timeout -k 10 300 "$PERF" -n 2 --device "$dev" --backend ctran \
+        "${SIZES[@]}" --json "$OUT/loopback-bw-$dev.json" >"$OUT/loopback-bw-$dev.log" 2>&1 || status=1
+done
+"$PYTHON" - "$OUT" <<'PY' || status=1
+import json, sys
+out = sys.argv[1]
+print("| path | op | cuda busbw (GB/s) | cpu busbw (GB/s) | cuda/cpu |")
+print("|---|---|---:|---:|---:|")
+for path in ("netns", "loopback"):
+    try:
+        rows = {d: {r["op"]: r["busbw_gbps"] for r in json.load(open(f"{out}/{path}-bw-{d}.json"))}
+                for d in ("cuda", "cpu")}
+    except (OSError, ValueError) as e:
+        print(f"| {path} | missing: {e} | | | |")
+        continue
+    for op, cpu in rows["cpu"].items():
+        gpu = rows["cuda"].get(op, 0.0)
+        print(f"| {path} | {op} | {gpu:.3f} | {cpu:.3f} | {gpu / cpu:.2f} |")
+PY
+echo "gpu-netns-test: $( [ $status = 0 ] && echo PASSED || echo FAILED )"
+exit $status
