@@ -59,13 +59,30 @@ fn span_of(v: &mut [u8]) -> Span {
 
 /// Runs `op` with the algorithm `algo` and waits.
 fn run(c: &Comm, op: Op, algo: &str) {
+    run_with(c, op, Hints::from(Some(algo)));
+}
+
+/// Runs `op` with `algo`, the caller declaring equal blocks on every rank (all_to_all_single).
+fn run_uniform(c: &Comm, op: Op, algo: &str) {
+    run_with(
+        c,
+        op,
+        Hints {
+            algo: Some(algo),
+            uniform: true,
+        },
+    );
+}
+
+fn run_with(c: &Comm, op: Op, hints: Hints<'_>) {
     let what = format!(
-        "{} with {algo} on rank {} of {}",
+        "{} with {:?} on rank {} of {}",
         op.name(),
+        hints.algo,
         c.rank(),
         c.size()
     );
-    c.submit_with_algo(op, None, Vec::new(), Some(algo))
+    c.submit_with_options(op, None, Vec::new(), hints, None)
         .wait_timeout(Duration::from_secs(60), c.rank())
         .unwrap_or_else(|e| panic!("{what}: {e}"));
 }
@@ -552,7 +569,7 @@ fn all_to_all_every_algorithm_equal_and_uneven() {
                         let mut input: Vec<u8> = (0..n).flat_map(|j| payload(me, j, b)).collect();
                         let mut out = vec![0u8; n * b];
                         let (i, o) = (span_of(&mut input), span_of(&mut out));
-                        run(
+                        run_uniform(
                             c,
                             Op::AllToAll {
                                 inputs: (0..n).map(|j| i.sub(j * b, b)).collect(),
@@ -731,6 +748,15 @@ fn explicit_choice_by_configuration_and_hint() {
             assert!(msg.contains("CTRAN_ALLTOALL_ALGO"), "{msg}");
             assert!(msg.contains("one of auto, pairwise, direct"), "{msg}");
             assert!(msg.contains("equal blocks"), "{msg}");
+            // Equal blocks on this rank prove nothing about the others' (all_to_all cannot
+            // see them): undeclared, bruck is refused on every rank alike, never run by some.
+            let even = Op::AllToAll {
+                inputs: vec![sa.sub(0, 1), sa.sub(1, 1), sa.sub(2, 1)],
+                outputs: vec![sb.sub(0, 1), sb.sub(1, 1), sb.sub(2, 1)],
+            };
+            let err = c.run(even, None).unwrap_err();
+            assert!(err.is_invalid_argument(), "{err}");
+            assert!(err.to_string().contains("declared by the caller"), "{err}");
             c.run(Op::Barrier, None).unwrap();
             (by_config, by_hint, auto)
         },

@@ -416,7 +416,13 @@ impl Shape {
 /// `None` when it can.
 pub fn inapplicable(algo: Algo, shape: &Shape, n: usize, chunk_bytes: usize) -> Option<String> {
     match algo {
-        Algo::AllToAllBruck if !shape.equal => Some("bruck needs equal blocks".into()),
+        // Ranks of an all_to_all cannot see each other's sizes: equal blocks here prove nothing
+        // about another rank's, which might refuse Bruck while this one runs it.
+        Algo::AllToAllBruck if !shape.uniform => Some(
+            "bruck needs equal blocks on every rank, declared by the caller (all_to_all_single \
+             declares them; all_to_all and all_to_all_v_single cannot)"
+                .into(),
+        ),
         Algo::AllToAllBruck if n.saturating_mul(shape.max_block) > chunk_bytes => Some(format!(
             "bruck needs all {n} blocks to fit one staging chunk ({chunk_bytes} bytes)"
         )),
@@ -552,9 +558,10 @@ impl Selector {
     /// an unknown name, or one that cannot run this call, is an [`Error::InvalidArgument`]
     /// listing the algorithms that can. Point-to-point operations ignore the hint.
     pub fn choose(&self, op: &Op, hints: Hints<'_>) -> Result<Pick> {
-        let Some(shape) = Shape::of(op, self.n) else {
+        let Some(mut shape) = Shape::of(op, self.n) else {
             return Ok(Pick::default());
         };
+        shape.uniform |= hints.uniform && shape.equal;
         let c = shape.collective;
         let (choice, arg) = match hints.algo {
             Some(h) => (Choice::parse(c, h, "algo")?, "algo"),
@@ -615,10 +622,9 @@ impl Selector {
         let model = self.model().unwrap_or_default();
         let c = shape.collective;
         let candidates = c.algos().iter().copied().filter(|&a| {
+            // Ranks of an all_to_all_v may see different sizes: unless the caller declared
+            // uniform blocks, Bruck is inapplicable and the rest send the same messages.
             inapplicable(a, shape, self.n, self.chunk_bytes).is_none()
-                // Ranks of an all_to_all_v may see different sizes: unless the caller declared
-                // uniform blocks, only pick among algorithms that send the same messages.
-                && (a != Algo::AllToAllBruck || shape.uniform)
         });
         let mut best: Option<(f64, Algo)> = None;
         for a in candidates {
