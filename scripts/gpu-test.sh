@@ -3,7 +3,7 @@
 # Runs from prebuilt binaries (build them elsewhere: `scripts/gpu-test.sh --build DIR` copies
 # target/release/{torchcomms-perf,torchcomms-gpu-test} into DIR).
 #
-#   scripts/gpu-test.sh [--bin DIR] [--out DIR] [--max BYTES] [--iters N] [--rounds N] [--quick]
+#   scripts/gpu-test.sh [--bin DIR] [--out DIR] [--max BYTES] [--iters N] [--rounds N] [--quick] [--skip-perf] [--skip-netns]
 #
 # 1. torchcomms-gpu-test: environment, NVRTC reduction kernels vs the CPU kernels, and the
 #    rank tests (v-ops, stream semantics, split, abort on timeout) on all GPUs.
@@ -18,7 +18,7 @@
 #    current stream, torch.cuda.graph capture and replay, PREMUL_SUM with a device factor.
 #    Then two hosts made of network namespaces, one GPU each, ctran over TCP
 #    (scripts/gpu-netns-test.sh: the Python suite, correctness, busbw against host tensors).
-# --skip-perf leaves out step 4 (the tables).
+# --skip-perf leaves out step 4 (the tables); --skip-netns the two-host part of step 2.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = --build ]; then
@@ -33,6 +33,7 @@ ITERS=100
 ROUNDS=2
 QUICK=0
 SKIP_PERF=0
+SKIP_NETNS=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --bin) BIN=$2; shift 2 ;;
@@ -42,6 +43,7 @@ while [ $# -gt 0 ]; do
         --rounds) ROUNDS=$2; shift 2 ;;
         --quick) QUICK=1; shift ;;
         --skip-perf) SKIP_PERF=1; shift ;;
+        --skip-netns) SKIP_NETNS=1; shift ;;
         *) echo "gpu-test: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -93,9 +95,11 @@ if "$PYTHON" -m pip install --quiet --no-deps --no-index --target "$PYTARGET" "$
             -p no:cacheprovider >"$log" 2>&1 || { status=1; grep -E "^E |Error" "$log" | head -20; }
         grep -E "passed|failed|issued in" "$log" || true
     done
-    echo "-- two hosts (network namespaces), one GPU each, ctran over TCP"
-    PYTHONPATH="$PYTARGET${PYTHONPATH:+:$PYTHONPATH}" BIN=$BIN timeout -k 10 "${NETNS_TIMEOUT:-900}" \
-        scripts/gpu-netns-test.sh "$OUT" 2>&1 | tee "$OUT/netns.log" || status=1
+    if [ "$SKIP_NETNS" = 0 ]; then
+        echo "-- two hosts (network namespaces), one GPU each, ctran over TCP"
+        PYTHONPATH="$PYTARGET${PYTHONPATH:+:$PYTHONPATH}" BIN=$BIN timeout -k 10 "${NETNS_TIMEOUT:-900}" \
+            scripts/gpu-netns-test.sh "$OUT" 2>&1 | tee "$OUT/netns.log" || status=1
+    fi
     rm -rf "$PYTARGET"
 else
     echo "gpu-test: cannot install the wheel from $WHEEL_DIR" >&2
