@@ -99,6 +99,12 @@ if "$PYTHON" -m pip install --quiet --no-deps --no-index --target "$PYTARGET" "$
         echo "-- two hosts (network namespaces), one GPU each, ctran over TCP"
         PYTHONPATH="$PYTARGET${PYTHONPATH:+:$PYTHONPATH}" BIN=$BIN timeout -k 10 "${NETNS_TIMEOUT:-900}" \
             scripts/gpu-netns-test.sh "$OUT" 2>&1 | tee "$OUT/netns.log" || status=1
+        if [ "$NGPU" -ge 4 ]; then
+            echo "-- two hosts, two GPUs each: NVLink inside a host, TCP between them"
+            PER_HOST=2 PYTHONPATH="$PYTARGET${PYTHONPATH:+:$PYTHONPATH}" BIN=$BIN \
+                timeout -k 10 "${NETNS_TIMEOUT:-900}" scripts/gpu-netns-test.sh "$OUT/mixed" 2>&1 |
+                tee "$OUT/netns-mixed.log" || status=1
+        fi
     fi
     rm -rf "$PYTARGET"
 else

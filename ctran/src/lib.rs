@@ -19,6 +19,7 @@ pub use types::{DataType, Device, ReduceOp};
 pub mod algos;
 pub mod comm;
 pub mod gpe;
+pub mod mixed;
 pub mod nvl;
 pub mod transport;
 

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use ctran::bootstrap::{env, rendezvous};
 use ctran::gpe::{Gpe, GpeConfig, GpeRequest};
+use ctran::mixed::Mixed;
 use ctran::nvl::Nvl;
 use ctran::{Comm, CommConfig, Op, P2p, Request, RequestStatus, Span};
 use torchcomms::{
@@ -32,6 +33,10 @@ pub struct CtranBackend {
     /// NVLink transport (kernels on peer memory). Declared before `gpe`, whose stream it
     /// launches on, so it is dropped first.
     nvl: Option<Nvl>,
+    /// On a CUDA device, when the ranks sit on several hosts with NVLink inside each: NVLink
+    /// to the peers of this host, TCP to the others (all_reduce and p2p; the rest through
+    /// `gpe`). Also before `gpe`.
+    mixed: Option<Mixed>,
     /// On a CUDA device: the GPU progress engine that runs ops on device buffers through the
     /// host transports, stream-ordered.
     gpe: Option<Gpe>,
@@ -171,11 +176,12 @@ impl CtranBackend {
             }
         };
         let comm = Arc::new(comm);
-        let (gpe, nvl) = start_gpu(&comm, args.device, o.high_priority_stream)?;
+        let (gpe, nvl, mixed) = start_gpu(&comm, args.device, o.high_priority_stream)?;
         Ok(Box::new(CtranBackend {
             comm,
             device: args.device,
             nvl,
+            mixed,
             gpe,
             aborted: AtomicBool::new(false),
         }))
@@ -215,7 +221,13 @@ impl CtranBackend {
                         Err(e) => return Err(e.into()),
                     }
                 }
-                None => gpe.issue(op, caller, timeout, hints, keep)?,
+                None => match &self.mixed {
+                    Some(m) => match m.issue(&op, caller, gpe, timeout, hints, &keep)? {
+                        Some(r) => r,
+                        None => gpe.issue(op, caller, timeout, hints, keep)?,
+                    },
+                    None => gpe.issue(op, caller, timeout, hints, keep)?,
+                },
             };
             let work = Work::new(Box::new(GpuWork { request, blocking }), timeout);
             if !opts.async_op || blocking {
@@ -240,15 +252,14 @@ impl CtranBackend {
     }
 }
 
-/// The GPU progress engine and, where every rank's GPU reaches every other's, the NVLink
-/// transport of a communicator on a CUDA device; neither on CPU.
-fn start_gpu(
-    comm: &Arc<Comm>,
-    device: Device,
-    high_priority: bool,
-) -> Result<(Option<Gpe>, Option<Nvl>)> {
+/// The engines of a communicator on a CUDA device (none on CPU): the GPU progress engine,
+/// and where every rank's GPU reaches every other's, the NVLink transport; or where the ranks
+/// sit on several hosts with NVLink inside each, the mixed NVLink+TCP paths.
+type GpuEngines = (Option<Gpe>, Option<Nvl>, Option<Mixed>);
+
+fn start_gpu(comm: &Arc<Comm>, device: Device, high_priority: bool) -> Result<GpuEngines> {
     let Device::Cuda(ordinal) = device else {
-        return Ok((None, None));
+        return Ok((None, None, None));
     };
     let ctx = ctran::cuda::Context::get(ordinal).map_err(|e| {
         Error::Engine(ctran::Error::Cuda {
@@ -262,13 +273,17 @@ fn start_gpu(
         staging_budget: comm.config().gpe_staging_bytes,
         high_priority,
     };
-    let gpe = Gpe::start(Arc::clone(comm), &ctx, config)?;
-    let nvl = if comm.config().use_nvl {
-        Nvl::start(comm, &ctx, comm.config().nvl.clone())?
-    } else {
-        None
+    let gpe = Gpe::start(Arc::clone(comm), &ctx, config.clone())?;
+    if !comm.config().use_nvl {
+        return Ok((Some(gpe), None, None));
+    }
+    let nvl = Nvl::start(comm, &ctx, comm.config().nvl.clone())?;
+    // Every rank knows whether NVLink covers the whole comm (the ranks agreed on it).
+    let mixed = match nvl {
+        Some(_) => None,
+        None => Mixed::start(comm, &ctx, comm.config().nvl.clone(), config)?,
     };
-    Ok((Some(gpe), nvl))
+    Ok((Some(gpe), nvl, mixed))
 }
 
 impl Backend for CtranBackend {
@@ -453,11 +468,12 @@ impl Backend for CtranBackend {
             return Ok(None);
         };
         let comm = Arc::new(comm);
-        let (gpe, nvl) = start_gpu(&comm, self.device, options.high_priority_stream)?;
+        let (gpe, nvl, mixed) = start_gpu(&comm, self.device, options.high_priority_stream)?;
         Ok(Some(Box::new(CtranBackend {
             comm,
             device: self.device,
             nvl,
+            mixed,
             gpe,
             aborted: AtomicBool::new(false),
         })))
@@ -466,6 +482,9 @@ impl Backend for CtranBackend {
     fn finalize(&self) -> Result<()> {
         if let Some(gpe) = &self.gpe {
             gpe.stop();
+        }
+        if let Some(m) = &self.mixed {
+            m.finalize()?;
         }
         Ok(self.comm.finalize()?)
     }
@@ -478,6 +497,9 @@ impl Backend for CtranBackend {
         self.aborted.store(true, Ordering::Release);
         if let Some(nvl) = &self.nvl {
             nvl.abort();
+        }
+        if let Some(m) = &self.mixed {
+            m.abort("abort() called");
         }
         self.comm.abort("abort() called");
         Ok(())

@@ -201,6 +201,9 @@ pub struct GpeRequest {
     /// Issued while the caller's stream captured a CUDA graph: it runs at each replay, which
     /// the graph's owner waits for, so the handle has nothing to poll.
     captured: bool,
+    /// Earlier stages of the same operation (enqueued before this one, so done when it is),
+    /// whose errors this handle reports too.
+    before: Vec<GpeRequest>,
 }
 
 impl GpeRequest {
@@ -220,13 +223,35 @@ impl GpeRequest {
             caller,
             rank,
             captured,
+            before: Vec::new(),
         }
+    }
+
+    /// This request as the last stage of an operation issued after the work on `caller`,
+    /// whose `earlier` stages ran before it on the device: waiting on it orders `caller` after
+    /// the whole operation (not after the stream this stage was ordered behind), and it reports
+    /// the earlier stages' errors as well as its own.
+    pub fn finishing(mut self, caller: RawStream, earlier: Vec<GpeRequest>) -> GpeRequest {
+        self.caller = caller;
+        self.before.extend(earlier);
+        self
+    }
+
+    /// The first error of the operation's stages, if any has failed.
+    fn failure(&self) -> Option<Error> {
+        self.before
+            .iter()
+            .find_map(GpeRequest::failure)
+            .or_else(|| match self.state.get_for(self.op, self.rank) {
+                Some(Err(e)) => Some(e),
+                _ => None,
+            })
     }
 
     /// Makes the caller's stream wait for the operation (returns at once). An error the host
     /// half already met is returned.
     pub fn wait_on_stream(&self) -> Result<()> {
-        if let Some(Err(e)) = self.state.get_for(self.op, self.rank) {
+        if let Some(e) = self.failure() {
             return Err(e);
         }
         self.caller
@@ -242,14 +267,11 @@ impl GpeRequest {
             return Ok(());
         }
         loop {
-            if let Some(Err(e)) = self.state.get_for(self.op, self.rank) {
+            if let Some(e) = self.failure() {
                 return Err(e);
             }
             if self.is_done()? {
-                return match self.state.get_for(self.op, self.rank) {
-                    Some(r) => r,
-                    None => Ok(()),
-                };
+                return self.failure().map_or(Ok(()), Err);
             }
             if Instant::now() >= deadline {
                 return Err(Error::Timeout {
@@ -281,10 +303,7 @@ impl GpeRequest {
         if self.captured {
             return None;
         }
-        match self.state.get_for(self.op, self.rank) {
-            Some(Err(e)) => Some(e),
-            _ => None,
-        }
+        self.failure()
     }
 }
 
