@@ -119,6 +119,14 @@ fn push(list: &mut [Seg; MAX_SEGS], n: &mut u32, s: Seg) -> Result<()> {
     Ok(())
 }
 
+/// The peers in the order rank `r` of `n` visits them: itself first, then r+1, r+2, ...
+/// The kernel runs a plan's copies one after the other with all its blocks, so in step k every
+/// rank talks to rank r+k: a permutation, where the same order on every rank would have them
+/// all write to (or read from) rank k at once.
+fn rotated(r: usize, n: usize) -> impl Iterator<Item = usize> {
+    (0..n).map(move |k| (r + k) % n)
+}
+
 /// The staged plan of `op`: the element type the kernel runs with, and its parameters.
 pub fn staged(op: &Op, l: &Layout, sync: Sync) -> Result<(DataType, CollParams)> {
     let mut p = CollParams::new(sync);
@@ -169,7 +177,8 @@ pub fn staged(op: &Op, l: &Layout, sync: Sync) -> Result<(DataType, CollParams)>
                 &mut p.npre,
                 to_arena(addr(input), 0, input.len()),
             )?;
-            for (q, out) in outputs.iter().enumerate() {
+            for q in rotated(r, outputs.len()) {
+                let out = &outputs[q];
                 let s = if q == r {
                     seg(addr(input), addr(out), out.len())
                 } else {
@@ -196,7 +205,8 @@ pub fn staged(op: &Op, l: &Layout, sync: Sync) -> Result<(DataType, CollParams)>
             for (q, input) in inputs.iter().enumerate() {
                 push(&mut p.pre, &mut p.npre, to_arena(addr(input), q * len, len))?;
             }
-            for (q, out) in outputs.iter().enumerate() {
+            for q in rotated(r, outputs.len()) {
+                let out = &outputs[q];
                 let s = if q == r {
                     seg(addr(&inputs[r]), addr(out), out.len())
                 } else {
@@ -365,6 +375,25 @@ pub fn direct(
                 p.rcount = (buf.len() / d.size_bytes()) as u64;
             }
         }
+        Op::Broadcast { buf, root } if n > 2 => {
+            // The root pushing the whole buffer to every peer would send (n-1) x its size out
+            // of one GPU. Instead non-root j reads slice j of the root's buffer once and writes
+            // it to every non-root (a one-source "sum" of bytes): the root sends each byte
+            // once, like a pipelined ring, and no GPU sends more than the buffer.
+            if r != *root {
+                let j = (r + n - root) % n - 1;
+                let (off, len) = two_shot_slice(buf.len(), n - 1, j);
+                dtype = DataType::U8;
+                set_op(&mut p, DataType::U8, ReduceOp::Sum, 1)?;
+                p.rsrc[0] = peer(*root, 0) + off as u64;
+                p.nsrc = 1;
+                for (k, q) in rotated(r, n).filter(|q| q != root).enumerate() {
+                    p.rdst[k] = peer(q, 0) + off as u64;
+                }
+                p.ndst = (n - 1) as u32;
+                p.rcount = len as u64;
+            }
+        }
         Op::Broadcast { buf, root } => {
             if r == *root {
                 for q in (0..n).filter(|&q| q != r) {
@@ -377,7 +406,7 @@ pub fn direct(
             }
         }
         Op::AllGather { input, .. } => {
-            for q in 0..n {
+            for q in rotated(r, n) {
                 copy_to(&mut p, "the input", q, input, peer(q, r), peer_len(q, r))?;
             }
         }
@@ -402,8 +431,15 @@ pub fn direct(
             p.rcount = (output.len() / d.size_bytes()) as u64;
         }
         Op::AllToAll { inputs, .. } => {
-            for (q, input) in inputs.iter().enumerate() {
-                copy_to(&mut p, "input block", q, input, peer(q, r), peer_len(q, r))?;
+            for q in rotated(r, inputs.len()) {
+                copy_to(
+                    &mut p,
+                    "input block",
+                    q,
+                    &inputs[q],
+                    peer(q, r),
+                    peer_len(q, r),
+                )?;
             }
         }
         Op::Scatter { inputs, root, .. } => {
