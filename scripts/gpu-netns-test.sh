@@ -9,7 +9,8 @@
 # 2. torchcomms-perf correctness on CUDA across the two hosts: every op x dtype x reduce op.
 # 3. PER_HOST=1: busbw at 64 MB, device tensors against host tensors, same run, both over TCP:
 #    across the two hosts, and between two local ranks with CTRAN_BACKENDS=socket (loopback).
-#    PER_HOST=2: all_reduce busbw, mixed NVLink+TCP against TCP alone (CTRAN_BACKENDS=socket,shm).
+#    PER_HOST=2: busbw of all_reduce, all_gather and broadcast, mixed NVLink+TCP against TCP
+#    alone (CTRAN_BACKENDS=socket,shm).
 # Env: BIN (torchcomms-perf), PYTHON, PYTHONPATH (where torchcomms and pytest import from),
 # IP_DIR (a folder holding `ip`, for machines without iproute2). Needs root and 2 x PER_HOST GPUs.
 set -euo pipefail
@@ -66,8 +67,8 @@ if [ "$P" -ge 2 ]; then
     # The engine says which path it took; both must agree with the layout.
     grep -hq "mixed NVLink+TCP: on" "$OUT"/netns-correctness-h*.log ||
         { echo "mixed NVLink+TCP was not used"; status=1; }
-    echo "-- all_reduce busbw, mixed NVLink+TCP vs TCP alone, 2 hosts x $P GPUs"
-    AR=(--op all_reduce -b 1M -e 256M -f 4 -w 3 -i 10 -c 0)
+    echo "-- busbw, mixed NVLink+TCP vs TCP alone, 2 hosts x $P GPUs"
+    AR=(--op all_reduce,all_gather,broadcast -b 1M -e 256M -f 4 -w 3 -i 10 -c 0)
     two_hosts bw-mixed --no-python "$PERF" --device cuda --backend ctran "${AR[@]}" \
         --json "$OUT/netns-bw-mixed.json" || status=1
     CTRAN_BACKENDS=socket,shm two_hosts bw-tcp --no-python "$PERF" --device cuda --backend ctran \
@@ -75,13 +76,14 @@ if [ "$P" -ge 2 ]; then
     "$PYTHON" - "$OUT" <<'PY' || status=1
 import json, sys
 out = sys.argv[1]
-rows = {k: {r["bytes"]: r["busbw_gbps"] for r in json.load(open(f"{out}/netns-bw-{k}.json"))}
+rows = {k: {(r["op"], r["bytes"]): r["busbw_gbps"]
+            for r in json.load(open(f"{out}/netns-bw-{k}.json"))}
         for k in ("mixed", "tcp")}
-print("| size | mixed busbw (GB/s) | TCP only busbw (GB/s) | mixed/TCP |")
-print("|---:|---:|---:|---:|")
-for b, m in sorted(rows["mixed"].items()):
-    t = rows["tcp"].get(b, 0.0)
-    print(f"| {b >> 20} MB | {m:.3f} | {t:.3f} | {m / t if t else 0:.2f} |")
+print("| op | size | mixed busbw (GB/s) | TCP only busbw (GB/s) | mixed/TCP |")
+print("|---|---:|---:|---:|---:|")
+for (op, b), m in sorted(rows["mixed"].items()):
+    t = rows["tcp"].get((op, b), 0.0)
+    print(f"| {op} | {b >> 20} MB | {m:.3f} | {t:.3f} | {m / t if t else 0:.2f} |")
 PY
     echo "gpu-netns-test: $( [ $status = 0 ] && echo PASSED || echo FAILED )"
     exit $status

@@ -7,6 +7,9 @@
 //!   NVLink; all_reduce across hosts over TCP of one slice per local rank (so the L ranks of a
 //!   host carry 1/L of the bytes each, in parallel); then each local rank broadcasts its slice to
 //!   the others over NVLink.
+//! - all_gather (equal blocks): all_gather over TCP among the ranks of one local index, then
+//!   over NVLink inside each host; broadcast: over TCP among the ranks of the root's local index,
+//!   then over NVLink from that rank inside each host.
 //! - send, recv and the ops of a batch whose peer shares the host go over NVLink; the rest of a
 //!   batch goes through the caller's GPE afterwards. Every rank splits a batch the same way (by
 //!   host), so the two ends of each transfer always take the same path.
@@ -33,8 +36,11 @@ use crate::{Op, P2p};
 pub struct Mixed {
     /// Host index and local rank of every rank of the communicator.
     place: Vec<(usize, usize)>,
-    /// This rank's host index.
+    /// The ranks of every host, by local rank.
+    members: Vec<Vec<usize>>,
+    /// This rank's host index and local rank.
     host: usize,
+    local: usize,
     /// Ranks per host.
     local_size: usize,
     /// NVLink among the ranks of this host; dropped before the cross engine (field order).
@@ -120,7 +126,9 @@ impl Mixed {
         tracing::info!(rank, host, local, local_size, "mixed NVLink+TCP: on");
         Ok(Some(Mixed {
             place,
+            members,
             host,
+            local,
             local_size,
             nvl,
             cross,
@@ -153,6 +161,12 @@ impl Mixed {
                 self.all_reduce(*buf, *dtype, *op, caller, stream, timeout, keep)
                     .map(Some)
             }
+            Op::AllGather { input, outputs } => {
+                self.all_gather(*input, outputs, caller, stream, timeout, keep)
+            }
+            Op::Broadcast { buf, root } => self
+                .broadcast(*buf, *root, caller, stream, timeout, keep)
+                .map(Some),
             Op::Send { buf, peer } => local_peer(*peer)
                 .map(|peer| {
                     let op = Op::Send { buf: *buf, peer };
@@ -280,6 +294,79 @@ impl Mixed {
             parts.push(self.on_nvl(&bcast, after, stream, timeout, keep)?);
         }
         let last = parts.pop().expect("stage 1 at least");
+        Ok(last.finishing(caller, parts))
+    }
+
+    /// all_gather with equal blocks: across hosts over TCP among the ranks of this local index
+    /// (each gets the blocks of its counterparts), then inside every host over NVLink, one
+    /// all_gather per host's set of blocks. `Ok(None)` for unequal or empty blocks.
+    fn all_gather(
+        &self,
+        input: Span,
+        outputs: &[Span],
+        caller: RawStream,
+        stream: RawStream,
+        timeout: Duration,
+        keep: &KeepAlive,
+    ) -> Result<Option<GpeRequest>> {
+        let len = input.len();
+        if len == 0 || outputs.len() != self.place.len() || outputs.iter().any(|o| o.len() != len) {
+            return Ok(None);
+        }
+        let cross = Op::AllGather {
+            input,
+            outputs: self
+                .members
+                .iter()
+                .map(|m| outputs[m[self.local]])
+                .collect(),
+        };
+        let mut parts =
+            vec![self
+                .cross
+                .issue(cross, caller, timeout, Hints::default(), keep.clone())?];
+        for m in &self.members {
+            let local = Op::AllGather {
+                input: outputs[m[self.local]],
+                outputs: m.iter().map(|&q| outputs[q]).collect(),
+            };
+            parts.push(self.on_nvl(&local, self.cross.stream(), stream, timeout, keep)?);
+        }
+        let last = parts.pop().expect("one stage at least");
+        Ok(Some(last.finishing(caller, parts)))
+    }
+
+    /// broadcast: across hosts over TCP among the ranks of the root's local index, then inside
+    /// every host over NVLink from that local rank.
+    fn broadcast(
+        &self,
+        buf: Span,
+        root: usize,
+        caller: RawStream,
+        stream: RawStream,
+        timeout: Duration,
+        keep: &KeepAlive,
+    ) -> Result<GpeRequest> {
+        let (root_host, root_local) = self.place[root];
+        let mut parts = Vec::new();
+        let mut after = caller;
+        if self.local == root_local {
+            // In the cross-host comm of this local index, host h is rank h.
+            let op = Op::Broadcast {
+                buf,
+                root: root_host,
+            };
+            parts.push(
+                self.cross
+                    .issue(op, caller, timeout, Hints::default(), keep.clone())?,
+            );
+            after = self.cross.stream();
+        }
+        let local = Op::Broadcast {
+            buf,
+            root: root_local,
+        };
+        let last = self.on_nvl(&local, after, stream, timeout, keep)?;
         Ok(last.finishing(caller, parts))
     }
 
