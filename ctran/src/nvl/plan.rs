@@ -474,6 +474,74 @@ pub fn direct(
 mod tests {
     use super::*;
 
+    /// A span at a made-up address: plans only read addresses and lengths.
+    fn span(addr: u64, len: usize) -> Span {
+        // SAFETY: never dereferenced.
+        unsafe { Span::from_raw(addr as usize as *mut u8, len) }
+    }
+
+    fn layout(rank: usize, nranks: usize) -> Layout {
+        Layout {
+            rank,
+            nranks,
+            arena: [0; MAX_RANKS],
+            half: 0,
+        }
+    }
+
+    /// Where rank q's i-th exposed buffer sits in the tests: 1 MiB apart per buffer.
+    fn peer_at(q: usize, i: usize) -> u64 {
+        0x1000_0000 * (q as u64 + 1) + 0x10_0000 * i as u64
+    }
+
+    #[test]
+    fn direct_broadcast_on_four_ranks_reads_each_slice_of_the_root_once() {
+        let (n, root, len) = (4, 1, 1000);
+        let mut covered = Vec::new();
+        for r in 0..n {
+            let op = Op::Broadcast {
+                buf: span(peer_at(r, 0), len),
+                root,
+            };
+            let (_, p) =
+                direct(&op, &layout(r, n), Sync::default(), &peer_at, &|_, _| len).expect("plan");
+            if r == root {
+                assert_eq!((p.nsrc, p.ndst, p.ncopy), (0, 0, 0), "the root only waits");
+                continue;
+            }
+            assert_eq!((p.nsrc, p.ndst), (1, 3));
+            let off = p.rsrc[0] - peer_at(root, 0);
+            let mut dsts: Vec<u64> = p.rdst[..3].iter().map(|d| d - off).collect();
+            dsts.sort_unstable();
+            assert_eq!(dsts, vec![peer_at(0, 0), peer_at(2, 0), peer_at(3, 0)]);
+            assert_eq!(p.rdst[0], peer_at(r, 0) + off, "its own buffer first");
+            covered.push((off, p.rcount));
+        }
+        covered.sort_unstable();
+        let mut next = 0;
+        for (off, count) in covered {
+            assert_eq!(off, next);
+            next += count;
+        }
+        assert_eq!(next, len as u64, "the slices cover the buffer once");
+    }
+
+    #[test]
+    fn direct_all_gather_writes_to_peers_in_rotated_order() {
+        let (n, len) = (4, 64);
+        for r in 0..n {
+            let op = Op::AllGather {
+                input: span(0x9000_0000, len),
+                outputs: (0..n).map(|q| span(peer_at(r, q), len)).collect(),
+            };
+            let (_, p) =
+                direct(&op, &layout(r, n), Sync::default(), &peer_at, &|_, _| len).expect("plan");
+            let order: Vec<u64> = p.copy[..p.ncopy as usize].iter().map(|c| c.dst).collect();
+            let want: Vec<u64> = (0..n).map(|k| peer_at((r + k) % n, r)).collect();
+            assert_eq!(order, want, "rank {r}: step k writes to rank r + k");
+        }
+    }
+
     #[test]
     fn two_shot_slices_cover_the_buffer_on_vector_bounds() {
         for bytes in [0usize, 1, 15, 16, 17, 1000, 4096, 1 << 20, (1 << 20) + 4] {
