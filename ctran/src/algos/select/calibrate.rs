@@ -42,6 +42,9 @@ const BETA_BYTES: usize = 256 << 10;
 /// Bytes of one rank's record.
 const RECORD: usize = 24;
 
+/// The machine this rank runs on, for counting the ranks that share its cores. Unlike
+/// `comm::host_id` it leaves out the network namespace: ranks in namespaces of one machine are
+/// separate hosts to the transports but compete for the same cores.
 fn host_id() -> u64 {
     let mut h = DefaultHasher::new();
     nix::unistd::gethostname()
