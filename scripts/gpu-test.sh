@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU suite of torchcomms-rs, for a machine with NVIDIA GPUs, PyTorch and no Rust toolchain.
 # Runs from prebuilt binaries (build them elsewhere: `scripts/gpu-test.sh --build DIR` copies
-# target/release/{torchcomms-perf,torchcomms-gpu-test} into DIR).
+# target/release/{torchcomms-perf,torchcomms-gpu-test} into DIR, and iproute2's `ip` with its
+# libraries into DIR/iproute for the two-host test).
 #
 #   scripts/gpu-test.sh [--bin DIR] [--out DIR] [--max BYTES] [--iters N] [--rounds N] [--quick] [--skip-perf] [--skip-netns]
 #
@@ -24,9 +25,29 @@ cd "$(dirname "$0")/.."
 if [ "${1:-}" = --build ]; then
     mkdir -p "$2"
     cp target/release/torchcomms-perf target/release/torchcomms-gpu-test "$2"/
+    # iproute2's `ip` and its libraries, for GPU machines without it (the two-host test).
+    if ip=$(command -v ip); then
+        mkdir -p "$2/iproute/lib"
+        cp "$ip" "$2/iproute/ip.real"
+        ldd "$ip" | awk '$3 ~ /^\// && $1 !~ /^(libc|libz)\./ {print $3}' |
+            xargs -r -I{} cp -L {} "$2/iproute/lib/"
+        cat >"$2/iproute/ip" <<'WRAP'
+#!/bin/sh
+# `ip` with its own libraries; `netns exec` goes through nsenter, so the command it runs does
+# not inherit this LD_LIBRARY_PATH.
+d=$(dirname "$(readlink -f "$0")")
+if [ "$1" = netns ] && [ "$2" = exec ]; then ns=$3; shift 3; exec nsenter --net=/run/netns/"$ns" "$@"; fi
+LD_LIBRARY_PATH="$d/lib" exec "$d/ip.real" "$@"
+WRAP
+        chmod +x "$2/iproute/ip"
+    fi
     exit 0
 fi
 BIN=${BIN:-.gpu/bin}
+# The two-host test needs `ip`: a machine without iproute2 uses the one --build carried.
+if ! command -v ip >/dev/null && [ -x "$BIN/iproute/ip" ]; then
+    export IP_DIR=${IP_DIR:-$(cd "$BIN/iproute" && pwd)}
+fi
 OUT=${OUT:-gpu-out}
 MAX=$((1 << 30))
 ITERS=100
