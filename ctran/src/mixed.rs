@@ -69,6 +69,21 @@ fn places(hosts: &[u64]) -> (Vec<(usize, usize)>, Vec<Vec<usize>>) {
     (place, members)
 }
 
+/// A batch cut by where each peer sits, for a rank on `host`: the ops with a peer on this host
+/// (peers renumbered as local ranks) and the rest (peers unchanged), each in batch order.
+fn split_batch(ops: &[P2p], place: &[(usize, usize)], host: usize) -> (Vec<P2p>, Vec<P2p>) {
+    let (mut local, mut remote) = (Vec::new(), Vec::new());
+    for p in ops {
+        let (P2p::Send { peer, .. } | P2p::Recv { peer, .. }) = p;
+        match (place.get(*peer).filter(|q| q.0 == host).map(|q| q.1), *p) {
+            (Some(peer), P2p::Send { buf, .. }) => local.push(P2p::Send { buf, peer }),
+            (Some(peer), P2p::Recv { buf, .. }) => local.push(P2p::Recv { buf, peer }),
+            (None, p) => remote.push(p),
+        }
+    }
+    (local, remote)
+}
+
 /// Element range `[start, end)` of slice `l` of `count` elements cut into `parts` near-equal
 /// slices (the first `count % parts` one element longer).
 fn slice_range(count: usize, parts: usize, l: usize) -> (usize, usize) {
@@ -180,15 +195,7 @@ impl Mixed {
                 })
                 .transpose(),
             Op::Batch { ops } => {
-                let (mut local, mut remote) = (Vec::new(), Vec::new());
-                for p in ops {
-                    let (P2p::Send { peer, .. } | P2p::Recv { peer, .. }) = p;
-                    match (local_peer(*peer), *p) {
-                        (Some(peer), P2p::Send { buf, .. }) => local.push(P2p::Send { buf, peer }),
-                        (Some(peer), P2p::Recv { buf, .. }) => local.push(P2p::Recv { buf, peer }),
-                        (None, p) => remote.push(p),
-                    }
-                }
+                let (local, remote) = split_batch(ops, &self.place, self.host);
                 if local.is_empty() {
                     return Ok(None);
                 }
@@ -394,6 +401,45 @@ mod tests {
         let (place, members) = places(&[7, 9, 7, 9]);
         assert_eq!(place, vec![(0, 0), (1, 0), (0, 1), (1, 1)]);
         assert_eq!(members, vec![vec![0, 2], vec![1, 3]]);
+    }
+
+    #[test]
+    fn batches_split_by_host_with_local_peers_renumbered() {
+        // Ranks 0 and 2 on host 0, 1 and 3 on host 1; rank 0's batch.
+        let (place, _) = places(&[7, 9, 7, 9]);
+        let ops = vec![
+            P2p::Send {
+                buf: Span::EMPTY,
+                peer: 1,
+            },
+            P2p::Recv {
+                buf: Span::EMPTY,
+                peer: 2,
+            },
+            P2p::Send {
+                buf: Span::EMPTY,
+                peer: 3,
+            },
+            P2p::Send {
+                buf: Span::EMPTY,
+                peer: 2,
+            },
+        ];
+        let (local, remote) = split_batch(&ops, &place, 0);
+        let peers = |v: &[P2p]| -> Vec<(bool, usize)> {
+            v.iter()
+                .map(|p| match p {
+                    P2p::Send { peer, .. } => (true, *peer),
+                    P2p::Recv { peer, .. } => (false, *peer),
+                })
+                .collect()
+        };
+        assert_eq!(
+            peers(&local),
+            vec![(false, 1), (true, 1)],
+            "rank 2 is local rank 1"
+        );
+        assert_eq!(peers(&remote), vec![(true, 1), (true, 3)]);
     }
 
     #[test]
