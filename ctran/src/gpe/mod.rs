@@ -104,6 +104,20 @@ struct Job {
     keep: KeepAlive,
 }
 
+impl Job {
+    /// The number of its last step (a plan has at least one).
+    fn last_step(&self) -> u64 {
+        self.steps.last().map_or(0, |(n, _)| *n)
+    }
+
+    /// Keeps its buffers forever, for a job the device may still be using: leaking is safe,
+    /// freeing memory in use is not.
+    fn leak_buffers(&mut self) {
+        std::mem::forget(std::mem::take(&mut self.keep));
+        std::mem::forget(self.staging.take());
+    }
+}
+
 /// The host half's outcome, shared with the work handle.
 #[derive(Debug, Default)]
 pub struct OpState {
@@ -617,17 +631,13 @@ fn run(s: &Shared, rx: &Receiver<Job>) {
                 progressed = true;
                 continue;
             }
-            if front.job.state.is_cancelled() {
-                // Its remaining steps will never be posted; release any wait that was enqueued.
-                let last = front.job.steps.last().map_or(step, |(n, _)| *n);
-                s.raise_done(last);
-                let r = waiting.pop_front().expect("front exists");
-                draining.push(r.job);
-                progressed = true;
-                continue;
+            // Not posted yet: the caller's stream is still busy before this op, or its device
+            // half was never enqueued whole (cancelled), so its steps will never be posted.
+            let cancelled = front.job.state.is_cancelled();
+            if !cancelled && front.job.issued.elapsed() <= front.job.timeout {
+                break;
             }
-            // Not posted yet: the caller's stream is still busy before this op.
-            if front.job.issued.elapsed() > front.job.timeout {
+            if !cancelled {
                 let why = Error::Timeout {
                     op: front.job.op.into(),
                     seq: step,
@@ -640,15 +650,13 @@ fn run(s: &Shared, rx: &Receiver<Job>) {
                     "GPE: the GPU did not reach {} within its timeout",
                     front.job.op
                 ));
-                // Release every step of it at once; the stream passes through with garbage.
-                let last = front.job.steps.last().map_or(step, |(n, _)| *n);
-                s.raise_done(last);
-                let r = waiting.pop_front().expect("front exists");
-                draining.push(r.job);
-                progressed = true;
-                continue;
             }
-            break;
+            // Release every step of it at once (any wait that was enqueued); the stream passes
+            // through with garbage.
+            s.raise_done(front.job.last_step());
+            let r = waiting.pop_front().expect("front exists");
+            draining.push(r.job);
+            progressed = true;
         }
         // Complete steps, in order.
         while let Some((step, req, state)) = inflight.front() {
@@ -667,7 +675,7 @@ fn run(s: &Shared, rx: &Receiver<Job>) {
         // Finish jobs whose steps all completed; release their buffers once the device is
         // past their copies back.
         draining.retain_mut(|job| {
-            let last = job.steps.last().map_or(0, |(n, _)| *n);
+            let last = job.last_step();
             let host_over = s.counter(DONE).load(Ordering::Acquire) >= last
                 && !inflight.iter().any(|(n, _, _)| *n <= last);
             if !host_over {
@@ -676,9 +684,8 @@ fn run(s: &Shared, rx: &Receiver<Job>) {
             job.state.finish(Ok(()));
             if job.state.is_cancelled() {
                 // Its copies back may or may not have been enqueued, and it may never be
-                // marked finished: keep its buffers forever rather than free memory in use.
-                std::mem::forget(std::mem::take(&mut job.keep));
-                std::mem::forget(job.staging.take());
+                // marked finished.
+                job.leak_buffers();
                 progressed = true;
                 return false;
             }
@@ -701,7 +708,7 @@ fn run(s: &Shared, rx: &Receiver<Job>) {
             // wait a while, then leak their buffers rather than free memory in use.
             let give_up = Instant::now() + Duration::from_secs(10);
             for mut job in draining.drain(..) {
-                let last = job.steps.last().map_or(0, |(n, _)| *n);
+                let last = job.last_step();
                 while s.counter(FINISHED).load(Ordering::Acquire) < last && Instant::now() < give_up
                 {
                     std::thread::sleep(Duration::from_millis(1));
@@ -710,8 +717,7 @@ fn run(s: &Shared, rx: &Receiver<Job>) {
                     let _ = s.reaper.send(std::mem::take(&mut job.keep));
                 } else {
                     tracing::warn!(rank, op = job.op, "GPE stop: the device never finished it");
-                    std::mem::forget(std::mem::take(&mut job.keep));
-                    std::mem::forget(job.staging.take());
+                    job.leak_buffers();
                 }
             }
             return;
