@@ -208,26 +208,26 @@ impl CtranBackend {
                     comm: self.comm.name().into(),
                 }));
             }
-            let request = match &self.nvl {
-                Some(nvl) => {
+            // NVLink (or the mixed paths) where they take the op; the GPE otherwise.
+            let fast = match (&self.nvl, &self.mixed) {
+                (Some(nvl), _) => {
                     match nvl.issue(&op, caller, gpe.stream(), timeout, hints, keep.clone()) {
-                        Ok(r) => r,
+                        Ok(r) => Some(r),
                         // Every rank met the same refusal in the address exchange (a buffer
                         // that cannot be exported): the host transports carry this one.
                         Err(ctran::Error::NotSupported(why)) if !op.is_p2p() => {
                             tracing::debug!(op = op.name(), "nvl: {why}; through the GPE");
-                            gpe.issue(op, caller, timeout, hints, keep)?
+                            None
                         }
                         Err(e) => return Err(e.into()),
                     }
                 }
-                None => match &self.mixed {
-                    Some(m) => match m.issue(&op, caller, gpe, timeout, hints, &keep)? {
-                        Some(r) => r,
-                        None => gpe.issue(op, caller, timeout, hints, keep)?,
-                    },
-                    None => gpe.issue(op, caller, timeout, hints, keep)?,
-                },
+                (None, Some(m)) => m.issue(&op, caller, gpe, timeout, hints, &keep)?,
+                (None, None) => None,
+            };
+            let request = match fast {
+                Some(r) => r,
+                None => gpe.issue(op, caller, timeout, hints, keep)?,
             };
             let work = Work::new(Box::new(GpuWork { request, blocking }), timeout);
             if !opts.async_op || blocking {
