@@ -69,13 +69,25 @@ fn places(hosts: &[u64]) -> (Vec<(usize, usize)>, Vec<Vec<usize>>) {
     (place, members)
 }
 
+/// `peer`'s local rank when it sits on `host`.
+fn local_index(place: &[(usize, usize)], host: usize, peer: usize) -> Option<usize> {
+    place.get(peer).filter(|p| p.0 == host).map(|p| p.1)
+}
+
+/// The last of an operation's `stages` (in stream order), reporting all of them and ordering
+/// `caller` after the whole operation.
+fn chain(caller: RawStream, mut stages: Vec<GpeRequest>) -> GpeRequest {
+    let last = stages.pop().expect("an operation has a stage");
+    last.finishing(caller, stages)
+}
+
 /// A batch cut by where each peer sits, for a rank on `host`: the ops with a peer on this host
 /// (peers renumbered as local ranks) and the rest (peers unchanged), each in batch order.
 fn split_batch(ops: &[P2p], place: &[(usize, usize)], host: usize) -> (Vec<P2p>, Vec<P2p>) {
     let (mut local, mut remote) = (Vec::new(), Vec::new());
     for p in ops {
         let (P2p::Send { peer, .. } | P2p::Recv { peer, .. }) = p;
-        match (place.get(*peer).filter(|q| q.0 == host).map(|q| q.1), *p) {
+        match (local_index(place, host, *peer), *p) {
             (Some(peer), P2p::Send { buf, .. }) => local.push(P2p::Send { buf, peer }),
             (Some(peer), P2p::Recv { buf, .. }) => local.push(P2p::Recv { buf, peer }),
             (None, p) => remote.push(p),
@@ -166,7 +178,7 @@ impl Mixed {
         keep: &KeepAlive,
     ) -> Result<Option<GpeRequest>> {
         let stream = world.stream();
-        let local_peer = |peer: usize| self.is_local(peer).then(|| self.place[peer].1);
+        let local_peer = |peer: usize| local_index(&self.place, self.host, peer);
         match op {
             Op::AllReduce { buf, dtype, op } => {
                 // The average of the hosts' averages is the average only with exact division.
@@ -214,14 +226,10 @@ impl Mixed {
                     hints,
                     keep.clone(),
                 )?;
-                Ok(Some(rest.finishing(caller, vec![first])))
+                Ok(Some(chain(caller, vec![first, rest])))
             }
             _ => Ok(None),
         }
-    }
-
-    fn is_local(&self, peer: usize) -> bool {
-        self.place.get(peer).is_some_and(|p| p.0 == self.host)
     }
 
     fn on_nvl(
@@ -250,7 +258,7 @@ impl Mixed {
         // Stage 2 cannot be captured (see `Gpe`): refuse before stage 1 joins the capture.
         let capturing = caller
             .is_capturing()
-            .map_err(|e| crate::gpe::cuda_err("all_reduce", self.local_comm.rank(), e))?;
+            .map_err(|e| crate::gpe::cuda_err("all_reduce", self.local, e))?;
         if capturing {
             return Err(Error::NotSupported(
                 "all_reduce: capturing ctran GPU operations across hosts (TCP) in a CUDA graph; \
@@ -273,7 +281,7 @@ impl Mixed {
             ReduceOp::PremulSum { .. } => ReduceOp::Sum,
             o => o,
         };
-        let mine = slice(self.local_comm.rank());
+        let mine = slice(self.local);
         let after = if mine.is_empty() {
             stream
         } else {
@@ -300,8 +308,7 @@ impl Mixed {
             let bcast = Op::Broadcast { buf: s, root: l };
             parts.push(self.on_nvl(&bcast, after, stream, timeout, keep)?);
         }
-        let last = parts.pop().expect("stage 1 at least");
-        Ok(last.finishing(caller, parts))
+        Ok(chain(caller, parts))
     }
 
     /// all_gather with equal blocks: across hosts over TCP among the ranks of this local index
@@ -339,8 +346,7 @@ impl Mixed {
             };
             parts.push(self.on_nvl(&local, self.cross.stream(), stream, timeout, keep)?);
         }
-        let last = parts.pop().expect("one stage at least");
-        Ok(Some(last.finishing(caller, parts)))
+        Ok(Some(chain(caller, parts)))
     }
 
     /// broadcast: across hosts over TCP among the ranks of the root's local index, then inside
@@ -373,8 +379,8 @@ impl Mixed {
             buf,
             root: root_local,
         };
-        let last = self.on_nvl(&local, after, stream, timeout, keep)?;
-        Ok(last.finishing(caller, parts))
+        parts.push(self.on_nvl(&local, after, stream, timeout, keep)?);
+        Ok(chain(caller, parts))
     }
 
     /// Makes every waiting kernel and transfer of the sub-communicators give up.
