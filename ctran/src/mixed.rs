@@ -211,6 +211,9 @@ impl Mixed {
                 if local.is_empty() {
                     return Ok(None);
                 }
+                if !remote.is_empty() {
+                    self.refuse_capture("batch_op_issue", caller)?;
+                }
                 // The NVLink part first, then the rest on the same stream: every rank runs its
                 // host's transfers before its cross-host ones, so neither part waits on the
                 // other's.
@@ -230,6 +233,23 @@ impl Mixed {
             }
             _ => Ok(None),
         }
+    }
+
+    /// Refuses an op with a cross-host (TCP) stage under CUDA graph capture, before any stage is
+    /// launched: the GPE cannot be captured, and every rank must refuse alike, not only those
+    /// whose part of the op reaches the GPE (the others would capture NVLink stages that wait
+    /// for peers who never launched theirs).
+    fn refuse_capture(&self, name: &str, caller: RawStream) -> Result<()> {
+        let capturing = caller
+            .is_capturing()
+            .map_err(|e| crate::gpe::cuda_err(name, self.local, e))?;
+        if capturing {
+            return Err(Error::NotSupported(format!(
+                "{name}: capturing ctran GPU operations across hosts (TCP) in a CUDA graph; \
+                 issue it outside the capture"
+            )));
+        }
+        Ok(())
     }
 
     fn on_nvl(
@@ -255,17 +275,7 @@ impl Mixed {
         timeout: Duration,
         keep: &KeepAlive,
     ) -> Result<GpeRequest> {
-        // Stage 2 cannot be captured (see `Gpe`): refuse before stage 1 joins the capture.
-        let capturing = caller
-            .is_capturing()
-            .map_err(|e| crate::gpe::cuda_err("all_reduce", self.local, e))?;
-        if capturing {
-            return Err(Error::NotSupported(
-                "all_reduce: capturing ctran GPU operations across hosts (TCP) in a CUDA graph; \
-                 issue it outside the capture"
-                    .into(),
-            ));
-        }
+        self.refuse_capture("all_reduce", caller)?;
         let elem = dtype.size_bytes();
         let count = buf.len() / elem;
         let slice = |l: usize| {
@@ -327,6 +337,7 @@ impl Mixed {
         if len == 0 || outputs.len() != self.place.len() || outputs.iter().any(|o| o.len() != len) {
             return Ok(None);
         }
+        self.refuse_capture("all_gather", caller)?;
         let cross = Op::AllGather {
             input,
             outputs: self
@@ -360,6 +371,7 @@ impl Mixed {
         timeout: Duration,
         keep: &KeepAlive,
     ) -> Result<GpeRequest> {
+        self.refuse_capture("broadcast", caller)?;
         let (root_host, root_local) = self.place[root];
         let mut parts = Vec::new();
         let mut after = caller;
