@@ -233,14 +233,8 @@ pub(crate) fn plan(op: &Op, rank: usize, base: *mut u8, chunk: usize, uniform: b
     let steps = (0..n)
         .map(|k| {
             let start = k * per;
-            // The slice of buffer `s` this step takes (all of it when not cut).
-            let slice = |s: &Span| {
-                if per == usize::MAX {
-                    (0, s.len())
-                } else {
-                    (start, s.len().saturating_sub(start).min(per))
-                }
-            };
+            // The slice of buffer `s` this step takes (all of it when not cut: one step from 0).
+            let slice = |s: &Span| (start, s.len().saturating_sub(start).min(per));
             let mut i = 0;
             let host = map_spans(op, rank, &mut |_, _| {
                 let (s, _, off) = regions[i];
