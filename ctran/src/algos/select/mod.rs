@@ -558,10 +558,9 @@ impl Selector {
     /// an unknown name, or one that cannot run this call, is an [`Error::InvalidArgument`]
     /// listing the algorithms that can. Point-to-point operations ignore the hint.
     pub fn choose(&self, op: &Op, hints: Hints<'_>) -> Result<Pick> {
-        let Some(mut shape) = Shape::of(op, self.n) else {
+        let Some(shape) = self.shape(op, hints.uniform) else {
             return Ok(Pick::default());
         };
-        shape.uniform |= hints.uniform && shape.equal;
         let c = shape.collective;
         let (choice, arg) = match hints.algo {
             Some(h) => (Choice::parse(c, h, "algo")?, "algo"),
@@ -597,13 +596,20 @@ impl Selector {
         })
     }
 
+    /// The shape of a call of `op`, with equal blocks counting as uniform when the caller
+    /// declared them so (`uniform`); `None` for point-to-point operations.
+    fn shape(&self, op: &Op, uniform: bool) -> Option<Shape> {
+        let mut shape = Shape::of(op, self.n)?;
+        shape.uniform |= uniform && shape.equal;
+        Some(shape)
+    }
+
     /// The algorithm that runs `op` given `pick`; `None` for point-to-point operations.
     pub fn resolve(&self, op: &Op, pick: Pick) -> Option<Algo> {
-        let mut shape = Shape::of(op, self.n)?;
+        let shape = self.shape(op, pick.uniform)?;
         if let Choice::Fixed(a) = pick.choice {
             return Some(a);
         }
-        shape.uniform |= pick.uniform && shape.equal;
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(&a) = cache.get(&shape) {
             return Some(a);
