@@ -10,14 +10,14 @@
 #   cargo build --release -p torchcomms-perf
 #   PERF=target/release/torchcomms-perf OUT=/tmp/overhead-ab colltrace/benches/overhead_ab.sh
 #
-# NS (rank counts, default "2 4 8"), BLOCK (iterations per block, default 1000), GROUPS (groups
+# NS (rank counts, default "2 4 8"), BLOCK (iterations per block, default 1000), NGROUPS (groups
 # of four blocks per run, default 25) and RUNS (runs per rank count, default 1) tune it.
 set -u
 D=$(dirname "$0")
 P=${PERF:-$D/torchcomms-perf}
 OUT=${OUT:-$(mktemp -d)}
 BLOCK=${BLOCK:-1000}
-GROUPS_=${GROUPS:-25}
+NGROUPS=${NGROUPS:-25}
 mkdir -p "$OUT"
 nproc; lscpu | grep "Model name"
 git -C "$D" rev-parse --short HEAD 2>/dev/null
@@ -26,7 +26,7 @@ for n in ${NS:-2 4 8}; do
     echo "n=$n run=$r start: $(uptime)"
     log="$OUT/ab_n${n}_$r.txt"
     TORCHCOMMS_TRACE_BUFFER_SIZE=${TORCHCOMMS_TRACE_BUFFER_SIZE:-2000} "$P" -n "$n" \
-      --op all_reduce -b 8 -e 8 -w 1000 -i $((4 * BLOCK * GROUPS_)) -c 0 \
+      --op all_reduce -b 8 -e 8 -w 1000 -i $((4 * BLOCK * NGROUPS)) -c 0 \
       --trace-ab --ab-block "$BLOCK" > "$log" 2>&1 || echo "run failed n=$n run=$r (see $log)"
     grep -E "^trace-ab|records taken" "$log"
     echo "n=$n run=$r end: $(uptime)"
