@@ -34,9 +34,13 @@
 //! ```
 //!
 //! Cost: on the critical path of an operation, one `rdtsc` and one atomic add on the calling
-//! thread; on the progress thread two `rdtsc` and two records of eleven words written in place
-//! under a per-slot sequence number (no lock, no allocation, names interned as 16-bit codes,
-//! formatting deferred to the dump); see [`CommTrace`]. Measured in `docs/perf/colltrace.md`.
+//! thread; on the progress thread two `rdtsc` (one when the operation was queued behind the
+//! previous one: it starts where that one ended) and a record of eleven words written in place
+//! under a per-slot sequence number, two of them again at the end (no lock, no allocation,
+//! names interned as 16-bit codes, formatting deferred to the dump); see [`CommTrace`].
+//! [`CommTrace::set_recording`] pauses and resumes recording at run time (paused, it costs
+//! what `TORCHCOMMS_TRACE_BUFFER_SIZE=0` costs), which `torchcomms-perf --trace-ab` uses to
+//! measure the cost within one process. Measured in `docs/perf/colltrace.md`.
 //! Thread safety: everything is `Send + Sync`; the execution side has one writer by
 //! construction ([`TraceWriter`]).
 

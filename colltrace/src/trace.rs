@@ -457,13 +457,17 @@ struct ExecSide {
 /// Cost on the hot path: the submitting thread takes a timestamp and an id (one atomic add);
 /// after handing the operation over, it shows it as queued (one compare-and-swap and four
 /// words). The progress thread, the only writer of the execution side ([`TraceWriter`]),
-/// writes eleven words and a counter at the start and at the end of an operation, with no
-/// lock and no read-modify-write. The two sides are on cache lines of their own. A dump merges
+/// writes eleven words and a counter at the start of an operation and two words and a counter
+/// at its end, with no lock and no read-modify-write. The two sides are on cache lines of their own. A dump merges
 /// both sides by id: an operation the progress thread has not taken yet shows as `queued`.
 #[derive(Debug)]
 pub struct CommTrace {
     meta: CommMeta,
     capacity: usize,
+    /// Whether new operations are recorded: `capacity > 0` unless paused with
+    /// [`CommTrace::set_recording`]. Read with one relaxed load per submit, so that a paused
+    /// trace costs what a trace of capacity 0 costs.
+    recording: AtomicBool,
     created_ns: u64,
     /// Time source of the records (TSC ticks or system ns; see the `clock` module).
     clock: Clock,
@@ -539,6 +543,7 @@ impl CommTrace {
         let t = Arc::new(CommTrace {
             meta,
             capacity,
+            recording: AtomicBool::new(capacity > 0),
             created_ns: now_ns(),
             clock: Clock::current(),
             next_id: Padded(AtomicU64::new(1)),
@@ -585,6 +590,7 @@ impl CommTrace {
             on: first && self.capacity > 0,
             count: 0,
             next: 0,
+            last_end: 0,
             started: [0; 2],
             completed: [0; 2],
         }
@@ -595,9 +601,33 @@ impl CommTrace {
         &self.meta
     }
 
-    /// True when operations are recorded.
+    /// True when the trace has a buffer (`TORCHCOMMS_TRACE_BUFFER_SIZE` > 0), also while
+    /// recording is paused: what it holds can still be dumped.
     pub fn enabled(&self) -> bool {
         self.capacity > 0
+    }
+
+    /// Pauses (`false`) or resumes (`true`) recording of new operations, at run time, for
+    /// measuring what tracing costs within one process (`torchcomms-perf --trace-ab`). It
+    /// acts at [`CommTrace::submit`] and [`CommTrace::begin_comm_op`]: an operation submitted
+    /// while paused is not recorded at all (not even counted in the sequence counters, which
+    /// stay at the last recorded operation), one submitted before is recorded to its end. A
+    /// paused trace costs one relaxed load and a branch per operation, as a trace of
+    /// capacity 0 does. No effect on a trace of capacity 0, which never records.
+    pub fn set_recording(&self, on: bool) {
+        self.recording
+            .store(on && self.capacity > 0, Ordering::Relaxed);
+    }
+
+    /// True when new operations are recorded (see [`CommTrace::set_recording`]).
+    pub fn is_recording(&self) -> bool {
+        self.recording.load(Ordering::Relaxed)
+    }
+
+    /// Operations and communicator steps recorded since the trace was created (including the
+    /// ones that left the ring since), for checking that recording is on or paused.
+    pub fn recorded(&self) -> u64 {
+        self.next_id.load(Ordering::Relaxed).saturating_sub(1)
     }
 
     /// Records a submitted operation `op` with sequence number `seq` (collective or p2p, as
@@ -614,7 +644,7 @@ impl CommTrace {
         async_op: Option<bool>,
         timeout: Duration,
     ) -> OpRecord {
-        if self.capacity == 0 {
+        if !self.recording.load(Ordering::Relaxed) {
             return OpRecord::NONE;
         }
         let kind = if p2p {
@@ -651,8 +681,8 @@ impl CommTrace {
         // Another thread writing the same slot holds a newer or older stub of an operation
         // `len` ids away; losing this stub only hides a queued state that a dump would show.
         if let Some(s) = slot.claim() {
-            let cur = Queued::unpack(slot.own());
-            if cur.id < q.id {
+            // Word 0 of a packed stub is its id.
+            if slot.own_word(0) < q.id {
                 slot.write_claimed(s, q.pack());
             } else {
                 slot.seq.store(s.wrapping_add(1), Ordering::Release);
@@ -690,7 +720,7 @@ impl CommTrace {
         timeout: Duration,
         detail: Option<String>,
     ) -> OpHandle {
-        if self.capacity == 0 {
+        if !self.recording.load(Ordering::Relaxed) {
             return OpHandle::NONE;
         }
         let now = self.clock.now();
@@ -839,6 +869,12 @@ impl CommTrace {
 /// The progress thread's side of a [`CommTrace`]: the only writer of started and finished
 /// operations (one per trace, from [`CommTrace::writer`]), so that it writes them with plain
 /// stores under a per-slot sequence number instead of a lock.
+///
+/// When the thread goes straight from finishing one operation to starting the next, and the
+/// next was submitted before the first finished, the start of the next is the end of the
+/// first (read once, not twice): the thread had it in hand at that moment, and its start
+/// differs from the end only by the dispatch between the two. A thread that may wait for work
+/// in between calls [`TraceWriter::idle`] first, so that the next start reads the clock.
 #[derive(Debug)]
 pub struct TraceWriter {
     trace: Arc<CommTrace>,
@@ -848,6 +884,9 @@ pub struct TraceWriter {
     count: u64,
     /// Slot of the next record (`count % capacity`, kept without dividing).
     next: usize,
+    /// End time of the operation this thread finished last, while nothing happened since
+    /// (no start, no [`TraceWriter::idle`]); 0 otherwise.
+    last_end: u64,
     /// Highest sequence numbers started and completed, collective then p2p.
     started: [u64; 2],
     completed: [u64; 2],
@@ -857,6 +896,13 @@ impl TraceWriter {
     /// The trace this writer writes.
     pub fn trace(&self) -> &Arc<CommTrace> {
         &self.trace
+    }
+
+    /// The thread may wait for work now (or do something else than the next operation): the
+    /// next start reads the clock instead of reusing the last end.
+    #[inline]
+    pub fn idle(&mut self) {
+        self.last_end = 0;
     }
 
     fn slot(&self, i: u64) -> &Slot<WORDS> {
@@ -892,10 +938,12 @@ impl TraceWriter {
         transport: Option<&'static str>,
         algorithm: Option<&'static str>,
     ) {
+        // Whatever starts now (also an operation not recorded) comes between the last end and
+        // the next start.
+        let last_end = std::mem::take(&mut self.last_end);
         if rec.q.id == 0 || !self.on {
             return;
         }
-        let now = self.trace.clock.now();
         if rec.slot != NOT_STARTED {
             let slot = self.slot(rec.slot);
             let mut r = Rec::unpack(slot.own());
@@ -908,8 +956,15 @@ impl TraceWriter {
             }
             return;
         }
-        let info = info();
         let q = &rec.q;
+        // Queued before the previous operation ended, with nothing in between: it starts
+        // there (enqueued <= started holds).
+        let now = if last_end != 0 && q.enqueued <= last_end {
+            last_end
+        } else {
+            self.trace.clock.now()
+        };
+        let info = info();
         let r = Rec {
             id: q.id,
             seq: q.seq,
@@ -958,9 +1013,11 @@ impl TraceWriter {
     /// recorded wins.
     pub fn finish(&mut self, rec: &mut OpRecord, outcome: Outcome<'_>) {
         if rec.q.id == 0 || !self.on {
+            self.last_end = 0;
             return;
         }
         let now = self.trace.clock.now();
+        self.last_end = now;
         if rec.slot == NOT_STARTED {
             let mut r = Rec::queued(&rec.q);
             r.started = now;
@@ -1176,6 +1233,101 @@ mod tests {
         w.start(&mut h, OpInfo::default, None, None);
         w.finish(&mut h, Outcome::Completed);
         assert!(t.snapshot().records.is_empty());
+    }
+
+    #[test]
+    fn pausing_stops_and_resuming_restarts_recording() {
+        let t = CommTrace::new(meta(), 100);
+        let mut w = t.writer();
+        assert!(t.is_recording());
+        let run = |t: &CommTrace, w: &mut TraceWriter, seqs: std::ops::RangeInclusive<u64>| {
+            for seq in seqs {
+                let mut r = t.submit(false, seq, "all_reduce", None, Duration::from_secs(1));
+                t.publish(r.queued());
+                w.start(&mut r, || info("all_reduce"), Some("shm"), None);
+                w.finish(&mut r, Outcome::Completed);
+            }
+        };
+        run(&t, &mut w, 1..=3);
+        // Submitted while recording, finished after the pause: recorded whole.
+        let mut late = t.submit(false, 4, "all_reduce", None, Duration::from_secs(1));
+        t.set_recording(false);
+        assert!(!t.is_recording());
+        w.start(&mut late, || info("all_reduce"), Some("shm"), None);
+        w.finish(&mut late, Outcome::Completed);
+        run(&t, &mut w, 5..=9);
+        let h = t.begin_comm_op("split", Duration::from_secs(1), None);
+        h.finish(Outcome::Completed);
+        assert_eq!(t.recorded(), 4);
+        let d = t.snapshot();
+        assert_eq!(d.records.len(), 4);
+        assert!(d.records.iter().all(|r| r.state == State::Completed));
+        assert_eq!(d.collective.completed, 4);
+        t.set_recording(true);
+        run(&t, &mut w, 10..=11);
+        assert_eq!(t.recorded(), 6);
+        let d = t.snapshot();
+        let seqs: Vec<u64> = d.records.iter().map(|r| r.seq).collect();
+        assert_eq!(seqs, [1, 2, 3, 4, 10, 11]);
+        assert_eq!(d.dropped, 0, "paused operations are not dropped records");
+        assert_eq!(d.collective.completed, 11);
+        // A trace without a buffer cannot be resumed.
+        let off = CommTrace::new(meta(), 0);
+        off.set_recording(true);
+        assert!(!off.is_recording());
+        assert_eq!(off.submit(false, 1, "x", None, Duration::ZERO).q.id, 0);
+    }
+
+    /// Raw start and end times of the records of `t`, by id.
+    fn times(t: &CommTrace) -> Vec<(u64, u64, u64)> {
+        let ex = &t.exec;
+        (0..ex.count.load(Ordering::Acquire) as usize)
+            .map(|i| Rec::unpack(ex.slots[i].read().unwrap()))
+            .map(|r| (r.enqueued, r.started, r.ended))
+            .collect()
+    }
+
+    #[test]
+    fn a_queued_op_starts_where_the_previous_ended() {
+        let t = CommTrace::new(meta(), 100);
+        let mut w = t.writer();
+        let sub = |s| t.submit(false, s, "all_reduce", None, Duration::from_secs(1));
+        let (mut a, mut b, mut c) = (sub(1), sub(2), sub(3));
+        w.start(&mut a, || info("all_reduce"), None, None);
+        w.finish(&mut a, Outcome::Completed);
+        w.start(&mut b, || info("all_reduce"), None, None);
+        // The thread waits in between: c reads the clock.
+        w.finish(&mut b, Outcome::Completed);
+        w.idle();
+        std::thread::sleep(Duration::from_millis(2));
+        w.start(&mut c, || info("all_reduce"), None, None);
+        w.finish(&mut c, Outcome::Completed);
+        // Submitted after the previous end: reads the clock.
+        std::thread::sleep(Duration::from_millis(2));
+        let (mut d, mut e) = (sub(4), sub(5));
+        t.set_recording(false);
+        let mut x = sub(6);
+        t.set_recording(true);
+        w.start(&mut d, || info("all_reduce"), None, None);
+        w.finish(&mut d, Outcome::Completed);
+        // An operation not recorded runs in between: e, queued before d ended, reads the clock.
+        w.start(&mut x, || info("all_reduce"), None, None);
+        std::thread::sleep(Duration::from_millis(2));
+        w.finish(&mut x, Outcome::Completed);
+        w.start(&mut e, || info("all_reduce"), None, None);
+        w.finish(&mut e, Outcome::Completed);
+        let r = times(&t);
+        assert_eq!(r.len(), 5);
+        for (enq, start, end) in &r {
+            assert!(enq <= start && start <= end, "{r:?}");
+        }
+        assert_eq!(r[1].1, r[0].2, "b starts where a ended");
+        assert!(r[2].1 > r[1].2, "c waited: {r:?}");
+        assert!(r[3].1 > r[2].2, "d came later: {r:?}");
+        assert!(
+            r[4].0 <= r[3].2 && r[4].1 > r[3].2,
+            "x ran in between: {r:?}"
+        );
     }
 
     #[test]

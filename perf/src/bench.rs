@@ -13,6 +13,7 @@ use ctran::{DataType, ReduceOp};
 use serde::Serialize;
 use torchcomms::{new_comm, CommOptions, ErrorKind, OpOptions, P2POp, Tensor, TorchComm, Work};
 
+use crate::ab;
 use crate::check::{input_value, invalid_combo, reduce_expected, with_elem, Elem, Expect, Pattern};
 use crate::cli::{CollOp, Settings};
 use crate::device::{rank_device, Mem};
@@ -224,9 +225,81 @@ impl Bench<'_> {
 
     /// All-reduce of one f64 through the communicator.
     fn reduce_scalar(&self, v: f64, op: ReduceOp) -> Result<f64> {
-        let t = self.mem.upload(vec![v])?;
+        Ok(self.reduce_vec(vec![v], op)?[0])
+    }
+
+    /// All-reduce of f64s through the communicator.
+    fn reduce_vec(&self, v: Vec<f64>, op: ReduceOp) -> Result<Vec<f64>> {
+        let t = self.mem.upload(v)?;
         self.comm.all_reduce(&t, op, &OpOptions::sync())?.wait()?;
-        Ok(self.mem.download::<f64>(t)?[0])
+        self.mem.download::<f64>(t)
+    }
+
+    /// `--trace-ab`: times the one (op, dtype, redop, size) in blocks of `block` iterations
+    /// with this communicator's colltrace recording and paused in turn (see [`ab`]), every rank
+    /// switching before the same block. Returns the slowest rank's mean latency of every block
+    /// and this rank's mismatches (with `--check`).
+    fn trace_ab(&self, block: u32, p: &Printer) -> Result<(Vec<f64>, u64)> {
+        let (op, dtype) = (self.s.ops[0], self.s.dtypes[0]);
+        let redop = self.s.redops.first().copied().unwrap_or(ReduceOp::Sum);
+        let algo = self.s.algo.as_deref();
+        let lay = layout(op, self.n, dtype, self.s.minbytes);
+        let trace = colltrace::find(self.comm.get_name(), self.rank).with_context(|| {
+            format!(
+                "--trace-ab: communicator {} keeps no colltrace (TORCHCOMMS_TRACE_BUFFER_SIZE=0?)",
+                self.comm.get_name()
+            )
+        })?;
+        let bufs = self.bufs(
+            op,
+            self.mem.zeros(dtype, self.in_count(op, lay.count))?,
+            lay.count,
+        )?;
+        self.barrier()?;
+        self.iterate(op, algo, redop, &bufs, self.s.warmup)
+            .context("warm-up")?;
+        let blocks = (self.s.iters / block) as usize;
+        let mut times = Vec::with_capacity(blocks);
+        // Records each block added: every operation of an `on` block, none of an `off` one.
+        let mut recorded = [0u64; 2];
+        for k in 0..blocks {
+            let on = ab::is_on(k);
+            trace.set_recording(on);
+            self.barrier()?;
+            let before = trace.recorded();
+            let t0 = Instant::now();
+            self.iterate(op, algo, redop, &bufs, block)
+                .with_context(|| format!("block {k} of --trace-ab"))?;
+            times.push(t0.elapsed().as_secs_f64() / f64::from(block));
+            recorded[usize::from(on)] += trace.recorded() - before;
+        }
+        trace.set_recording(true);
+        drop(bufs);
+        // At least one record per operation issued (an operation may record more).
+        let expected = u64::from(block) * (blocks / 2) as u64;
+        p.line(format!(
+            "# trace-ab records taken: {} in on blocks (expected at least {expected}), {} in off \
+             blocks (expected 0)",
+            recorded[1], recorded[0]
+        ));
+        if recorded[0] != 0 || recorded[1] < expected {
+            bail!(
+                "--trace-ab: rank {} recorded {} operations in blocks with tracing on and {} with \
+                 it paused (expected at least {expected} and 0): the switch does not act as it \
+                 should",
+                self.rank,
+                recorded[1],
+                recorded[0]
+            );
+        }
+        let times = self.reduce_vec(times, ReduceOp::Max)?;
+        let wrong = if self.s.check {
+            with_elem!(dtype, T => self.check::<T>(op, algo, redop, lay.count)?,
+                _ => bail!("dtype {dtype} is not known to the check"))
+        } else {
+            0
+        };
+        Ok((times, wrong))
     }
 
     /// Times one (op, algorithm, dtype, redop, size) and, with `check`, checks it. `Ok(Err)`
@@ -597,6 +670,9 @@ pub(crate) fn run_rank(s: &Settings, info: &RankInfo) -> Result<ExitCode> {
         if s.async_op { "async" } else { "sync" },
         s.algo.as_deref().unwrap_or("default")
     ));
+    if let Some(block) = s.trace_ab {
+        return run_trace_ab(&b, &p, block);
+    }
     let sizes = s.sizes();
     let mut rows: Vec<Row> = Vec::new();
     let mut bw_sum = 0.0;
@@ -749,6 +825,78 @@ pub(crate) fn run_rank(s: &Settings, info: &RankInfo) -> Result<ExitCode> {
             written.with_context(|| format!("writing the --json file {}", path.display()))?;
         }
     }
+    b.comm.finalize().context("finalize")?;
+    Ok(if wrong > 0 {
+        ExitCode::from(WRONG_EXIT)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// `--trace-ab` on this rank: the blocks, then on rank 0 the report.
+fn run_trace_ab(b: &Bench<'_>, p: &Printer, block: u32) -> Result<ExitCode> {
+    let s = b.s;
+    let (op, dtype) = (s.ops[0], s.dtypes[0]);
+    let lay = layout(op, b.n, dtype, s.minbytes);
+    let (times, wrong) = b.trace_ab(block, p)?;
+    let wrong = if s.check {
+        b.reduce_scalar(wrong as f64, ReduceOp::Sum)? as u64
+    } else {
+        0
+    };
+    let sum = ab::summarize(&times);
+    let us = |x: f64| x * 1e6;
+    let pct = |x: f64| x * 100.0;
+    p.line("#");
+    p.line(format!(
+        "# trace-ab: {} {} B {} {}, {} blocks of {block} iterations ({} groups: off on on off, \
+         on off off on), time of the slowest rank",
+        op.name(),
+        lay.bytes,
+        dtype.name(),
+        if op.reduces() {
+            s.redops.first().map_or("sum", |r| r.name())
+        } else {
+            "none"
+        },
+        times.len(),
+        sum.groups
+    ));
+    p.line(format!(
+        "#   tracing off: median of block means {:.3} us",
+        us(sum.off)
+    ));
+    p.line(format!(
+        "#   tracing on:  median of block means {:.3} us",
+        us(sum.on)
+    ));
+    p.line(format!(
+        "#   on/off, median of the paired ratios of the groups: {:+.2}% (bootstrap 95% CI \
+         {:+.2}% .. {:+.2}%)",
+        pct(sum.ratio),
+        pct(sum.ci.0),
+        pct(sum.ci.1)
+    ));
+    // One line for scripts (colltrace/benches/overhead.sh).
+    p.line(format!(
+        "trace-ab nranks={} blocks={} block={block} groups={} off_us={:.4} on_us={:.4} \
+         ratio={:.5} lo={:.5} hi={:.5}",
+        b.n,
+        times.len(),
+        sum.groups,
+        us(sum.off),
+        us(sum.on),
+        sum.ratio,
+        sum.ci.0,
+        sum.ci.1
+    ));
+    if s.check {
+        p.line(format!(
+            "# Out of bounds values : {wrong} {}",
+            if wrong == 0 { "OK" } else { "FAILED" }
+        ));
+    }
+    p.line("#");
     b.comm.finalize().context("finalize")?;
     Ok(if wrong > 0 {
         ExitCode::from(WRONG_EXIT)

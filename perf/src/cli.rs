@@ -147,6 +147,20 @@ pub(crate) struct Args {
     /// from (default, the TORCHCOMMS_CONFIG file, the environment), then exit.
     #[arg(long)]
     pub(crate) print_cvars: bool,
+
+    /// Measure what colltrace costs, within one run: time the one (op, dtype, redop, size) in
+    /// blocks of --ab-block iterations with recording paused (off) and on in turn, in groups
+    /// of four (off on on off, then on off off on), every rank switching at the same
+    /// iterations; report per setting the median of the block means, and the median of the
+    /// on/off ratios of the groups with a bootstrap 95% interval. --iters is the total, a
+    /// multiple of 4 x --ab-block. Needs --backend ctran and TORCHCOMMS_TRACE_BUFFER_SIZE > 0.
+    #[arg(long)]
+    pub(crate) trace_ab: bool,
+
+    /// Iterations per block of --trace-ab.
+    #[arg(long, value_name = "ITERS", default_value_t = 1000,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) ab_block: u32,
 }
 
 /// `--print-cvars`: the effective configuration; an invalid value is an error naming it.
@@ -387,6 +401,8 @@ pub(crate) struct Settings {
     pub(crate) algo: Option<String>,
     pub(crate) rounds: u32,
     pub(crate) max_iter_bytes: Option<u64>,
+    /// `--trace-ab`: iterations per block.
+    pub(crate) trace_ab: Option<u32>,
 }
 
 /// Keeps the first occurrence of every element.
@@ -472,6 +488,45 @@ impl Settings {
                 );
             }
         }
+        let trace_ab = a.trace_ab.then_some(a.ab_block);
+        if let Some(block) = trace_ab {
+            let one = |what: &str, n: usize| -> Result<()> {
+                if n != 1 {
+                    bail!(
+                        "invalid value for '--trace-ab': it times one combination, got {n} {what} \
+                         (give one --op, one --dtype, one --redop, and -b equal to -e)"
+                    );
+                }
+                Ok(())
+            };
+            one("operations", ops.len())?;
+            one("element types", dtypes.len())?;
+            if ops[0].reduces() {
+                one("reductions", redops.len())?;
+            }
+            if a.minbytes != a.maxbytes {
+                one("sizes", 2)?;
+            }
+            if a.backend != "ctran" {
+                bail!(
+                    "invalid value for '--trace-ab': needs --backend ctran (the {} backend keeps \
+                     no colltrace)",
+                    a.backend
+                );
+            }
+            if algo.as_deref() == Some("all") || a.rounds > 1 {
+                bail!("invalid value for '--trace-ab': --algo all and --rounds do not apply");
+            }
+            let group = 4 * u64::from(block);
+            if u64::from(a.iters) % group != 0 || u64::from(a.iters) < 2 * group {
+                bail!(
+                    "invalid value for '--iters': --trace-ab needs a multiple of 4 x --ab-block \
+                     ({group}), at least two groups ({}), got {}",
+                    2 * group,
+                    a.iters
+                );
+            }
+        }
         Ok(Settings {
             nranks: a.nranks as usize,
             minbytes: a.minbytes,
@@ -493,6 +548,7 @@ impl Settings {
             algo,
             rounds: a.rounds,
             max_iter_bytes: a.max_iter_bytes,
+            trace_ab,
         })
     }
 
@@ -653,6 +709,49 @@ mod tests {
         assert_eq!(s.iterations(1 << 30), (1, 1));
         let a = Args::try_parse_from(["p", "-w", "0", "-i", "5"]).unwrap();
         assert_eq!(Settings::from_args(a).unwrap().iterations(1 << 30), (0, 5));
+    }
+
+    #[test]
+    fn trace_ab_times_one_combination_in_groups_of_four_blocks() {
+        let parse = |argv: &[&str]| {
+            let base = ["p", "--op", "all_reduce", "-b", "8", "--trace-ab"];
+            let args: Vec<&str> = base.iter().chain(argv).copied().collect();
+            Settings::from_args(Args::try_parse_from(args).unwrap())
+        };
+        let s = parse(&["-e", "8", "--ab-block", "100", "-i", "800"]).unwrap();
+        assert_eq!((s.trace_ab, s.iters), (Some(100), 800));
+        for (argv, name) in [
+            (
+                &["-e", "8", "--ab-block", "100", "-i", "900"][..],
+                "--iters",
+            ),
+            (
+                &["-e", "8", "--ab-block", "100", "-i", "400"][..],
+                "--iters",
+            ),
+            (&["-e", "16", "-i", "8000"][..], "sizes"),
+            (
+                &["-e", "8", "-i", "8000", "--op", "broadcast"][..],
+                "operations",
+            ),
+            (
+                &["-e", "8", "-i", "8000", "-d", "f32,f64"][..],
+                "element types",
+            ),
+            (
+                &["-e", "8", "-i", "8000", "-o", "sum,max"][..],
+                "reductions",
+            ),
+            (
+                &["-e", "8", "-i", "8000", "--backend", "nccl"][..],
+                "--backend",
+            ),
+        ] {
+            let e = parse(argv).unwrap_err().to_string();
+            assert!(e.contains(name), "{argv:?}: {e}");
+        }
+        let s = Settings::from_args(Args::try_parse_from(["p"]).unwrap()).unwrap();
+        assert_eq!(s.trace_ab, None);
     }
 
     #[test]

@@ -16,6 +16,7 @@
 //! every option; the exit status is 0 when all went well, 3 when a result was wrong, 1 on
 //! errors.
 
+mod ab;
 mod bench;
 mod check;
 mod cli;

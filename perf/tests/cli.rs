@@ -232,3 +232,67 @@ fn a_root_outside_the_job_fails_before_launching() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--root"), "{stderr}");
 }
+
+/// `--trace-ab` on two ranks: the settings alternate, rank 0 reports both and the paired
+/// ratio, and every rank checked that its trace recorded every operation of the `on` blocks
+/// and none of the `off` ones (it fails otherwise).
+#[test]
+fn trace_ab_switches_recording_within_the_run() {
+    let ab = |buffer: &str| {
+        perf()
+            .args([
+                "-n",
+                "2",
+                "--op",
+                "all_reduce",
+                "-b",
+                "8",
+                "-e",
+                "8",
+                "-w",
+                "10",
+            ])
+            .args([
+                "-i",
+                "400",
+                "--ab-block",
+                "50",
+                "--trace-ab",
+                "--timeout",
+                "120",
+            ])
+            .env("TORCHCOMMS_TRACE_BUFFER_SIZE", buffer)
+            .output()
+            .expect("run torchcomms-perf")
+    };
+    let out = ab("100");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(
+        stdout.contains("records taken: 200 in on blocks (expected at least 200), 0 in off blocks"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("8 blocks of 50 iterations (2 groups"),
+        "{stdout}"
+    );
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("trace-ab nranks=2 blocks=8 block=50 groups=2 "))
+        .unwrap_or_else(|| panic!("no summary line: {stdout}"));
+    for key in ["off_us=", "on_us=", "ratio=", "lo=", "hi="] {
+        let v: f64 = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(key))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{key} in {line}"));
+        assert!(v.is_finite(), "{line}");
+    }
+    assert!(stdout.contains("# Out of bounds values : 0 OK"), "{stdout}");
+    // Tracing off for the whole process: nothing to switch.
+    let out = ab("0");
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("keeps no colltrace"), "{stderr}");
+}

@@ -102,6 +102,10 @@ impl Executor {
         loop {
             self.reap_inflight();
             let cmd = if self.inflight.is_empty() {
+                if self.rx.is_empty() {
+                    // About to wait: the next operation's start is not the last one's end.
+                    self.tracer.idle();
+                }
                 match self.rx.recv() {
                     Ok(c) => c,
                     Err(_) => break,
@@ -140,6 +144,7 @@ impl Executor {
             .map(|f| f.deadline)
             .min()
             .unwrap_or_else(Instant::now);
+        self.tracer.idle();
         self.waker.set_sleeping(true);
         if self.rx.is_empty() {
             // Transport failures surface per request, in `reap_inflight`.
