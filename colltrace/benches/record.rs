@@ -34,35 +34,18 @@ fn record(c: &mut Criterion) {
         size: 4,
         global_ranks: vec![0, 1, 2, 3],
     };
-    for cap in [2000usize, 0] {
+    // The last case: recording paused at run time (`torchcomms-perf --trace-ab`), which should
+    // cost what a buffer of 0 costs.
+    for (cap, paused) in [(2000usize, false), (0, false), (2000, true)] {
         let trace = CommTrace::new(meta.clone(), cap);
         let mut w = trace.writer();
+        trace.set_recording(!paused);
+        let name = format!(
+            "one all_reduce record, buffer {cap}{}",
+            if paused { ", paused" } else { "" }
+        );
         let mut seq = 0;
-        c.bench_function(&format!("one all_reduce record, buffer {cap}"), |b| {
-            b.iter(|| {
-                seq += 1;
-                let mut h = trace.submit(
-                    false,
-                    seq,
-                    "all_reduce",
-                    Some(false),
-                    Duration::from_secs(600),
-                );
-                trace.publish(h.queued());
-                w.start(&mut h, all_reduce_info, Some("shm"), Some("shm"));
-                w.finish(&mut h, Outcome::Completed);
-                black_box(h);
-            })
-        });
-    }
-    {
-        // Recording paused at run time (`torchcomms-perf --trace-ab`): should cost what a
-        // buffer of 0 costs.
-        let trace = CommTrace::new(meta.clone(), 2000);
-        let mut w = trace.writer();
-        trace.set_recording(false);
-        let mut seq = 0;
-        c.bench_function("one all_reduce record, buffer 2000, paused", |b| {
+        c.bench_function(&name, |b| {
             b.iter(|| {
                 seq += 1;
                 let mut h = trace.submit(
