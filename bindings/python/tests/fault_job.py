@@ -120,7 +120,10 @@ def watchdog() -> None:
     dies) or ``off`` (rank 1 dies, the flag is off)."""
     mode = sys.argv[2]
     limit = 2.0
-    comm = make("fault_watchdog", limit, abort=mode != "off")
+    # Created with a long timeout: on a loaded 2-core machine one rank may start (import torch)
+    # seconds after the other, and the rendezvous must not be what times out.
+    comm = make("fault_watchdog", 60.0, abort=mode != "off")
+    comm.set_timeout(timedelta(seconds=limit))
     healthy_round(comm)
     if RANK == 1:
         if mode == "timeout":
