@@ -38,6 +38,9 @@ pub struct CommConfig {
     pub nvl: crate::nvl::NvlConfig,
     /// Shared-memory transport settings.
     pub shm: ShmConfig,
+    /// How long a waiting caller and an idle progress thread spin before they sleep
+    /// (`CTRAN_WAIT_SPIN_US`); `None` decides at creation from the cores per local rank.
+    pub wait_spin: Option<Duration>,
     /// Abort the whole process when an operation fails or times out (torchcomms'
     /// `abort_process_on_timeout_or_error`), like NCCL's watchdog does.
     pub abort_process_on_error: bool,
@@ -121,6 +124,7 @@ impl CommConfig {
                 budget_bytes: cv.ctran_nvl_budget_bytes(),
             },
             shm,
+            wait_spin: cv.ctran_wait_spin_us(),
             abort_process_on_error: false,
             algos,
             trace: colltrace::TraceConfig::from_cvars(&cv),

@@ -102,11 +102,7 @@ impl Executor {
         loop {
             self.reap_inflight();
             let cmd = if self.inflight.is_empty() {
-                if self.rx.is_empty() {
-                    // About to wait: the next operation's start is not the last one's end.
-                    self.tracer.idle();
-                }
-                match self.rx.recv() {
+                match self.next_command() {
                     Ok(c) => c,
                     Err(_) => break,
                 }
@@ -134,6 +130,36 @@ impl Executor {
         } else {
             self.net.close();
         }
+    }
+
+    /// The next command, spinning for the communicator's wait window before sleeping: a caller
+    /// that issues operations back to back finds this thread awake.
+    fn next_command(&mut self) -> Result<Command, crossbeam_channel::RecvError> {
+        match self.rx.try_recv() {
+            Ok(c) => return Ok(c),
+            Err(TryRecvError::Disconnected) => return Err(crossbeam_channel::RecvError),
+            Err(TryRecvError::Empty) => {}
+        }
+        // About to wait: the next operation's start is not the last one's end.
+        self.tracer.idle();
+        let spin = self.shared.wait_spin;
+        if !spin.is_zero() {
+            let until = Instant::now() + spin;
+            let mut spins = 0u32;
+            loop {
+                match self.rx.try_recv() {
+                    Ok(c) => return Ok(c),
+                    Err(TryRecvError::Disconnected) => return Err(crossbeam_channel::RecvError),
+                    Err(TryRecvError::Empty) => {}
+                }
+                spins = spins.wrapping_add(1);
+                if spins % 64 == 0 && Instant::now() >= until {
+                    break;
+                }
+                std::hint::spin_loop();
+            }
+        }
+        self.rx.recv()
     }
 
     /// Moves in-flight transfers while no new command is queued; wakes up for new commands.

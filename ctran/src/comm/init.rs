@@ -85,7 +85,7 @@ pub(crate) fn host_id() -> u64 {
 /// Sets up shared memory with the ranks of `hosts` (host id per rank) that share this rank's
 /// host, when enabled, and returns the transports of the communicator.
 fn transports(
-    config: &CommConfig,
+    config: &mut CommConfig,
     socket: SocketTransport,
     hosts: &[u64],
     secret: &[u8; 16],
@@ -95,8 +95,15 @@ fn transports(
     let waker = Arc::clone(socket.waker());
     let me = hosts[config.rank];
     let local: Vec<usize> = (0..hosts.len()).filter(|&r| hosts[r] == me).collect();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // A rank runs two threads that wait on each other (the caller and the progress thread):
+    // spinning only pays when each has a core.
+    config.wait_spin.get_or_insert(if 2 * local.len() <= cores {
+        DEFAULT_WAIT_SPIN
+    } else {
+        Duration::ZERO
+    });
     if config.socket.spin.is_none() {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         socket.set_spin(if local.len() <= cores {
             DEFAULT_SPIN
         } else {
@@ -126,6 +133,10 @@ fn transports(
     Ok((Mapper::new(socket, shm), waker))
 }
 
+/// How long a waiting caller or idle progress thread spins when cores allow (`CTRAN_WAIT_SPIN_US`
+/// unset): longer than a small collective on one host takes, far shorter than a sleep costs.
+const DEFAULT_WAIT_SPIN: Duration = Duration::from_micros(30);
+
 fn random_secret() -> [u8; 16] {
     rand::random()
 }
@@ -139,7 +150,7 @@ pub(super) fn init_with_store(config: CommConfig, store: Arc<dyn Store>) -> Resu
 }
 
 fn connect_with_store(
-    config: CommConfig,
+    mut config: CommConfig,
     store: Arc<dyn Store>,
     trace: &Arc<colltrace::CommTrace>,
 ) -> Result<Comm> {
@@ -192,7 +203,7 @@ fn connect_with_store(
         secret,
     };
     let socket = connect_mesh(listener, &plan, &config.socket, deadline)?;
-    let (mapper, waker) = transports(&config, socket, &hosts, &secret, deadline)?;
+    let (mapper, waker) = transports(&mut config, socket, &hosts, &secret, deadline)?;
     let comm = Comm::start(config, mapper, waker, Arc::clone(trace))?;
     super::trace::publish_endpoint(&*root, &store, comm.config(), advertised.ip());
     // Nobody leaves before everybody has read the store, so the store can go away right after.
@@ -358,7 +369,7 @@ fn split_inner(
     let child = (|| {
         let socket = connect_mesh(listener, &plan, &config.socket, deadline)?;
         let child_secret = plan.secret;
-        let (mapper, waker) = transports(&config, socket, &hosts, &child_secret, deadline)?;
+        let (mapper, waker) = transports(&mut config, socket, &hosts, &child_secret, deadline)?;
         let child = Comm::start(config, mapper, waker, Arc::clone(&trace))?;
         child.run(
             Op::Barrier,

@@ -42,6 +42,8 @@ pub(crate) struct Shared {
     pub(crate) selector: Arc<Selector>,
     /// colltrace of this communicator.
     pub(crate) trace: Arc<colltrace::CommTrace>,
+    /// How long a waiting caller and the idle progress thread spin before they sleep.
+    pub(crate) wait_spin: Duration,
     failed: Mutex<Option<Error>>,
 }
 
@@ -121,6 +123,7 @@ impl Comm {
             )),
             failed: Mutex::new(None),
             trace,
+            wait_spin: config.wait_spin.unwrap_or(Duration::ZERO),
         });
         let (tx, rx) = crossbeam_channel::unbounded();
         let exec = Executor::new(
@@ -245,7 +248,7 @@ impl Comm {
         }
         // Shown as queued once the task is on its way: off the caller's critical path.
         let queued = traced.queued();
-        let request = Request::new(name, seq);
+        let request = Request::new(name, seq, self.shared.wait_spin);
         let task = Task {
             op,
             seq,

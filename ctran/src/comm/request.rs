@@ -1,6 +1,9 @@
 //! The completion side of an operation: the caller holds a [`Request`], the progress thread
-//! finishes it.
+//! finishes it. A waiting caller spins briefly on an atomic flag before it sleeps on a condition
+//! variable, and the progress thread only makes the wake-up system call when somebody sleeps:
+//! for short operations both thread hand-offs stay in user space.
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -18,6 +21,10 @@ enum State {
 struct Shared {
     state: Mutex<State>,
     cv: Condvar,
+    /// Set (release) once `state` is final: what a spinning waiter watches.
+    finished: AtomicBool,
+    /// Waiters asleep on `cv`; changed and read only under `state`'s lock.
+    sleepers: AtomicUsize,
 }
 
 /// Lifecycle of an operation as seen by its caller.
@@ -40,23 +47,28 @@ pub struct Request {
     shared: Arc<Shared>,
     op: &'static str,
     seq: u64,
+    /// How long a waiter spins on `finished` before it sleeps.
+    spin: Duration,
 }
 
 impl Request {
-    pub(crate) fn new(op: &'static str, seq: u64) -> Request {
+    pub(crate) fn new(op: &'static str, seq: u64, spin: Duration) -> Request {
         Request {
             shared: Arc::new(Shared {
                 state: Mutex::new(State::Queued),
                 cv: Condvar::new(),
+                finished: AtomicBool::new(false),
+                sleepers: AtomicUsize::new(0),
             }),
             op,
             seq,
+            spin,
         }
     }
 
     /// A request that already failed (used when submission itself is refused).
     pub(crate) fn failed(op: &'static str, seq: u64, err: Error) -> Request {
-        let r = Request::new(op, seq);
+        let r = Request::new(op, seq, Duration::ZERO);
         r.finish(Err(err));
         r
     }
@@ -88,7 +100,29 @@ impl Request {
             Ok(()) => State::Done,
             Err(e) => State::Failed(e),
         };
-        self.shared.cv.notify_all();
+        self.shared.finished.store(true, Ordering::Release);
+        if self.shared.sleepers.load(Ordering::Relaxed) > 0 {
+            self.shared.cv.notify_all();
+        }
+    }
+
+    /// Spins until the operation finished or `spin` passed; true if it finished.
+    fn spin_until_finished(&self) -> bool {
+        if self.spin.is_zero() {
+            return self.shared.finished.load(Ordering::Acquire);
+        }
+        let until = Instant::now() + self.spin;
+        let mut spins = 0u32;
+        loop {
+            if self.shared.finished.load(Ordering::Acquire) {
+                return true;
+            }
+            spins = spins.wrapping_add(1);
+            if spins % 64 == 0 && Instant::now() >= until {
+                return false;
+            }
+            std::hint::spin_loop();
+        }
     }
 
     /// Current status, without waiting.
@@ -121,6 +155,7 @@ impl Request {
     /// [`Error::Timeout`] but does not cancel the operation.
     pub fn wait_timeout(&self, timeout: Duration, rank: usize) -> Result<()> {
         let deadline = Instant::now().checked_add(timeout);
+        self.spin_until_finished();
         let mut s = self.lock();
         loop {
             match &*s {
@@ -141,12 +176,90 @@ impl Request {
                     timeout,
                 });
             }
+            self.shared.sleepers.fetch_add(1, Ordering::Relaxed);
             s = self
                 .shared
                 .cv
                 .wait_timeout(s, left)
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
+            self.shared.sleepers.fetch_sub(1, Ordering::Relaxed);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn finish_later(
+        r: &Request,
+        after: Duration,
+        result: Result<()>,
+    ) -> std::thread::JoinHandle<()> {
+        let r = r.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(after);
+            r.finish(result);
+        })
+    }
+
+    #[test]
+    fn a_spinning_waiter_sees_a_finish_within_its_window() {
+        let r = Request::new("all_reduce", 1, Duration::from_secs(5));
+        let t = finish_later(&r, Duration::from_millis(20), Ok(()));
+        r.wait_timeout(Duration::from_secs(10), 0).unwrap();
+        t.join().unwrap();
+        assert_eq!(r.status(), RequestStatus::Completed);
+    }
+
+    #[test]
+    fn a_waiter_past_its_spin_sleeps_and_is_woken() {
+        for spin in [Duration::ZERO, Duration::from_micros(1)] {
+            let r = Request::new("barrier", 2, spin);
+            let t = finish_later(&r, Duration::from_millis(100), Ok(()));
+            let t0 = Instant::now();
+            r.wait_timeout(Duration::from_secs(30), 0).unwrap();
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "woken late: {:?}",
+                t0.elapsed()
+            );
+            t.join().unwrap();
+            // The sleeper counted itself out again: later finishes skip the wake-up call.
+            assert_eq!(r.shared.sleepers.load(Ordering::Relaxed), 0);
+        }
+    }
+
+    #[test]
+    fn a_failure_reaches_spinning_and_sleeping_waiters() {
+        for spin in [Duration::from_secs(5), Duration::ZERO] {
+            let r = Request::new("all_gather", 3, spin);
+            let err = Error::NotSupported("on purpose".into());
+            let t = finish_later(&r, Duration::from_millis(30), Err(err));
+            let got = r.wait_timeout(Duration::from_secs(30), 0).unwrap_err();
+            assert!(got.to_string().contains("on purpose"), "{got}");
+            t.join().unwrap();
+        }
+    }
+
+    #[test]
+    fn a_request_never_finished_times_out_after_spinning() {
+        let r = Request::new("broadcast", 4, Duration::from_millis(10));
+        let t0 = Instant::now();
+        let err = r.wait_timeout(Duration::from_millis(50), 3).unwrap_err();
+        assert!(t0.elapsed() >= Duration::from_millis(50));
+        assert!(
+            matches!(
+                err,
+                Error::Timeout {
+                    seq: 4,
+                    rank: 3,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert_eq!(r.status(), RequestStatus::Queued);
     }
 }
