@@ -135,29 +135,19 @@ impl Executor {
     /// The next command, spinning for the communicator's wait window before sleeping: a caller
     /// that issues operations back to back finds this thread awake.
     fn next_command(&mut self) -> Result<Command, crossbeam_channel::RecvError> {
-        match self.rx.try_recv() {
-            Ok(c) => return Ok(c),
-            Err(TryRecvError::Disconnected) => return Err(crossbeam_channel::RecvError),
-            Err(TryRecvError::Empty) => {}
+        let rx = &self.rx;
+        let poll = || match rx.try_recv() {
+            Ok(c) => Some(Ok(c)),
+            Err(TryRecvError::Disconnected) => Some(Err(crossbeam_channel::RecvError)),
+            Err(TryRecvError::Empty) => None,
+        };
+        if let Some(next) = poll() {
+            return next;
         }
         // About to wait: the next operation's start is not the last one's end.
         self.tracer.idle();
-        let spin = self.shared.wait_spin;
-        if !spin.is_zero() {
-            let until = Instant::now() + spin;
-            let mut spins = 0u32;
-            loop {
-                match self.rx.try_recv() {
-                    Ok(c) => return Ok(c),
-                    Err(TryRecvError::Disconnected) => return Err(crossbeam_channel::RecvError),
-                    Err(TryRecvError::Empty) => {}
-                }
-                spins = spins.wrapping_add(1);
-                if spins % 64 == 0 && Instant::now() >= until {
-                    break;
-                }
-                std::hint::spin_loop();
-            }
+        if let Some(next) = super::spin::spin_for(self.shared.wait_spin, poll) {
+            return next;
         }
         self.rx.recv()
     }

@@ -6,6 +6,7 @@ mod executor;
 mod init;
 pub mod op;
 pub mod request;
+mod spin;
 mod trace;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

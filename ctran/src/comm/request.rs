@@ -106,25 +106,6 @@ impl Request {
         }
     }
 
-    /// Spins until the operation finished or `spin` passed; true if it finished.
-    fn spin_until_finished(&self) -> bool {
-        if self.spin.is_zero() {
-            return self.shared.finished.load(Ordering::Acquire);
-        }
-        let until = Instant::now() + self.spin;
-        let mut spins = 0u32;
-        loop {
-            if self.shared.finished.load(Ordering::Acquire) {
-                return true;
-            }
-            spins = spins.wrapping_add(1);
-            if spins % 64 == 0 && Instant::now() >= until {
-                return false;
-            }
-            std::hint::spin_loop();
-        }
-    }
-
     /// Current status, without waiting.
     pub fn status(&self) -> RequestStatus {
         match &*self.lock() {
@@ -155,7 +136,9 @@ impl Request {
     /// [`Error::Timeout`] but does not cancel the operation.
     pub fn wait_timeout(&self, timeout: Duration, rank: usize) -> Result<()> {
         let deadline = Instant::now().checked_add(timeout);
-        self.spin_until_finished();
+        super::spin::spin_for(self.spin, || {
+            self.shared.finished.load(Ordering::Acquire).then_some(())
+        });
         let mut s = self.lock();
         loop {
             match &*s {
