@@ -145,6 +145,16 @@ def test_pre_hook_exception_stops_the_op(fresh: Any) -> None:
     assert t.item() == WORLD
 
 
+def test_nan_check_falls_back_to_isnan_without_the_c10d_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A torch without ``torch.ops.c10d.check_for_nan`` (2.11 on the GPU machines): every call,
+    not only the first, checks with ``torch.isnan``."""
+    from torchcomms.hooks.nan_check import nan_check
+
+    monkeypatch.setattr(nan_check, "_check_for_nan", False)
+    assert nan_check._has_nan(torch.tensor([1.0, float("nan")]))
+    assert not nan_check._has_nan(torch.ones(2))
+
+
 def test_nan_check_hook(fresh: Any) -> None:
     comm = fresh("nan")
     hook = NanCheckHook()

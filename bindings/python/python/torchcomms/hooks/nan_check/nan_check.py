@@ -20,7 +20,9 @@ def _has_nan(t: torch.Tensor) -> bool:
     global _check_for_nan
     if _check_for_nan is None:
         try:
-            import torch.distributed  # noqa: F401  (registers the c10d ops)
+            # Bound to its own name: `import torch.distributed` would make `torch` a local of
+            # this function, unbound on the calls that skip this branch.
+            import torch.distributed as _registers_c10d_ops  # noqa: F401
 
             _check_for_nan = torch.ops.c10d.check_for_nan
         except (ImportError, AttributeError, RuntimeError):
