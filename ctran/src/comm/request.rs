@@ -3,7 +3,7 @@
 //! variable, and the progress thread only makes the wake-up system call when somebody sleeps:
 //! for short operations both thread hand-offs stay in user space.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -19,12 +19,18 @@ enum State {
 
 #[derive(Debug)]
 struct Shared {
-    state: Mutex<State>,
+    locked: Mutex<Locked>,
     cv: Condvar,
-    /// Set (release) once `state` is final: what a spinning waiter watches.
+    /// Set (release) once the state is final: what a spinning waiter watches.
     finished: AtomicBool,
-    /// Waiters asleep on `cv`; changed and read only under `state`'s lock.
-    sleepers: AtomicUsize,
+}
+
+/// What `Shared::locked` guards.
+#[derive(Debug)]
+struct Locked {
+    state: State,
+    /// Waiters asleep on `cv`: a finish without any makes no wake-up call.
+    sleepers: usize,
 }
 
 /// Lifecycle of an operation as seen by its caller.
@@ -55,10 +61,12 @@ impl Request {
     pub(crate) fn new(op: &'static str, seq: u64, spin: Duration) -> Request {
         Request {
             shared: Arc::new(Shared {
-                state: Mutex::new(State::Queued),
+                locked: Mutex::new(Locked {
+                    state: State::Queued,
+                    sleepers: 0,
+                }),
                 cv: Condvar::new(),
                 finished: AtomicBool::new(false),
-                sleepers: AtomicUsize::new(0),
             }),
             op,
             seq,
@@ -83,32 +91,32 @@ impl Request {
         self.seq
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.shared.state.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, Locked> {
+        self.shared.locked.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub(crate) fn start(&self) {
         let mut s = self.lock();
-        if matches!(*s, State::Queued) {
-            *s = State::Started;
+        if matches!(s.state, State::Queued) {
+            s.state = State::Started;
         }
     }
 
     pub(crate) fn finish(&self, result: Result<()>) {
         let mut s = self.lock();
-        *s = match result {
+        s.state = match result {
             Ok(()) => State::Done,
             Err(e) => State::Failed(e),
         };
         self.shared.finished.store(true, Ordering::Release);
-        if self.shared.sleepers.load(Ordering::Relaxed) > 0 {
+        if s.sleepers > 0 {
             self.shared.cv.notify_all();
         }
     }
 
     /// Current status, without waiting.
     pub fn status(&self) -> RequestStatus {
-        match &*self.lock() {
+        match &self.lock().state {
             State::Queued => RequestStatus::Queued,
             State::Started => RequestStatus::Started,
             State::Done => RequestStatus::Completed,
@@ -126,7 +134,7 @@ impl Request {
 
     /// The error of a failed operation.
     pub fn error(&self) -> Option<Error> {
-        match &*self.lock() {
+        match &self.lock().state {
             State::Failed(e) => Some(e.clone()),
             _ => None,
         }
@@ -141,7 +149,7 @@ impl Request {
         });
         let mut s = self.lock();
         loop {
-            match &*s {
+            match &s.state {
                 State::Done => return Ok(()),
                 State::Failed(e) => return Err(e.clone()),
                 State::Queued | State::Started => {}
@@ -159,14 +167,14 @@ impl Request {
                     timeout,
                 });
             }
-            self.shared.sleepers.fetch_add(1, Ordering::Relaxed);
+            s.sleepers += 1;
             s = self
                 .shared
                 .cv
                 .wait_timeout(s, left)
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
-            self.shared.sleepers.fetch_sub(1, Ordering::Relaxed);
+            s.sleepers -= 1;
         }
     }
 }
@@ -210,7 +218,7 @@ mod tests {
             );
             t.join().unwrap();
             // The sleeper counted itself out again: later finishes skip the wake-up call.
-            assert_eq!(r.shared.sleepers.load(Ordering::Relaxed), 0);
+            assert_eq!(r.lock().sleepers, 0);
         }
     }
 
