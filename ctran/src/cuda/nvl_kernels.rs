@@ -29,10 +29,14 @@ pub const MAX_BLOCKS: usize = 256;
 /// Threads per block.
 pub const THREADS: u32 = 512;
 
-/// Bytes of the flag array every rank exports (four regions of `MAX_RANKS x MAX_BLOCKS` words).
-pub const FLAG_BYTES: usize = 4 * MAX_RANKS * MAX_BLOCKS * 8;
-/// Bytes of the local counter array (two collective rows, then send and receive per peer).
-pub const COUNTER_BYTES: usize = (2 + 2 * MAX_RANKS) * MAX_BLOCKS * 8;
+/// Bytes of the flag array every rank exports (five regions of `MAX_RANKS x MAX_BLOCKS` words:
+/// two collective barriers, sends, receives, and the pipeline's few words per peer).
+pub const FLAG_BYTES: usize = 5 * MAX_RANKS * MAX_BLOCKS * 8;
+/// Bytes of the local counter array (two collective rows, send and receive per peer, then the
+/// pipeline's base).
+pub const COUNTER_BYTES: usize = (3 + 2 * MAX_RANKS) * MAX_BLOCKS * 8;
+/// Threads of the pipeline's sync kernel (one per rank at most).
+pub const SYNC_THREADS: u32 = 32;
 
 /// Status word values a kernel writes when it gives up.
 pub const STATUS_TIMEOUT: u32 = 1;
@@ -132,6 +136,57 @@ impl CollParams {
     }
 }
 
+/// Which word of the pipeline's flags a sync raises or awaits (`kernels/nvl.cu`, `F_PIPE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PipeFlag {
+    /// Every rank has reached the operation's start (or end).
+    Barrier = 0,
+    /// A chunk has arrived in its owner's scratch.
+    Arrived = 1,
+    /// The owner has reduced a chunk, so its scratch slot may be written again.
+    Free = 2,
+}
+
+/// No flag: a sync that only signals, or only waits.
+const PIPE_NONE: u32 = 3;
+
+/// The pipeline's sync kernel parameters.
+// Fields mirror the CUDA struct of the same name in nvl.cu, which documents them.
+#[allow(missing_docs)]
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct PipeSync {
+    pub sync: Sync,
+    pub signal_value: u64,
+    pub wait_value: u64,
+    pub advance: u64,
+    pub signal_kind: u32,
+    pub wait_kind: u32,
+}
+
+impl PipeSync {
+    /// Raises `signal` in every peer, then waits for `wait` from every peer (values relative to
+    /// the comm's pipeline base), then advances the base by `advance`.
+    pub fn new(
+        sync: Sync,
+        signal: Option<(PipeFlag, u64)>,
+        wait: Option<(PipeFlag, u64)>,
+        advance: u64,
+    ) -> PipeSync {
+        let kind = |f: Option<(PipeFlag, u64)>| f.map_or((PIPE_NONE, 0), |(k, v)| (k as u32, v));
+        let (signal_kind, signal_value) = kind(signal);
+        let (wait_kind, wait_value) = kind(wait);
+        PipeSync {
+            sync,
+            signal_value,
+            wait_value,
+            advance,
+            signal_kind,
+            wait_kind,
+        }
+    }
+}
+
 /// One transfer of the point-to-point kernel.
 // Fields mirror the CUDA struct of the same name in nvl.cu, which documents them.
 #[allow(missing_docs)]
@@ -166,7 +221,10 @@ pub struct NvlKernels {
     _module: Module,
     /// Collective kernel per element type, in [`DataType::ALL`] order.
     coll: Vec<(DataType, Function)>,
+    /// The pipeline's local reduction per element type, in the same order.
+    pipe_reduce: Vec<(DataType, Function)>,
     p2p: Function,
+    pipe_sync: Function,
 }
 
 fn kernel_suffix(dtype: DataType) -> &'static str {
@@ -189,14 +247,19 @@ impl NvlKernels {
         static LOADED: PerDevice<NvlKernels> = OnceLock::new();
         load_once(&LOADED, ctx, NVL_SOURCE_NAME, NVL_SOURCE, |module, _| {
             let mut coll = Vec::new();
+            let mut pipe_reduce = Vec::new();
             for d in DataType::ALL {
                 let name = format!("tc_nvl_coll_{}", kernel_suffix(d));
                 coll.push((d, module.function(&name)?));
+                let name = format!("tc_nvl_pipe_reduce_{}", kernel_suffix(d));
+                pipe_reduce.push((d, module.function(&name)?));
             }
             Ok(NvlKernels {
                 ctx: Arc::clone(ctx),
                 p2p: module.function("tc_nvl_p2p")?,
+                pipe_sync: module.function("tc_nvl_pipe_sync")?,
                 coll,
+                pipe_reduce,
                 _module: module,
             })
         })
@@ -215,22 +278,50 @@ impl NvlKernels {
         p: &CollParams,
         stream: RawStream,
     ) -> Result<()> {
-        let f = self
-            .coll
-            .iter()
-            .find(|(d, _)| *d == dtype)
-            .map(|(_, f)| *f)
-            .ok_or_else(|| CudaError::NoKernel {
-                name: "tc_nvl_coll".into(),
-                dtype: dtype.name().into(),
-                op: "nvl".into(),
-            })?;
+        let f = by_dtype(&self.coll, dtype, "tc_nvl_coll")?;
         let mut copy = *p;
         let mut params: [*mut c_void; 1] = [(&mut copy as *mut CollParams).cast()];
         self.ctx.bind()?;
         // SAFETY: the kernel takes one CollParams by value (copied at launch); the caller
         // vouches for the addresses inside.
         unsafe { f.launch(grid, THREADS, stream, &mut params) }
+    }
+
+    /// Launches the pipeline's local reduction for `dtype`: `p.rcount` elements of
+    /// `p.rsrc[..p.nsrc]` reduced into `p.rdst[..p.ndst]`; nothing else of `p` but the
+    /// operator fields is read.
+    ///
+    /// # Safety
+    /// Every source and destination must be device memory of this context, valid for
+    /// `p.rcount` elements until the kernel finishes.
+    pub unsafe fn pipe_reduce(
+        &self,
+        dtype: DataType,
+        grid: u32,
+        p: &CollParams,
+        stream: RawStream,
+    ) -> Result<()> {
+        let f = by_dtype(&self.pipe_reduce, dtype, "tc_nvl_pipe_reduce")?;
+        let mut copy = *p;
+        let mut params: [*mut c_void; 1] = [(&mut copy as *mut CollParams).cast()];
+        self.ctx.bind()?;
+        // SAFETY: the kernel takes one CollParams by value; the caller vouches for the
+        // addresses inside.
+        unsafe { f.launch(grid, THREADS, stream, &mut params) }
+    }
+
+    /// Launches the pipeline's sync kernel (one warp) on `stream`.
+    ///
+    /// # Safety
+    /// `p.sync` must describe this comm's flags, counters and status (alive until the kernel
+    /// finishes), and every peer must raise the flags this waits for, or it waits until the
+    /// timeout.
+    pub unsafe fn pipe_sync(&self, p: &PipeSync, stream: RawStream) -> Result<()> {
+        let mut copy = *p;
+        let mut params: [*mut c_void; 1] = [(&mut copy as *mut PipeSync).cast()];
+        self.ctx.bind()?;
+        // SAFETY: the kernel takes one PipeSync by value; the caller vouches for the addresses.
+        unsafe { self.pipe_sync.launch(1, SYNC_THREADS, stream, &mut params) }
     }
 
     /// Launches the point-to-point kernel on `stream`.
@@ -244,6 +335,18 @@ impl NvlKernels {
         // SAFETY: as for `coll`.
         unsafe { self.p2p.launch(grid, THREADS, stream, &mut params) }
     }
+}
+
+/// The kernel of `list` for `dtype`.
+fn by_dtype(list: &[(DataType, Function)], dtype: DataType, name: &str) -> Result<Function> {
+    list.iter()
+        .find(|(d, _)| *d == dtype)
+        .map(|(_, f)| *f)
+        .ok_or_else(|| CudaError::NoKernel {
+            name: name.into(),
+            dtype: dtype.name().into(),
+            op: "nvl".into(),
+        })
 }
 
 #[cfg(test)]
@@ -264,6 +367,7 @@ mod tests {
             std::mem::size_of::<P2pParams>(),
             112 + 8 + 64 + 8 + 8 + MAX_P2P * 24
         );
+        assert_eq!(std::mem::size_of::<PipeSync>(), 112 + 3 * 8 + 2 * 4);
         assert!(std::mem::size_of::<CollParams>() <= 4096);
         assert!(std::mem::size_of::<P2pParams>() <= 4096);
     }

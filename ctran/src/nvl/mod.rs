@@ -8,12 +8,14 @@
 //! the transport is on only when every rank is on this host, sees every peer's device and can
 //! reach it (`cuDeviceCanAccessPeer`); otherwise the caller keeps the host-transport path (the
 //! GPE). [`plan`] says how each collective maps onto the kernel; [`registry`] caches the IPC
-//! handles of user buffers for direct mode.
+//! handles of user buffers for direct mode. Large all_reduces run [`pipeline`]d instead: copy
+//! engines move the data on side streams, kernels only reduce and order.
 //!
-//! Memory: the flag array (256 KiB), the arena (`2 x CTRAN_NVL_STAGED_MAX_BYTES` plus
-//! `CTRAN_NVL_P2P_SLOTS x CTRAN_NVL_P2P_SLOT_BYTES` per peer) and nothing per operation: direct
-//! mode works in the user's buffers.
+//! Memory: the flag array (320 KiB), the arena (`2 x CTRAN_NVL_STAGED_MAX_BYTES` plus
+//! `CTRAN_NVL_P2P_SLOTS x CTRAN_NVL_P2P_SLOT_BYTES` per peer plus `CTRAN_NVL_PIPE_BYTES` of
+//! pipeline scratch) and nothing per operation: direct mode works in the user's buffers.
 
+pub mod pipeline;
 pub mod plan;
 pub mod registry;
 
@@ -25,13 +27,15 @@ use crate::algos::select::Hints;
 use crate::comm::{Comm, KeepAlive};
 use crate::cuda::ipc::{self, Mapped, HANDLE_BYTES};
 use crate::cuda::nvl_kernels::{
-    NvlKernels, P2pOp, P2pParams, Sync, COUNTER_BYTES, FLAG_BYTES, MAX_BLOCKS, MAX_P2P, MAX_RANKS,
+    NvlKernels, P2pOp, P2pParams, PipeSync, Sync, COUNTER_BYTES, FLAG_BYTES, MAX_BLOCKS, MAX_P2P,
+    MAX_RANKS,
 };
-use crate::cuda::{Context, CudaError, DeviceBuffer, Event, PinnedBuffer, RawStream};
+use crate::cuda::{Context, CudaError, DeviceBuffer, Event, PinnedBuffer, RawStream, Stream};
 use crate::error::{Error, Result};
 use crate::gpe::{cuda_err, DeviceStatus, GpeRequest, OpState};
 use crate::{Op, P2p, Span};
 
+use pipeline::{Lane, Step};
 use plan::{Layout, Mode};
 use registry::{Record, Registry, RECORD_BYTES};
 
@@ -51,6 +55,12 @@ pub struct NvlConfig {
     pub mode: String,
     /// Device memory the transport may allocate per comm.
     pub budget_bytes: usize,
+    /// Scratch of the pipelined all_reduce (0: off).
+    pub pipe_bytes: usize,
+    /// Its largest chunk (0: automatic).
+    pub pipe_chunk_bytes: usize,
+    /// The smallest all_reduce `auto` pipelines.
+    pub pipe_min_bytes: usize,
 }
 
 /// Offsets in the mapped status page.
@@ -83,6 +93,9 @@ pub struct Nvl {
     _peers: Vec<Mapped>,
     status: Arc<PinnedBuffer>,
     pre: Event,
+    /// The pipeline's side lanes (scatter, reduce, gather), and the event that orders lanes.
+    lanes: [Stream; 3],
+    order: Event,
     inner: Mutex<Inner>,
 }
 
@@ -103,8 +116,8 @@ impl Nvl {
     pub fn start(comm: &Arc<Comm>, ctx: &Arc<Context>, config: NvlConfig) -> Result<Option<Nvl>> {
         let (rank, size) = (comm.rank(), comm.size());
         let e = cuda("new_comm", rank);
-        let arena_bytes =
-            2 * config.staged_max_bytes + size * config.p2p_slots * config.p2p_slot_bytes;
+        let p2p_bytes = size * config.p2p_slots * config.p2p_slot_bytes;
+        let arena_bytes = 2 * config.staged_max_bytes + p2p_bytes + config.pipe_bytes;
         let mut why_not = None;
         if size > MAX_RANKS {
             why_not = Some(format!(
@@ -227,9 +240,12 @@ impl Nvl {
         let status = Arc::new(PinnedBuffer::alloc(ctx, 128).map_err(&e)?);
         let coll_bytes = 2 * config.staged_max_bytes as u64;
         let mut p2p_ring = [0u64; MAX_RANKS];
+        let mut scratch = [0u64; MAX_RANKS];
         for q in 0..size {
             p2p_ring[q] = arenas[q] + coll_bytes;
+            scratch[q] = p2p_ring[q] + p2p_bytes as u64;
         }
+        let lane = || Stream::new(ctx, false).map_err(&e);
         tracing::info!(rank, grid, direct_grid, "nvl: on");
         Ok(Some(Nvl {
             comm: Arc::clone(comm),
@@ -243,6 +259,8 @@ impl Nvl {
                 nranks: size,
                 arena: arenas,
                 half: config.staged_max_bytes as u64,
+                scratch,
+                scratch_bytes: config.pipe_bytes,
             },
             p2p_ring,
             config,
@@ -252,6 +270,8 @@ impl Nvl {
             peer_flags,
             _peers: peers,
             pre: Event::new(ctx).map_err(&e)?,
+            lanes: [lane()?, lane()?, lane()?],
+            order: Event::new(ctx).map_err(&e)?,
             status,
             inner: Mutex::new(Inner {
                 registry: Registry::new(ctx),
@@ -284,17 +304,47 @@ impl Nvl {
     fn mode(&self, op: &Op, hints: Hints<'_>) -> Result<Mode> {
         let staged =
             plan::staged_bytes(op, hints.uniform).filter(|&b| b <= self.config.staged_max_bytes);
+        let pipelinable = match op {
+            Op::AllReduce { buf, .. } => self.chunking(buf.len()).is_some(),
+            _ => false,
+        };
+        // Auto pipelines only where it was measured to win: two GPUs (docs/perf/gpu.md). More
+        // ranks may ask for it by cvar or hint.
+        let auto = || match op {
+            Op::AllReduce { buf, .. }
+                if pipelinable
+                    && self.layout.nranks == 2
+                    && buf.len() >= self.config.pipe_min_bytes =>
+            {
+                Mode::Pipelined
+            }
+            _ if staged.is_some() => Mode::Staged,
+            _ => Mode::Direct,
+        };
         let Some(asked) = hints.algo else {
-            // The cvar: staged where the op can be, direct elsewhere.
+            // The cvar: staged where the op can be, pipelined all_reduce where it can be, direct
+            // elsewhere.
             return Ok(match (self.config.mode.as_str(), staged) {
-                ("direct", _) | (_, None) => Mode::Direct,
-                _ => Mode::Staged,
+                ("pipelined", _) if pipelinable => Mode::Pipelined,
+                ("direct", _) => Mode::Direct,
+                ("staged", Some(_)) => Mode::Staged,
+                ("staged", None) => Mode::Direct,
+                _ => auto(),
             });
         };
         match asked {
-            "auto" | "" => Ok(if staged.is_some() { Mode::Staged } else { Mode::Direct }),
+            "auto" | "" => Ok(auto()),
             "staged" | "one_shot" if staged.is_some() => Ok(Mode::Staged),
             "direct" | "two_shot" => Ok(Mode::Direct),
+            "pipelined" if pipelinable => Ok(Mode::Pipelined),
+            "pipelined" => Err(Error::invalid(
+                format!("{} algo", op.name()),
+                format!(
+                    "auto, staged or direct: pipelined is for all_reduce over at least two ranks with CTRAN_NVL_PIPE_BYTES of scratch (it is {})",
+                    self.config.pipe_bytes
+                ),
+                asked,
+            )),
             "staged" | "one_shot" => Err(Error::invalid(
                 format!("{} algo", op.name()),
                 format!(
@@ -305,7 +355,7 @@ impl Nvl {
             )),
             other => Err(Error::invalid(
                 format!("{} algo", op.name()),
-                "one of auto, staged (one_shot), direct (two_shot) for GPU buffers over NVLink",
+                "one of auto, staged (one_shot), direct (two_shot), pipelined (all_reduce) for GPU buffers over NVLink",
                 other,
             )),
         }
@@ -341,9 +391,37 @@ impl Nvl {
         let launch: Launch = if op.is_p2p() {
             Launch::P2p(Box::new(self.p2p_params(op, sync)?))
         } else {
-            let mode = self.mode(op, hints)?;
-            let (dtype, p) = match mode {
-                Mode::Staged => plan::staged(op, &self.layout, sync)?,
+            match self.mode(op, hints)? {
+                Mode::Pipelined => {
+                    let planned = self
+                        .exchange(op, &mut inner.registry, timeout)?
+                        .and_then(|peers| self.pipeline(op, sync, &peers));
+                    match planned {
+                        Ok(launch) => launch,
+                        Err(err) => {
+                            // As below: run the same syncs as peers, moving nothing.
+                            let none: Peers = vec![vec![(0, 0)]; self.layout.nranks];
+                            if let Ok(Launch::Pipeline(d, p, steps)) =
+                                self.pipeline(op, sync, &none)
+                            {
+                                let syncs = steps
+                                    .into_iter()
+                                    .filter(|s| matches!(s, Step::Sync { .. } | Step::Order { .. }))
+                                    .collect();
+                                let released =
+                                    self.launch_now(&Launch::Pipeline(d, p, syncs), caller, stream);
+                                if let Err(e2) = released {
+                                    tracing::warn!("nvl: releasing peers after an error: {e2}");
+                                }
+                            }
+                            return Err(err);
+                        }
+                    }
+                }
+                Mode::Staged => {
+                    let (dtype, p) = plan::staged(op, &self.layout, sync)?;
+                    Launch::Coll(dtype, Box::new(p), self.grid)
+                }
                 Mode::Direct => {
                     let planned =
                         self.exchange(op, &mut inner.registry, timeout)?
@@ -353,7 +431,7 @@ impl Nvl {
                                 plan::direct(op, &self.layout, sync, &at, &len)
                             });
                     match planned {
-                        Ok(x) => x,
+                        Ok((dtype, p)) => Launch::Coll(dtype, Box::new(p), self.direct_grid),
                         Err(err) => {
                             // Peers have planned and will launch: meet them at both barriers
                             // with nothing to move, so they finish, and report the error here.
@@ -371,12 +449,7 @@ impl Nvl {
                         }
                     }
                 }
-            };
-            let grid = match mode {
-                Mode::Staged => self.grid,
-                Mode::Direct => self.direct_grid,
-            };
-            Launch::Coll(dtype, Box::new(p), grid)
+            }
         };
         let done = Arc::new(Event::new(&self.ctx).map_err(&e)?);
         self.launch_now(&launch, caller, stream)?;
@@ -401,8 +474,128 @@ impl Nvl {
             Launch::Coll(dtype, p, grid) => unsafe { self.kernels.coll(*dtype, *grid, p, stream) },
             // SAFETY: as above.
             Launch::P2p(p) => unsafe { self.kernels.p2p(self.grid, p, stream) },
+            Launch::Pipeline(dtype, reduction, steps) => {
+                self.run_pipeline(*dtype, reduction, steps, stream)
+            }
         }
         .map_err(&e)
+    }
+
+    /// The chunking of a pipelined all_reduce of `bytes`, if it can run.
+    fn chunking(&self, bytes: usize) -> Option<pipeline::Chunking> {
+        pipeline::chunking(
+            bytes,
+            self.layout.nranks,
+            self.layout.scratch_bytes,
+            self.config.pipe_chunk_bytes,
+        )
+    }
+
+    /// The pipelined all_reduce of `op` given every rank's buffer (`peers`, from the exchange).
+    fn pipeline(&self, op: &Op, sync: Sync, peers: &Peers) -> Result<Launch> {
+        let Op::AllReduce {
+            buf,
+            dtype,
+            op: rop,
+        } = op
+        else {
+            return Err(Error::NotSupported(format!(
+                "nvl: {} does not run pipelined",
+                op.name()
+            )));
+        };
+        let (rank, n) = (self.layout.rank, self.layout.nranks);
+        let chunking = self.chunking(buf.len()).ok_or_else(|| {
+            Error::NotSupported("nvl: the pipelined all_reduce has no scratch".into())
+        })?;
+        let mut b = pipeline::Buffers {
+            rank,
+            nranks: n,
+            buf: [0; MAX_RANKS],
+            bytes: buf.len(),
+            scratch: self.layout.scratch,
+        };
+        for (q, list) in peers.iter().enumerate() {
+            let (at, len) = list.first().copied().unwrap_or((0, 0));
+            if q != rank && at != 0 && len != buf.len() {
+                return Err(Error::invalid(
+                    "all_reduce tensor",
+                    format!("{len} bytes, as rank {q} has"),
+                    format!("{} bytes on rank {rank}", buf.len()),
+                ));
+            }
+            b.buf[q] = if q == rank { buf.addr() as u64 } else { at };
+        }
+        let reduction = plan::reduction(sync, *dtype, *rop, n)?;
+        Ok(Launch::Pipeline(
+            *dtype,
+            Box::new(reduction),
+            pipeline::schedule(&b, &chunking),
+        ))
+    }
+
+    /// Issues a pipeline's steps: lanes are the comm's stream and our three side streams.
+    fn run_pipeline(
+        &self,
+        dtype: crate::DataType,
+        reduction: &crate::cuda::nvl_kernels::CollParams,
+        steps: &[Step],
+        main: RawStream,
+    ) -> std::result::Result<(), CudaError> {
+        let lane = |l: Lane| match l {
+            Lane::Main => main,
+            Lane::Scatter => self.lanes[0].as_raw(),
+            Lane::Reduce => self.lanes[1].as_raw(),
+            Lane::Gather => self.lanes[2].as_raw(),
+        };
+        let elem = dtype.size_bytes();
+        for step in steps {
+            match step {
+                Step::Sync {
+                    lane: l,
+                    signal,
+                    wait,
+                    advance,
+                } => {
+                    let p = PipeSync::new(reduction.sync, *signal, *wait, *advance);
+                    // SAFETY: `sync` is this comm's (flags, counters and status outlive the
+                    // stream's work: Drop waits for it); peers run the same schedule.
+                    unsafe { self.kernels.pipe_sync(&p, lane(*l))? }
+                }
+                Step::Copy {
+                    lane: l,
+                    dst,
+                    src,
+                    len,
+                } => {
+                    // SAFETY: the schedule copies within this op's buffer (kept alive until
+                    // its event) into peers' buffers or scratch, mapped over IPC and writable
+                    // between the barriers.
+                    unsafe { crate::cuda::driver::copy_async(*dst, *src, *len, lane(*l))? }
+                }
+                Step::Reduce { dst, srcs, len } => {
+                    let mut p = *reduction;
+                    p.rsrc[..srcs.len()].copy_from_slice(srcs);
+                    p.nsrc = srcs.len() as u32;
+                    p.rdst[0] = *dst;
+                    p.ndst = 1;
+                    p.rcount = (*len / elem) as u64;
+                    if p.rcount > 0 {
+                        // SAFETY: our buffer's chunk and our scratch, which peers' copies have
+                        // filled (the sync before this on the lane waited for them).
+                        unsafe {
+                            self.kernels
+                                .pipe_reduce(dtype, self.grid, &p, lane(Lane::Reduce))?
+                        }
+                    }
+                }
+                Step::Order { from, to } => {
+                    self.order.record(lane(*from))?;
+                    lane(*to).wait_event(&self.order)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Drops the buffers of completed operations.
@@ -548,6 +741,12 @@ enum Launch {
         u32,
     ),
     P2p(Box<P2pParams>),
+    /// Element type, the reduction's operator fields, the steps.
+    Pipeline(
+        crate::DataType,
+        Box<crate::cuda::nvl_kernels::CollParams>,
+        Vec<Step>,
+    ),
 }
 
 impl Drop for Nvl {

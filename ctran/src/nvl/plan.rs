@@ -23,6 +23,8 @@ pub enum Mode {
     Staged,
     /// Between user buffers.
     Direct,
+    /// all_reduce by copy engines, chunk by chunk ([`super::pipeline`]).
+    Pipelined,
 }
 
 /// What a plan needs to know about the comm.
@@ -36,6 +38,10 @@ pub struct Layout {
     pub arena: [u64; MAX_RANKS],
     /// Bytes of one arena half (the largest staged input).
     pub half: u64,
+    /// Every rank's pipeline scratch as mapped here (the arena's tail).
+    pub scratch: [u64; MAX_RANKS],
+    /// Bytes of one rank's pipeline scratch.
+    pub scratch_bytes: usize,
 }
 
 /// Bytes a rank stages for `op` in staged mode, when the op can be staged: the same number on
@@ -103,6 +109,14 @@ fn set_op(p: &mut CollParams, dtype: DataType, op: ReduceOp, nranks: usize) -> R
         _ => {}
     }
     Ok(())
+}
+
+/// A reduction of `dtype` by `op` over `nranks` inputs, with no data yet: the operator fields
+/// of the kernels' parameters.
+pub fn reduction(sync: Sync, dtype: DataType, op: ReduceOp, nranks: usize) -> Result<CollParams> {
+    let mut p = CollParams::new(sync);
+    set_op(&mut p, dtype, op, nranks)?;
+    Ok(p)
 }
 
 fn push(list: &mut [Seg; MAX_SEGS], n: &mut u32, s: Seg) -> Result<()> {
@@ -486,6 +500,8 @@ mod tests {
             nranks,
             arena: [0; MAX_RANKS],
             half: 0,
+            scratch: [0; MAX_RANKS],
+            scratch_bytes: 0,
         }
     }
 

@@ -469,3 +469,56 @@ extern "C" __global__ void __launch_bounds__(512) tc_nvl_p2p(const __grid_consta
         ctr[C_RECV(t) + b] = rseq[t];
     }
 }
+
+// ---- pipelined all_reduce (ctran/src/nvl/pipeline.rs) ----
+// Copy engines move the data between GPUs; these kernels only order the copies across ranks
+// (tc_nvl_pipe_sync: one warp raises a flag in every peer, then waits for every peer's) and
+// reduce a chunk in local memory (tc_nvl_pipe_reduce_<type>). A flag value is the comm's
+// pipeline base (a device counter, so graphs replay) plus a step number the host computed;
+// the operation's last sync advances the base past every value it used.
+#define PIPE_KINDS 3  // 0 barrier, 1 chunk arrived in the owner's scratch, 2 scratch slot free
+#define F_PIPE(kind, src) ((4 * MAXR + (src)) * GMAX + (kind) * 16)
+#define C_PIPE ((2 + 2 * MAXR) * GMAX)
+
+struct PipeSync {
+    Sync s;
+    u64 signal_value;            // raised in every peer's word (signal_kind, our rank)
+    u64 wait_value;              // awaited in our word (wait_kind, peer) of every peer
+    u64 advance;                 // added to the base at the end (0: none)
+    u32 signal_kind, wait_kind;  // PIPE_KINDS or more: none
+};
+
+extern "C" __global__ void tc_nvl_pipe_sync(const __grid_constant__ PipeSync p) {
+    __shared__ int failed;
+    u32 t = threadIdx.x;
+    if (t == 0) failed = *(volatile u32*)p.s.status != 0;
+    __syncthreads();
+    // An earlier wait of this comm gave up: what follows is moot, and waiting again would
+    // only add one timeout per chunk.
+    if (failed) return;
+    u64* ctr = (u64*)p.s.counters;
+    u64 base = ctr[C_PIPE];
+    bool peer = t < p.s.nranks && t != p.s.rank;
+    if (peer && p.signal_kind < PIPE_KINDS) {
+        __threadfence_system();
+        st_release_sys((u64*)p.s.peer_flags[t] + F_PIPE(p.signal_kind, p.s.rank), base + p.signal_value);
+    }
+    if (peer && p.wait_kind < PIPE_KINDS) {
+        if (!wait_geq(p.s, (const u64*)p.s.flags + F_PIPE(p.wait_kind, t), base + p.wait_value)) failed = 1;
+    }
+    __syncthreads();
+    if (t == 0 && p.advance) ctr[C_PIPE] = base + p.advance;
+}
+
+// Reduces rcount elements of rsrc[0..nsrc) into rdst[0..ndst), all in local memory.
+template <typename T>
+__device__ void pipe_reduce(const CollParams& p) {
+    u64 lo, hi;
+    block_range(p.rcount * sizeof(T), &lo, &hi);
+    reduce_range<T>(p, p.rsrc, p.rdst, lo / sizeof(T), hi / sizeof(T));
+}
+
+#define PIPE_REDUCE(NAME, T) \
+    extern "C" __global__ void __launch_bounds__(512) tc_nvl_pipe_reduce_##NAME(const __grid_constant__ CollParams p) { pipe_reduce<T>(p); }
+PIPE_REDUCE(f32, float) PIPE_REDUCE(f64, double) PIPE_REDUCE(f16, f16) PIPE_REDUCE(bf16, bf16)
+PIPE_REDUCE(i8, i8) PIPE_REDUCE(u8, u8) PIPE_REDUCE(i32, i32) PIPE_REDUCE(i64, i64) PIPE_REDUCE(bool, boolean)
