@@ -212,6 +212,35 @@ def test_runs_on_the_current_stream(comm: Any) -> None:
     assert w.is_completed()
 
 
+def test_sync_ops_on_two_streams_keep_their_order(comm: Any) -> None:
+    """Synchronous ops may run on the caller's stream itself (ctran over NVLink): alternating
+    two streams, with an async op between them, every op must still follow its stream's work
+    and the comm's earlier ops on every rank."""
+    a, b = torch.cuda.Stream(device=DEV), torch.cuda.Stream(device=DEV)
+    n = 1 << 16
+    x = torch.full((n,), float(RANK + 1), device=DEV)
+    y = torch.full((n,), float(RANK + 1), device=DEV)
+    torch.cuda.synchronize(DEV)
+    s = sum(range(1, WORLD + 1))
+    with torch.cuda.stream(a):
+        x.mul_(2)
+        comm.all_reduce(x, ReduceOp.SUM, async_op=False)
+    with torch.cuda.stream(b):
+        y.add_(1)
+        comm.all_reduce(y, ReduceOp.SUM, async_op=False)
+    with torch.cuda.stream(a):
+        w = comm.all_reduce(x, ReduceOp.SUM, async_op=True)
+        w.wait()
+        x.add_(1)
+        comm.all_reduce(x, ReduceOp.SUM, async_op=False)
+    with torch.cuda.stream(b):
+        comm.all_reduce(y, ReduceOp.MAX, async_op=False)
+        y.mul_(3)
+    torch.cuda.synchronize(DEV)
+    assert torch.equal(x.cpu(), torch.full((n,), float((2 * s * WORLD + 1) * WORLD)))
+    assert torch.equal(y.cpu(), torch.full((n,), float(3 * (s + WORLD))))
+
+
 def test_async_tensor_kept_alive(comm: Any) -> None:
     works = []
     for i in range(8):

@@ -63,6 +63,9 @@ pub struct NvlConfig {
     pub pipe_min_bytes: usize,
 }
 
+/// Most blocks of a staged collective when `CTRAN_NVL_BLOCKS` is 0.
+const STAGED_BLOCKS: u64 = 64;
+
 /// Offsets in the mapped status page.
 const STATUS: usize = 0;
 const ABORT: usize = 64;
@@ -79,8 +82,10 @@ pub struct Nvl {
     control: Comm,
     ctx: Arc<Context>,
     kernels: Arc<NvlKernels>,
-    /// Blocks of staged collectives and point-to-point launches.
+    /// Blocks of staged collectives.
     grid: u32,
+    /// Blocks of point-to-point launches and of the pipeline's reductions.
+    sm_grid: u32,
     /// Blocks of direct collectives (a superset of `grid`'s).
     direct_grid: u32,
     layout: Layout,
@@ -225,17 +230,22 @@ impl Nvl {
                 false,
             )?
             .ok_or_else(|| Error::NotSupported("nvl: control comm missing".into()))?;
-        let grid = match config.blocks {
-            0 => sms,
-            b => b as u64,
-        }
-        .clamp(1, MAX_BLOCKS as u64) as u32;
-        // Direct mode runs twice as many blocks: a 1 GB all_reduce on 2 H200 moved 337 GB/s with
-        // 256 blocks against 316 with one per SM, while 256 blocks doubled the 8 KB latency
-        // (11 to 22 us; docs/perf/gpu.md). Staged ops and p2p keep `grid`: the arena halves
-        // are safe only if every staged op cuts the arena with the same grid, and blocks
-        // 0..grid take part in every collective, so their epochs (and halves) stay in step.
-        let direct_grid = (grid * 2).min(MAX_BLOCKS as u32);
+        let clamp = |b: u64| b.clamp(1, MAX_BLOCKS as u64) as u32;
+        // Staged collectives run fewer blocks than the GPU has multiprocessors: on 2 H200, 64
+        // blocks took 9.5-10.7 us from 8 B to 256 KB against 10.5-11.6 with 132, and 2 MB in
+        // 16.6 against 17.6 us (docs/perf/gpu.md). Point-to-point transfers and the pipeline's
+        // reductions move more bytes per launch and keep one block per multiprocessor.
+        let (grid, sm_grid) = match config.blocks {
+            0 => (clamp(sms.min(STAGED_BLOCKS)), clamp(sms)),
+            b => (clamp(b as u64), clamp(b as u64)),
+        };
+        // Direct mode runs twice as many blocks as the GPU has multiprocessors: a 1 GB
+        // all_reduce on 2 H200 moved 337 GB/s with 256 blocks against 316 with one per SM,
+        // while 256 blocks doubled the 8 KB latency (11 to 22 us). Staged collectives keep
+        // `grid`: the arena halves are safe only if every staged op cuts the arena with the
+        // same grid, and blocks 0..grid take part in every collective (direct ones too), so
+        // their epochs (and halves) stay in step.
+        let direct_grid = (sm_grid * 2).min(MAX_BLOCKS as u32);
         let kernels = NvlKernels::get(ctx).map_err(&e)?;
         let status = Arc::new(PinnedBuffer::alloc(ctx, 128).map_err(&e)?);
         let coll_bytes = 2 * config.staged_max_bytes as u64;
@@ -246,13 +256,14 @@ impl Nvl {
             scratch[q] = p2p_ring[q] + p2p_bytes as u64;
         }
         let lane = || Stream::new(ctx, false).map_err(&e);
-        tracing::info!(rank, grid, direct_grid, "nvl: on");
+        tracing::info!(rank, grid, sm_grid, direct_grid, "nvl: on");
         Ok(Some(Nvl {
             comm: Arc::clone(comm),
             control,
             ctx: Arc::clone(ctx),
             kernels,
             grid,
+            sm_grid,
             direct_grid,
             layout: Layout {
                 rank,
@@ -473,7 +484,7 @@ impl Nvl {
             // launches the same plan.
             Launch::Coll(dtype, p, grid) => unsafe { self.kernels.coll(*dtype, *grid, p, stream) },
             // SAFETY: as above.
-            Launch::P2p(p) => unsafe { self.kernels.p2p(self.grid, p, stream) },
+            Launch::P2p(p) => unsafe { self.kernels.p2p(self.sm_grid, p, stream) },
             Launch::Pipeline(dtype, reduction, steps) => {
                 self.run_pipeline(*dtype, reduction, steps, stream)
             }
@@ -585,7 +596,7 @@ impl Nvl {
                         // filled (the sync before this on the lane waited for them).
                         unsafe {
                             self.kernels
-                                .pipe_reduce(dtype, self.grid, &p, lane(Lane::Reduce))?
+                                .pipe_reduce(dtype, self.sm_grid, &p, lane(Lane::Reduce))?
                         }
                     }
                 }
