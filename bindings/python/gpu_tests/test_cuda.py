@@ -298,15 +298,19 @@ def test_frees_on_another_thread_during_async_ops(comm: Any) -> None:
     assert not freer.is_alive(), "the freeing thread is stuck"
 
 
+def over_nvl() -> bool:
+    """Whether ctran carries this job's CUDA tensors over NVLink: only when every rank is on
+    this host (torchrun's node) and the transport is allowed."""
+    one_host = int(os.environ.get("LOCAL_WORLD_SIZE", WORLD)) == WORLD
+    return one_host and "nvl" in os.environ.get("CTRAN_BACKENDS", "socket,shm,nvl").split(",")
+
+
 def test_cuda_graph_capture_and_replay(comm: Any) -> None:
     """Captured in a torch.cuda.graph (global capture mode, PyTorch's default) and replayed
     three times with new inputs written before each replay. ctran over host transports cannot
     be captured (its host half runs per issue) and says so; over NVLink it can, in both modes
     (a 16 MB all_reduce runs direct between user buffers, the small all_gather staged)."""
-    # NVLink carries a comm only when every rank is on this host (torchrun's node).
-    one_host = int(os.environ.get("LOCAL_WORLD_SIZE", WORLD)) == WORLD
-    over_nvl = one_host and "nvl" in os.environ.get("CTRAN_BACKENDS", "socket,shm,nvl").split(",")
-    if BACKEND == "ctran" and not over_nvl:
+    if BACKEND == "ctran" and not over_nvl():
         g = torch.cuda.CUDAGraph()
         x = torch.zeros(16, device=DEV)
         with pytest.raises(NotImplementedError, match="CUDA graph"):
@@ -337,6 +341,21 @@ def test_cuda_graph_capture_and_replay(comm: Any) -> None:
         assert torch.equal(x.cpu(), torch.full_like(x, float(want)).cpu()), f"replay {replay}"
         for r in range(WORLD):
             assert torch.equal(outs[r].cpu(), torch.full((16,), float(100 * r + replay)))
+
+
+def test_large_all_reduce_of_different_sizes_fails_on_every_rank(comm: Any) -> None:
+    """Over NVLink a large all_reduce (direct, or pipelined) exchanges every rank's buffer
+    first: a rank passing another size makes it fail on every rank, naming the sizes, and no
+    rank is left waiting in a kernel, so the comm goes on working."""
+    if BACKEND != "ctran" or not over_nvl():
+        pytest.skip("only ctran over NVLink sees every rank's size before moving data")
+    t = torch.ones((4 << 20) + 1024 * RANK, device=DEV)  # 16 MiB, plus 4 KiB per rank
+    with pytest.raises(ValueError, match="bytes"):
+        comm.all_reduce(t, ReduceOp.SUM, async_op=False)
+    x = torch.ones(1024, device=DEV)
+    comm.all_reduce(x, ReduceOp.SUM, async_op=False)
+    torch.cuda.synchronize(DEV)
+    assert torch.equal(x.cpu(), torch.full((1024,), float(WORLD)))
 
 
 def test_wrong_device_is_a_clear_error(comm: Any) -> None:

@@ -404,26 +404,29 @@ impl Nvl {
         } else {
             match self.mode(op, hints)? {
                 Mode::Pipelined => {
-                    let planned = self
-                        .exchange(op, &mut inner.registry, timeout)?
-                        .and_then(|peers| self.pipeline(op, sync, &peers));
+                    // A bad dtype or operator fails alike on every rank, before the exchange.
+                    let (dtype, reduction) = self.reduction(op, sync)?;
+                    let bytes = plan::exposed(op).first().map_or(0, Span::len);
+                    let planned = match self.exchange(op, &mut inner.registry, timeout)? {
+                        Ok(peers) => self
+                            .pipeline(op, dtype, &reduction, &peers)
+                            // Sizes differ: every rank has every rank's size, so all fail
+                            // here and meet at the barriers of an empty schedule.
+                            .map_err(|err| (err, 0)),
+                        // Only this rank failed (mapping a peer's buffer): peers run the
+                        // whole schedule, so run its flags too, moving nothing.
+                        Err(err) => Err((err, bytes)),
+                    };
                     match planned {
                         Ok(launch) => launch,
-                        Err(err) => {
-                            // As below: run the same syncs as peers, moving nothing.
-                            let none: Peers = vec![vec![(0, 0)]; self.layout.nranks];
-                            if let Ok(Launch::Pipeline(d, p, steps)) =
-                                self.pipeline(op, sync, &none)
-                            {
-                                let syncs = steps
-                                    .into_iter()
-                                    .filter(|s| matches!(s, Step::Sync { .. } | Step::Order { .. }))
-                                    .collect();
-                                let released =
-                                    self.launch_now(&Launch::Pipeline(d, p, syncs), caller, stream);
-                                if let Err(e2) = released {
-                                    tracing::warn!("nvl: releasing peers after an error: {e2}");
-                                }
+                        Err((err, agreed)) => {
+                            let released = self.launch_now(
+                                &Launch::Pipeline(dtype, reduction, self.syncs_only(agreed)),
+                                caller,
+                                stream,
+                            );
+                            if let Err(e2) = released {
+                                tracing::warn!("nvl: releasing peers after an error: {e2}");
                             }
                             return Err(err);
                         }
@@ -502,33 +505,39 @@ impl Nvl {
         )
     }
 
-    /// The pipelined all_reduce of `op` given every rank's buffer (`peers`, from the exchange).
-    fn pipeline(&self, op: &Op, sync: Sync, peers: &Peers) -> Result<Launch> {
-        let Op::AllReduce {
-            buf,
-            dtype,
-            op: rop,
-        } = op
-        else {
+    /// The element type and operator fields of a pipelined all_reduce.
+    fn reduction(
+        &self,
+        op: &Op,
+        sync: Sync,
+    ) -> Result<(crate::DataType, Box<crate::cuda::nvl_kernels::CollParams>)> {
+        let Op::AllReduce { dtype, op: rop, .. } = op else {
             return Err(Error::NotSupported(format!(
                 "nvl: {} does not run pipelined",
                 op.name()
             )));
         };
-        let (rank, n) = (self.layout.rank, self.layout.nranks);
-        let chunking = self.chunking(buf.len()).ok_or_else(|| {
-            Error::NotSupported("nvl: the pipelined all_reduce has no scratch".into())
-        })?;
-        let mut b = pipeline::Buffers {
-            rank,
-            nranks: n,
-            buf: [0; MAX_RANKS],
-            bytes: buf.len(),
-            scratch: self.layout.scratch,
+        let p = plan::reduction(sync, *dtype, *rop, self.layout.nranks)?;
+        Ok((*dtype, Box::new(p)))
+    }
+
+    /// The pipelined all_reduce of `op` given every rank's buffer (`peers`, from the
+    /// exchange); an error when some rank's buffer has another size.
+    fn pipeline(
+        &self,
+        op: &Op,
+        dtype: crate::DataType,
+        reduction: &crate::cuda::nvl_kernels::CollParams,
+        peers: &Peers,
+    ) -> std::result::Result<Launch, Error> {
+        let Op::AllReduce { buf, .. } = op else {
+            unreachable!("reduction() took only all_reduce");
         };
+        let rank = self.layout.rank;
+        let mut b = self.buffers(buf.len());
         for (q, list) in peers.iter().enumerate() {
             let (at, len) = list.first().copied().unwrap_or((0, 0));
-            if q != rank && at != 0 && len != buf.len() {
+            if len != buf.len() {
                 return Err(Error::invalid(
                     "all_reduce tensor",
                     format!("{len} bytes, as rank {q} has"),
@@ -537,12 +546,37 @@ impl Nvl {
             }
             b.buf[q] = if q == rank { buf.addr() as u64 } else { at };
         }
-        let reduction = plan::reduction(sync, *dtype, *rop, n)?;
+        let chunking = self
+            .chunking(buf.len())
+            .expect("mode() checked the scratch");
         Ok(Launch::Pipeline(
-            *dtype,
-            Box::new(reduction),
+            dtype,
+            Box::new(*reduction),
             pipeline::schedule(&b, &chunking),
         ))
+    }
+
+    /// A pipeline over `bytes` with no buffers yet.
+    fn buffers(&self, bytes: usize) -> pipeline::Buffers {
+        pipeline::Buffers {
+            rank: self.layout.rank,
+            nranks: self.layout.nranks,
+            buf: [0; MAX_RANKS],
+            bytes,
+            scratch: self.layout.scratch,
+        }
+    }
+
+    /// The flag steps of a pipelined all_reduce of `bytes` (0: the two barriers alone), which
+    /// release peers that run the same schedule when this rank cannot move data.
+    fn syncs_only(&self, bytes: usize) -> Vec<Step> {
+        let Some(chunking) = self.chunking(bytes) else {
+            return Vec::new();
+        };
+        pipeline::schedule(&self.buffers(bytes), &chunking)
+            .into_iter()
+            .filter(|s| matches!(s, Step::Sync { .. } | Step::Order { .. }))
+            .collect()
     }
 
     /// Issues a pipeline's steps: lanes are the comm's stream and our three side streams.

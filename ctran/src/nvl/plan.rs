@@ -362,6 +362,10 @@ pub fn direct(
         Op::AllReduce { buf, dtype: d, op } => {
             dtype = *d;
             set_op(&mut p, *d, *op, n)?;
+            // Every rank sees every size, so a difference fails on all of them alike.
+            if let Some(q) = (0..n).find(|&q| peer_len(q, 0) != buf.len()) {
+                return Err(size_mismatch("tensor", q, buf.len(), peer_len(q, 0)));
+            }
             let (off, len) = two_shot_slice(buf.len(), n, r);
             for q in 0..n {
                 p.rsrc[q] = peer(q, 0) + off as u64;
@@ -540,6 +544,24 @@ mod tests {
             next += count;
         }
         assert_eq!(next, len as u64, "the slices cover the buffer once");
+    }
+
+    #[test]
+    fn direct_all_reduce_of_another_size_than_a_peer_fails_naming_both() {
+        let op = Op::AllReduce {
+            buf: span(peer_at(0, 0), 4096),
+            dtype: DataType::F32,
+            op: ReduceOp::Sum,
+        };
+        let len = |q: usize, _| if q == 2 { 8192 } else { 4096 };
+        let err = direct(&op, &layout(0, 3), Sync::default(), &peer_at, &len).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("8192 bytes, as rank 2") && msg.contains("4096 bytes on rank 0"),
+            "{msg}"
+        );
+        let same = |_, _| 4096;
+        assert!(direct(&op, &layout(0, 3), Sync::default(), &peer_at, &same).is_ok());
     }
 
     #[test]
