@@ -11,7 +11,7 @@
 //! handles of user buffers for direct mode. Large all_reduces run [`pipeline`]d instead: copy
 //! engines move the data on side streams, kernels only reduce and order.
 //!
-//! Memory: the flag array (320 KiB), the arena (`2 x CTRAN_NVL_STAGED_MAX_BYTES` plus
+//! Memory: the flag array (80 KiB), the arena (`2 x CTRAN_NVL_STAGED_MAX_BYTES` plus
 //! `CTRAN_NVL_P2P_SLOTS x CTRAN_NVL_P2P_SLOT_BYTES` per peer plus `CTRAN_NVL_PIPE_BYTES` of
 //! pipeline scratch) and nothing per operation: direct mode works in the user's buffers.
 
