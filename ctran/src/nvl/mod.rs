@@ -66,6 +66,44 @@ pub struct NvlConfig {
 /// Most blocks of a staged collective when `CTRAN_NVL_BLOCKS` is 0.
 const STAGED_BLOCKS: u64 = 64;
 
+/// The arena of one comm's transport.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Arena {
+    /// Bytes in all.
+    bytes: usize,
+    /// Of which the pipeline's scratch (its tail).
+    pipe_bytes: usize,
+}
+
+impl Arena {
+    /// Everything the configuration asks for.
+    fn all(config: &NvlConfig, nranks: usize) -> Arena {
+        let rest = 2 * config.staged_max_bytes + nranks * config.p2p_slots * config.p2p_slot_bytes;
+        Arena {
+            bytes: rest + config.pipe_bytes,
+            pipe_bytes: config.pipe_bytes,
+        }
+    }
+
+    /// What fits in `CTRAN_NVL_BUDGET_BYTES` with the flags: all of it, or all but the
+    /// pipeline's scratch (the pipeline is then off, not the transport); `None` when not even
+    /// that fits.
+    fn within_budget(config: &NvlConfig, nranks: usize) -> Option<Arena> {
+        let all = Arena::all(config, nranks);
+        let rest = all.bytes - all.pipe_bytes;
+        if all.bytes + FLAG_BYTES <= config.budget_bytes {
+            Some(all)
+        } else if rest + FLAG_BYTES <= config.budget_bytes {
+            Some(Arena {
+                bytes: rest,
+                pipe_bytes: 0,
+            })
+        } else {
+            None
+        }
+    }
+}
+
 /// Offsets in the mapped status page.
 const STATUS: usize = 0;
 const ABORT: usize = 64;
@@ -122,18 +160,29 @@ impl Nvl {
         let (rank, size) = (comm.rank(), comm.size());
         let e = cuda("new_comm", rank);
         let p2p_bytes = size * config.p2p_slots * config.p2p_slot_bytes;
-        let arena_bytes = 2 * config.staged_max_bytes + p2p_bytes + config.pipe_bytes;
         let mut why_not = None;
         if size > MAX_RANKS {
             why_not = Some(format!(
                 "{size} ranks (the NVLink kernels address at most {MAX_RANKS})"
             ));
         }
-        if arena_bytes + FLAG_BYTES > config.budget_bytes {
+        let Arena {
+            bytes: arena_bytes,
+            pipe_bytes,
+        } = Arena::within_budget(&config, size).unwrap_or_else(|| {
+            let a = Arena::all(&config, size);
             why_not = Some(format!(
-                "its arena ({arena_bytes} bytes) exceeds CTRAN_NVL_BUDGET_BYTES ({})",
+                "its arena ({} bytes without the pipeline's scratch) exceeds CTRAN_NVL_BUDGET_BYTES ({})",
+                a.bytes - a.pipe_bytes,
                 config.budget_bytes
             ));
+            a
+        });
+        if pipe_bytes < config.pipe_bytes {
+            tracing::info!(
+                rank,
+                "nvl: no pipelined all_reduce: its scratch (CTRAN_NVL_PIPE_BYTES) does not fit in CTRAN_NVL_BUDGET_BYTES"
+            );
         }
         let flags = DeviceBuffer::zeroed(ctx, FLAG_BYTES).map_err(&e)?;
         let counters = DeviceBuffer::zeroed(ctx, COUNTER_BYTES).map_err(&e)?;
@@ -271,7 +320,7 @@ impl Nvl {
                 arena: arenas,
                 half: config.staged_max_bytes as u64,
                 scratch,
-                scratch_bytes: config.pipe_bytes,
+                scratch_bytes: pipe_bytes,
             },
             p2p_ring,
             config,
@@ -806,5 +855,52 @@ impl Drop for Nvl {
         }
         inner.pending.clear();
         let _ = self.control.finalize();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(staged: usize, pipe: usize, budget: usize) -> NvlConfig {
+        NvlConfig {
+            staged_max_bytes: staged,
+            p2p_slot_bytes: 1 << 20,
+            p2p_slots: 4,
+            blocks: 0,
+            mode: "auto".into(),
+            budget_bytes: budget,
+            pipe_bytes: pipe,
+            pipe_chunk_bytes: 0,
+            pipe_min_bytes: 128 << 20,
+        }
+    }
+
+    #[test]
+    fn the_pipeline_scratch_gives_way_before_the_transport_does() {
+        let mib = 1 << 20;
+        // The defaults on 8 ranks: 2 x 8 + 8 x 4 + 128 MiB fit in 256.
+        let a = Arena::within_budget(&config(8 * mib, 128 * mib, 256 * mib), 8).expect("fits");
+        assert_eq!(
+            a,
+            Arena {
+                bytes: 176 * mib,
+                pipe_bytes: 128 * mib
+            }
+        );
+        // Larger staged halves: the scratch no longer fits, the rest does.
+        let a = Arena::within_budget(&config(64 * mib, 128 * mib, 256 * mib), 2).expect("fits");
+        assert_eq!(
+            a,
+            Arena {
+                bytes: 136 * mib,
+                pipe_bytes: 0
+            }
+        );
+        // Not even the staged halves fit: no transport.
+        assert_eq!(
+            Arena::within_budget(&config(128 * mib, 0, 256 * mib), 2),
+            None
+        );
     }
 }
