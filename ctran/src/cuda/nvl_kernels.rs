@@ -279,12 +279,8 @@ impl NvlKernels {
         stream: RawStream,
     ) -> Result<()> {
         let f = by_dtype(&self.coll, dtype, "tc_nvl_coll")?;
-        let mut copy = *p;
-        let mut params: [*mut c_void; 1] = [(&mut copy as *mut CollParams).cast()];
-        self.ctx.bind()?;
-        // SAFETY: the kernel takes one CollParams by value (copied at launch); the caller
-        // vouches for the addresses inside.
-        unsafe { f.launch(grid, THREADS, stream, &mut params) }
+        // SAFETY: the kernel takes one CollParams; the caller vouches for the addresses inside.
+        unsafe { self.launch_with(f, grid, THREADS, p, stream) }
     }
 
     /// Launches the pipeline's local reduction for `dtype`: `p.rcount` elements of
@@ -302,12 +298,8 @@ impl NvlKernels {
         stream: RawStream,
     ) -> Result<()> {
         let f = by_dtype(&self.pipe_reduce, dtype, "tc_nvl_pipe_reduce")?;
-        let mut copy = *p;
-        let mut params: [*mut c_void; 1] = [(&mut copy as *mut CollParams).cast()];
-        self.ctx.bind()?;
-        // SAFETY: the kernel takes one CollParams by value; the caller vouches for the
-        // addresses inside.
-        unsafe { f.launch(grid, THREADS, stream, &mut params) }
+        // SAFETY: the kernel takes one CollParams; the caller vouches for the addresses inside.
+        unsafe { self.launch_with(f, grid, THREADS, p, stream) }
     }
 
     /// Launches the pipeline's sync kernel (one warp) on `stream`.
@@ -317,11 +309,8 @@ impl NvlKernels {
     /// finishes), and every peer must raise the flags this waits for, or it waits until the
     /// timeout.
     pub unsafe fn pipe_sync(&self, p: &PipeSync, stream: RawStream) -> Result<()> {
-        let mut copy = *p;
-        let mut params: [*mut c_void; 1] = [(&mut copy as *mut PipeSync).cast()];
-        self.ctx.bind()?;
-        // SAFETY: the kernel takes one PipeSync by value; the caller vouches for the addresses.
-        unsafe { self.pipe_sync.launch(1, SYNC_THREADS, stream, &mut params) }
+        // SAFETY: the kernel takes one PipeSync; the caller vouches for the addresses.
+        unsafe { self.launch_with(self.pipe_sync, 1, SYNC_THREADS, p, stream) }
     }
 
     /// Launches the point-to-point kernel on `stream`.
@@ -329,11 +318,28 @@ impl NvlKernels {
     /// # Safety
     /// As for [`NvlKernels::coll`]; the matching peers must launch their halves.
     pub unsafe fn p2p(&self, grid: u32, p: &P2pParams, stream: RawStream) -> Result<()> {
+        // SAFETY: the kernel takes one P2pParams; the caller vouches for the addresses.
+        unsafe { self.launch_with(self.p2p, grid, THREADS, p, stream) }
+    }
+
+    /// Launches `f`, whose one parameter is a `P` passed by value (copied at launch).
+    ///
+    /// # Safety
+    /// `f` must take exactly one parameter with `P`'s layout, and the addresses in `p` must be
+    /// valid as that kernel uses them until it finishes.
+    unsafe fn launch_with<P: Copy>(
+        &self,
+        f: Function,
+        grid: u32,
+        threads: u32,
+        p: &P,
+        stream: RawStream,
+    ) -> Result<()> {
         let mut copy = *p;
-        let mut params: [*mut c_void; 1] = [(&mut copy as *mut P2pParams).cast()];
+        let mut params: [*mut c_void; 1] = [(&mut copy as *mut P).cast()];
         self.ctx.bind()?;
-        // SAFETY: as for `coll`.
-        unsafe { self.p2p.launch(grid, THREADS, stream, &mut params) }
+        // SAFETY: forwarded to the caller; `copy` outlives the launch call, which copies it.
+        unsafe { f.launch(grid, threads, stream, &mut params) }
     }
 }
 

@@ -364,10 +364,9 @@ impl Nvl {
     fn mode(&self, op: &Op, hints: Hints<'_>) -> Result<Mode> {
         let staged =
             plan::staged_bytes(op, hints.uniform).filter(|&b| b <= self.config.staged_max_bytes);
-        let pipelinable = match op {
-            Op::AllReduce { buf, .. } => self.chunking(buf.len()).is_some(),
-            _ => false,
-        };
+        // Whether the scratch holds chunks does not depend on the size: ask for none, so the
+        // check allocates nothing on the latency path.
+        let pipelinable = matches!(op, Op::AllReduce { .. }) && self.chunking(0).is_some();
         // Auto pipelines only where it was measured to win: two GPUs (docs/perf/gpu.md). More
         // ranks may ask for it by cvar or hint.
         let auto = || match op {
@@ -453,24 +452,32 @@ impl Nvl {
         } else {
             match self.mode(op, hints)? {
                 Mode::Pipelined => {
+                    let Op::AllReduce {
+                        buf,
+                        dtype,
+                        op: rop,
+                    } = op
+                    else {
+                        unreachable!("mode() pipelines all_reduce only");
+                    };
                     // A bad dtype or operator fails alike on every rank, before the exchange.
-                    let (dtype, reduction) = self.reduction(op, sync)?;
-                    let bytes = plan::exposed(op).first().map_or(0, Span::len);
+                    let reduction = plan::reduction(sync, *dtype, *rop, self.layout.nranks)?;
+                    let reduction = Box::new(reduction);
                     let planned = match self.exchange(op, &mut inner.registry, timeout)? {
                         Ok(peers) => self
-                            .pipeline(op, dtype, &reduction, &peers)
+                            .pipeline(buf, &peers)
                             // Sizes differ: every rank has every rank's size, so all fail
                             // here and meet at the barriers of an empty schedule.
                             .map_err(|err| (err, 0)),
                         // Only this rank failed (mapping a peer's buffer): peers run the
                         // whole schedule, so run its flags too, moving nothing.
-                        Err(err) => Err((err, bytes)),
+                        Err(err) => Err((err, buf.len())),
                     };
                     match planned {
-                        Ok(launch) => launch,
+                        Ok(steps) => Launch::Pipeline(*dtype, reduction, steps),
                         Err((err, agreed)) => {
                             let released = self.launch_now(
-                                &Launch::Pipeline(dtype, reduction, self.syncs_only(agreed)),
+                                &Launch::Pipeline(*dtype, reduction, self.syncs_only(agreed)),
                                 caller,
                                 stream,
                             );
@@ -554,36 +561,11 @@ impl Nvl {
         )
     }
 
-    /// The element type and operator fields of a pipelined all_reduce.
-    fn reduction(
-        &self,
-        op: &Op,
-        sync: Sync,
-    ) -> Result<(crate::DataType, Box<crate::cuda::nvl_kernels::CollParams>)> {
-        let Op::AllReduce { dtype, op: rop, .. } = op else {
-            return Err(Error::NotSupported(format!(
-                "nvl: {} does not run pipelined",
-                op.name()
-            )));
-        };
-        let p = plan::reduction(sync, *dtype, *rop, self.layout.nranks)?;
-        Ok((*dtype, Box::new(p)))
-    }
-
-    /// The pipelined all_reduce of `op` given every rank's buffer (`peers`, from the
-    /// exchange); an error when some rank's buffer has another size.
-    fn pipeline(
-        &self,
-        op: &Op,
-        dtype: crate::DataType,
-        reduction: &crate::cuda::nvl_kernels::CollParams,
-        peers: &Peers,
-    ) -> std::result::Result<Launch, Error> {
-        let Op::AllReduce { buf, .. } = op else {
-            unreachable!("reduction() took only all_reduce");
-        };
+    /// The steps of a pipelined all_reduce of `buf` given every rank's buffer (`peers`, from
+    /// the exchange); an error when some rank's buffer has another size.
+    fn pipeline(&self, buf: &Span, peers: &Peers) -> Result<Vec<Step>> {
         let rank = self.layout.rank;
-        let mut b = self.buffers(buf.len());
+        let mut bufs = [0; MAX_RANKS];
         for (q, list) in peers.iter().enumerate() {
             let (at, len) = list.first().copied().unwrap_or((0, 0));
             if len != buf.len() {
@@ -593,27 +575,17 @@ impl Nvl {
                     format!("{} bytes on rank {rank}", buf.len()),
                 ));
             }
-            b.buf[q] = if q == rank { buf.addr() as u64 } else { at };
+            bufs[q] = if q == rank { buf.addr() as u64 } else { at };
         }
         let chunking = self
             .chunking(buf.len())
             .expect("mode() checked the scratch");
-        Ok(Launch::Pipeline(
-            dtype,
-            Box::new(*reduction),
-            pipeline::schedule(&b, &chunking),
+        Ok(pipeline::schedule(
+            &self.layout,
+            &bufs,
+            buf.len(),
+            &chunking,
         ))
-    }
-
-    /// A pipeline over `bytes` with no buffers yet.
-    fn buffers(&self, bytes: usize) -> pipeline::Buffers {
-        pipeline::Buffers {
-            rank: self.layout.rank,
-            nranks: self.layout.nranks,
-            buf: [0; MAX_RANKS],
-            bytes,
-            scratch: self.layout.scratch,
-        }
     }
 
     /// The flag steps of a pipelined all_reduce of `bytes` (0: the two barriers alone), which
@@ -622,7 +594,7 @@ impl Nvl {
         let Some(chunking) = self.chunking(bytes) else {
             return Vec::new();
         };
-        pipeline::schedule(&self.buffers(bytes), &chunking)
+        pipeline::schedule(&self.layout, &[0; MAX_RANKS], bytes, &chunking)
             .into_iter()
             .filter(|s| matches!(s, Step::Sync { .. } | Step::Order { .. }))
             .collect()

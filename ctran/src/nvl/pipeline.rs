@@ -17,7 +17,7 @@
 
 use crate::cuda::nvl_kernels::{PipeFlag, MAX_RANKS};
 
-use super::plan::two_shot_slice;
+use super::plan::{two_shot_slice, Layout};
 
 /// One of the streams the schedule runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -77,21 +77,6 @@ pub enum Step {
         /// The lane that waits.
         to: Lane,
     },
-}
-
-/// Where one operation's data lives, as addresses here.
-#[derive(Debug, Clone, Copy)]
-pub struct Buffers {
-    /// This rank.
-    pub rank: usize,
-    /// Ranks of the comm.
-    pub nranks: usize,
-    /// Every rank's buffer (this rank's own at `rank`); all of `bytes`.
-    pub buf: [u64; MAX_RANKS],
-    /// Bytes of the buffer.
-    pub bytes: usize,
-    /// Every rank's scratch.
-    pub scratch: [u64; MAX_RANKS],
 }
 
 /// How the slices are cut into chunks.
@@ -154,10 +139,12 @@ fn chunk_value(c: usize) -> u64 {
     c as u64 + 1
 }
 
-/// The steps of one pipelined all_reduce on rank `b.rank`.
-pub fn schedule(b: &Buffers, k: &Chunking) -> Vec<Step> {
-    let (r, n) = (b.rank, b.nranks);
-    let slice = |q: usize| two_shot_slice(b.bytes, n, q);
+/// The steps of one pipelined all_reduce of `bytes` on rank `l.rank`, whose buffer is at
+/// `buf[q]` on rank q (addresses here; this rank's own at `buf[l.rank]`); peers' scratch is
+/// `l.scratch`.
+pub fn schedule(l: &Layout, buf: &[u64; MAX_RANKS], bytes: usize, k: &Chunking) -> Vec<Step> {
+    let (r, n) = (l.rank, l.nranks);
+    let slice = |q: usize| two_shot_slice(bytes, n, q);
     let nchunks = k.bounds.len();
     // Chunk c of slice q: (offset in the buffer, length).
     let piece = |q: usize, c: usize| {
@@ -170,7 +157,7 @@ pub fn schedule(b: &Buffers, k: &Chunking) -> Vec<Step> {
     // Where source `from`'s chunk in slot `s` lands in `owner`'s scratch.
     let slot = |owner: usize, s: usize, from: usize| {
         let j = (from + n - owner - 1) % n;
-        b.scratch[owner] + ((s * (n - 1) + j) * k.slot_bytes) as u64
+        l.scratch[owner] + ((s * (n - 1) + j) * k.slot_bytes) as u64
     };
     let peers = || (1..n).map(move |i| (r + i) % n);
     let mut steps = vec![Step::Sync {
@@ -193,7 +180,7 @@ pub fn schedule(b: &Buffers, k: &Chunking) -> Vec<Step> {
                 steps.push(Step::Copy {
                     lane: Lane::Scatter,
                     dst: slot(q, s, r),
-                    src: b.buf[r] + off as u64,
+                    src: buf[r] + off as u64,
                     len,
                 });
             }
@@ -217,7 +204,7 @@ pub fn schedule(b: &Buffers, k: &Chunking) -> Vec<Step> {
             advance: 0,
         });
         let (off, len) = piece(r, c);
-        let mine = b.buf[r] + off as u64;
+        let mine = buf[r] + off as u64;
         let mut srcs = vec![mine];
         srcs.extend(peers().map(|q| slot(r, s, q)));
         steps.push(Step::Reduce {
@@ -233,7 +220,7 @@ pub fn schedule(b: &Buffers, k: &Chunking) -> Vec<Step> {
             for q in peers() {
                 steps.push(Step::Copy {
                     lane: Lane::Gather,
-                    dst: b.buf[q] + off as u64,
+                    dst: buf[q] + off as u64,
                     src: mine,
                     len,
                 });
@@ -268,6 +255,31 @@ mod tests {
     /// Addresses: rank q's buffer at q << 32, its scratch at (q << 32) | 1 << 31; memory is
     /// one f64 per 8-byte word.
     const SCRATCH: u64 = 1 << 31;
+
+    /// Rank `rank` of `n`, every rank's scratch at its made-up address.
+    fn layout(rank: usize, n: usize) -> Layout {
+        let mut scratch = [0; MAX_RANKS];
+        for (q, s) in scratch.iter_mut().enumerate().take(n) {
+            *s = ((q as u64) << 32) | SCRATCH;
+        }
+        Layout {
+            rank,
+            nranks: n,
+            arena: [0; MAX_RANKS],
+            half: 0,
+            scratch,
+            scratch_bytes: 0,
+        }
+    }
+
+    /// Every rank's buffer at its made-up address.
+    fn buffers(n: usize) -> [u64; MAX_RANKS] {
+        let mut buf = [0; MAX_RANKS];
+        for (q, b) in buf.iter_mut().enumerate().take(n) {
+            *b = (q as u64) << 32;
+        }
+        buf
+    }
 
     struct Rank {
         lanes: HashMap<Lane, Vec<Item>>,
@@ -330,30 +342,19 @@ mod tests {
                     ..
                 }) => {
                     let base = self.ranks[r].base;
-                    if let Some((kind, v)) = wait {
-                        let ok = (0..n).filter(|&q| q != r).all(|q| {
-                            self.ranks[r]
-                                .flags
-                                .get(&(kind as u8, q))
-                                .copied()
-                                .unwrap_or(0)
-                                >= base + v
-                        });
-                        // The kernel signals before it waits: model it as signalling first
-                        // (idempotent when the wait is retried).
-                        if let Some((skind, sv)) = signal {
-                            for q in (0..n).filter(|&q| q != r) {
-                                let f = self.ranks[q].flags.entry((skind as u8, r)).or_insert(0);
-                                *f = (*f).max(base + sv);
-                            }
-                        }
-                        if !ok {
-                            return false;
-                        }
-                    } else if let Some((skind, sv)) = signal {
+                    // The kernel signals, then waits; signalling again when a blocked wait is
+                    // retried changes nothing.
+                    if let Some((kind, v)) = signal {
                         for q in (0..n).filter(|&q| q != r) {
-                            let f = self.ranks[q].flags.entry((skind as u8, r)).or_insert(0);
-                            *f = (*f).max(base + sv);
+                            let f = self.ranks[q].flags.entry((kind as u8, r)).or_insert(0);
+                            *f = (*f).max(base + v);
+                        }
+                    }
+                    if let Some((kind, v)) = wait {
+                        let flags = &self.ranks[r].flags;
+                        let arrived = |q| flags.get(&(kind as u8, q)).copied().unwrap_or(0);
+                        if !(0..n).filter(|&q| q != r).all(|q| arrived(q) >= base + v) {
+                            return false;
                         }
                     }
                     self.ranks[r].base += advance;
@@ -404,21 +405,12 @@ mod tests {
         seed: u64,
     ) -> Vec<Vec<f64>> {
         let bytes = words * 8;
-        let mut bufs = Buffers {
-            rank: 0,
-            nranks: n,
-            buf: [0; MAX_RANKS],
-            bytes,
-            scratch: [0; MAX_RANKS],
-        };
-        for q in 0..n {
-            bufs.buf[q] = (q as u64) << 32;
-            bufs.scratch[q] = ((q as u64) << 32) | SCRATCH;
-        }
+        let buf = buffers(n);
+        let slice = two_shot_slice(bytes, n, 0).1;
         let k = Chunking {
-            bounds: (0..two_shot_slice(bytes, n, 0).1)
+            bounds: (0..slice)
                 .step_by(chunk)
-                .map(|at| (at, chunk.min(two_shot_slice(bytes, n, 0).1 - at)))
+                .map(|at| (at, chunk.min(slice - at)))
                 .collect(),
             slot_bytes: chunk,
             slots,
@@ -433,12 +425,12 @@ mod tests {
                 // Distinct per rank and word, exact in f64 sums.
                 model
                     .mem
-                    .insert(bufs.buf[q] + 8 * w, (q * 1000 + w as usize) as f64);
+                    .insert(buf[q] + 8 * w, (q * 1000 + w as usize) as f64);
             }
             let mut marks = 0;
             let mut lanes: HashMap<Lane, Vec<Item>> = HashMap::new();
             for _ in 0..ops {
-                let steps = schedule(&Buffers { rank: q, ..bufs }, &k);
+                let steps = schedule(&layout(q, n), &buf, bytes, &k);
                 for (l, items) in lanes_of(&steps, &mut marks) {
                     lanes.entry(l).or_default().extend(items);
                 }
@@ -481,7 +473,7 @@ mod tests {
         (0..n)
             .map(|q| {
                 (0..words as u64)
-                    .map(|w| model.word(bufs.buf[q] + 8 * w))
+                    .map(|w| model.word(buf[q] + 8 * w))
                     .collect()
             })
             .collect()
@@ -566,24 +558,12 @@ mod tests {
 
     #[test]
     fn copies_only_write_peers_and_read_this_rank() {
-        let n = 4;
-        let mut b = Buffers {
-            rank: 1,
-            nranks: n,
-            buf: [0; MAX_RANKS],
-            bytes: 4096,
-            scratch: [0; MAX_RANKS],
-        };
-        for q in 0..n {
-            b.buf[q] = (q as u64) << 32;
-            b.scratch[q] = ((q as u64) << 32) | SCRATCH;
-        }
         let k = Chunking {
             bounds: (0..1024).step_by(256).map(|at| (at, 256)).collect(),
             slot_bytes: 256,
             slots: 2,
         };
-        for s in schedule(&b, &k) {
+        for s in schedule(&layout(1, 4), &buffers(4), 4096, &k) {
             if let Step::Copy { src, dst, .. } = s {
                 assert_eq!(src >> 32, 1, "reads only this rank's buffer");
                 assert_ne!(dst >> 32, 1, "writes only peers");
