@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from datetime import timedelta
 from typing import Any
@@ -66,15 +67,19 @@ def test_two_comms_share_one_store() -> None:
 def test_filestore(world: Any) -> None:
     run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
     path = f"/tmp/torchcomms-pytest-filestore-{run_id}-{os.environ['MASTER_PORT']}-{WORLD}"
-    if RANK == 0 and os.path.exists(path):
-        os.unlink(path)
+    if RANK == 0:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
     world.barrier(async_op=False)  # nobody opens the file before rank 0 cleaned it
     store = dist.FileStore(path, WORLD)
     exercise(torchcomms.new_comm("ctran", "cpu", "store_file", store=store, abort_process_on_timeout_or_error=False))
     world.barrier(async_op=False)
     del store
-    if RANK == 0 and os.path.exists(path):
-        os.unlink(path)
+    # torch's FileStore unlinks the file when its last user closes it, which may be another rank
+    # at any moment: a file already gone is the normal outcome, not an error.
+    if RANK == 0:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 def test_hashstore() -> None:
