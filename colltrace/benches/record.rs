@@ -79,6 +79,17 @@ fn record(c: &mut Criterion) {
     c.bench_function("calling thread: submit (critical path)", |b| {
         b.iter(|| black_box(submit()))
     });
+    // A synchronous caller saw the previous operation complete: no clock read.
+    c.bench_function(
+        "calling thread: submit after waiting for the previous (critical path)",
+        |b| {
+            b.iter(|| {
+                let h = submit();
+                h.waited(&trace).note();
+                black_box(h)
+            })
+        },
+    );
     c.bench_function("calling thread: publish (after the hand-over)", |b| {
         b.iter_batched(
             &submit,
@@ -100,9 +111,11 @@ fn record(c: &mut Criterion) {
         )
     });
     // Operations queued behind one another (asynchronous callers; here the batch of submitted
-    // operations): each starts where the previous ended, one clock read instead of two.
+    // operations), or found while the thread polled (synchronous callers): each starts at the
+    // anchor, one clock read instead of two. In the engine a synchronous operation's end
+    // (`finish_after`) comes after its caller was told.
     c.bench_function(
-        "progress thread: start + finish, queued behind the previous",
+        "progress thread: start + finish, queued behind the previous or found while polling",
         |b| {
             b.iter_batched(
                 &submit,

@@ -33,11 +33,16 @@
 //! assert_eq!(dumps[0].comms.last().unwrap().records[0].op, "all_reduce");
 //! ```
 //!
-//! Cost: on the critical path of an operation, one `rdtsc` and one atomic add on the calling
-//! thread; on the progress thread two `rdtsc` (one when the operation was queued behind the
-//! previous one: it starts where that one ended) and a record of eleven words written in place
-//! under a per-slot sequence number, two of them again at the end (no lock, no allocation,
-//! names interned as 16-bit codes, formatting deferred to the dump); see [`CommTrace`].
+//! Cost: on the critical path of an operation whose caller waited for the previous one (every
+//! synchronous collective), one atomic add on the calling thread and a record of eleven words
+//! written in place under a per-slot sequence number on the progress thread, and no clock
+//! read: such an operation is enqueued and started at the progress thread's anchor (the end of
+//! the previous operation, or a mark it takes every few polls while it spins for work), and
+//! its end (a clock read and two words) is written after its caller was told. An operation
+//! queued behind others costs one `rdtsc` more on the calling thread; one picked up after the
+//! progress thread slept, one more on the progress thread. No lock, no allocation, names
+//! interned as 16-bit codes, formatting deferred to the dump; see [`CommTrace`] and
+//! [`TraceWriter`].
 //! [`CommTrace::set_recording`] pauses and resumes recording at run time (paused, it costs
 //! what `TORCHCOMMS_TRACE_BUFFER_SIZE=0` costs), which `torchcomms-perf --trace-ab` uses to
 //! measure the cost within one process. Measured in `docs/perf/colltrace.md`.
@@ -51,6 +56,7 @@ mod registry;
 pub mod schema;
 mod signal;
 mod trace;
+mod waited;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -63,6 +69,7 @@ pub use registry::{
 };
 pub use schema::{CommState, Dump, Trigger};
 pub use trace::{CommMeta, CommTrace, OpHandle, OpInfo, OpRecord, Outcome, QueuedOp, TraceWriter};
+pub use waited::Waited;
 
 /// Errors of dumping.
 #[derive(Debug, Clone, thiserror::Error)]

@@ -15,6 +15,7 @@ use std::time::Duration;
 use crate::clock::{now_ns, Clock};
 use crate::names;
 use crate::schema::{CommDump, CommState, PeerTransfer, Record, RecordKind, SeqCounters, State};
+use crate::waited::{follows_last_waited, Waited};
 
 /// What the engine knows about an operation when it starts. Fields the operation does not
 /// have stay at their default.
@@ -379,6 +380,13 @@ impl<const N: usize> Slot<N> {
     }
 }
 
+/// Source of [`CommTrace`]'s `uid` (0 is [`Waited::NONE`]'s).
+static NEXT_UID: AtomicU64 = AtomicU64::new(1);
+
+/// `Queued::enqueued` of an operation whose enqueue time is its start time (see
+/// [`CommTrace::submit`]).
+const ENQUEUED_AT_START: u64 = 0;
+
 /// Operations submitted but not yet started that a dump can show (at most the buffer size).
 const QUEUED_SLOTS: usize = 1024;
 
@@ -447,6 +455,9 @@ struct ExecSide {
     coll_completed: AtomicU64,
     p2p_started: AtomicU64,
     p2p_completed: AtomicU64,
+    /// Id of the record whose end is being written after its caller was told (0: none); a
+    /// dump waits for it, so that a caller who saw its operation complete sees it completed.
+    finishing: AtomicU64,
     /// Errors and batch peers by record id (the newest `capacity`).
     extra: Mutex<BTreeMap<u64, Extra>>,
 }
@@ -454,11 +465,12 @@ struct ExecSide {
 /// The trace of one communicator on one rank: ring buffers of its last operations and its
 /// sequence counters.
 ///
-/// Cost on the hot path: the submitting thread takes a timestamp and an id (one atomic add);
-/// after handing the operation over, it shows it as queued (one compare-and-swap and four
-/// words). The progress thread, the only writer of the execution side ([`TraceWriter`]),
-/// writes eleven words and a counter at the start of an operation and two words and a counter
-/// at its end, with no lock and no read-modify-write. The two sides are on cache lines of their own. A dump merges
+/// Cost on the hot path: the submitting thread takes an id (one atomic add) and, unless it
+/// just saw the previous operation complete, a timestamp; after handing the operation over, it
+/// shows it as queued (one compare-and-swap and four words). The progress thread, the only
+/// writer of the execution side ([`TraceWriter`]), writes eleven words and a counter at the
+/// start of an operation and two words and a counter at its end (after its caller was told),
+/// with no lock and no read-modify-write. The two sides are on cache lines of their own. A dump merges
 /// both sides by id: an operation the progress thread has not taken yet shows as `queued`.
 #[derive(Debug)]
 pub struct CommTrace {
@@ -469,6 +481,11 @@ pub struct CommTrace {
     /// trace costs what a trace of capacity 0 costs.
     recording: AtomicBool,
     created_ns: u64,
+    /// Process-unique identity, for [`Waited`].
+    uid: u64,
+    /// Set while the progress thread may sleep (see [`TraceWriter::park`]): read by every
+    /// submission, written only when the thread parks or wakes, so its line stays shared.
+    parked: Padded<AtomicBool>,
     /// Time source of the records (TSC ticks or system ns; see the `clock` module).
     clock: Clock,
     /// Next record id (taken by submitting threads without a lock).
@@ -545,6 +562,8 @@ impl CommTrace {
             capacity,
             recording: AtomicBool::new(capacity > 0),
             created_ns: now_ns(),
+            uid: NEXT_UID.fetch_add(1, Ordering::Relaxed),
+            parked: Padded(AtomicBool::new(false)),
             clock: Clock::current(),
             next_id: Padded(AtomicU64::new(1)),
             enqueued: Padded([AtomicU64::new(0), AtomicU64::new(0)]),
@@ -560,6 +579,7 @@ impl CommTrace {
                 coll_completed: AtomicU64::new(0),
                 p2p_started: AtomicU64::new(0),
                 p2p_completed: AtomicU64::new(0),
+                finishing: AtomicU64::new(0),
                 extra: Mutex::new(BTreeMap::new()),
             }),
             writer_taken: AtomicBool::new(false),
@@ -590,7 +610,8 @@ impl CommTrace {
             on: first && self.capacity > 0,
             count: 0,
             next: 0,
-            last_end: 0,
+            anchor: 0,
+            parked: false,
             started: [0; 2],
             completed: [0; 2],
         }
@@ -635,6 +656,10 @@ impl CommTrace {
     /// and [`TraceWriter::finish`]; the submitting thread passes [`OpRecord::queued`] to
     /// [`CommTrace::publish`] once the operation is on its way (off the critical path), so
     /// that dumps show it queued until it starts.
+    ///
+    /// When this thread saw the previous operation complete ([`Waited::note`]) and the
+    /// progress thread is awake, nothing is queued ahead: the operation is recorded as
+    /// enqueued when it starts, and submitting reads no clock.
     #[inline]
     pub fn submit(
         &self,
@@ -652,8 +677,13 @@ impl CommTrace {
         } else {
             RecordKind::Collective
         };
-        let enqueued = self.clock.now();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let enqueued = if follows_last_waited(self.uid, id) && !self.parked.load(Ordering::Relaxed)
+        {
+            ENQUEUED_AT_START
+        } else {
+            self.clock.now()
+        };
         let q = Queued {
             id,
             seq,
@@ -672,9 +702,13 @@ impl CommTrace {
     /// Shows a submitted operation as queued (see [`CommTrace::submit`]); harmless after it
     /// started or finished (the progress thread's record wins in dumps).
     pub fn publish(&self, queued: QueuedOp) {
-        let q = queued.0;
+        let mut q = queued.0;
         if q.id == 0 {
             return;
+        }
+        if q.enqueued == ENQUEUED_AT_START {
+            // Until the progress thread's record replaces it: about when it was handed over.
+            q.enqueued = self.clock.now();
         }
         self.enqueued[seq_index(q.kind)].fetch_max(q.seq, Ordering::Relaxed);
         let slot = &self.queued[(q.id as usize) & (self.queued.len() - 1)];
@@ -698,6 +732,9 @@ impl CommTrace {
         let mut r = Rec::queued(&rec.q);
         r.state = State::Failed;
         r.ended = self.clock.now();
+        if r.enqueued == ENQUEUED_AT_START {
+            r.enqueued = r.ended;
+        }
         let extra = Extra {
             error: Some(err.to_string().into_boxed_str()),
             ..Extra::default()
@@ -783,6 +820,17 @@ impl CommTrace {
         let clock = self.clock;
         clock.refresh();
         let ex = &self.exec;
+        // An end being written after its caller was told (well under a microsecond unless the
+        // writer is descheduled): wait for it, so that a completed wait dumps as completed.
+        let finishing = ex.finishing.load(Ordering::Acquire);
+        if finishing != 0 {
+            let until = std::time::Instant::now() + Duration::from_millis(20);
+            while ex.finishing.load(Ordering::Acquire) == finishing
+                && std::time::Instant::now() < until
+            {
+                std::hint::spin_loop();
+            }
+        }
         // Counters before records: a record newer than a counter is fine, the reverse would
         // show a completed count ahead of its record.
         let coll = (
@@ -870,11 +918,13 @@ impl CommTrace {
 /// operations (one per trace, from [`CommTrace::writer`]), so that it writes them with plain
 /// stores under a per-slot sequence number instead of a lock.
 ///
-/// When the thread goes straight from finishing one operation to starting the next, and the
-/// next was submitted before the first finished, the start of the next is the end of the
-/// first (read once, not twice): the thread had it in hand at that moment, and its start
-/// differs from the end only by the dispatch between the two. A thread that may wait for work
-/// in between calls [`TraceWriter::idle`] first, so that the next start reads the clock.
+/// Start times come without a clock read while the thread only polls for work: it keeps an
+/// anchor, the end of the operation it finished last, refreshed by [`TraceWriter::mark`] as it
+/// spins. An operation found then started at the later of its enqueue time and the anchor (at
+/// most a few polls off: the thread picked it up within a poll of its arrival, or straight
+/// after the previous end when it was queued behind). A thread that may sleep or do other work
+/// first calls [`TraceWriter::idle`] (or [`TraceWriter::park`]), and the next start reads the
+/// clock.
 #[derive(Debug)]
 pub struct TraceWriter {
     trace: Arc<CommTrace>,
@@ -884,9 +934,11 @@ pub struct TraceWriter {
     count: u64,
     /// Slot of the next record (`count % capacity`, kept without dividing).
     next: usize,
-    /// End time of the operation this thread finished last, while nothing happened since
-    /// (no start, no [`TraceWriter::idle`]); 0 otherwise.
-    last_end: u64,
+    /// A time at most a few polls before now while the thread has only polled for work since:
+    /// the last end or [`TraceWriter::mark`]; 0 otherwise.
+    anchor: u64,
+    /// This thread's copy of `CommTrace::parked`.
+    parked: bool,
     /// Highest sequence numbers started and completed, collective then p2p.
     started: [u64; 2],
     completed: [u64; 2],
@@ -899,10 +951,30 @@ impl TraceWriter {
     }
 
     /// The thread may wait for work now (or do something else than the next operation): the
-    /// next start reads the clock instead of reusing the last end.
+    /// next start reads the clock instead of reusing the anchor.
     #[inline]
     pub fn idle(&mut self) {
-        self.last_end = 0;
+        self.anchor = 0;
+    }
+
+    /// The thread is polling for work and has done nothing else since the last end or mark:
+    /// the anchor moves to now. Called every few polls of a spin, off any operation's path.
+    #[inline]
+    pub fn mark(&mut self) {
+        if self.on {
+            self.anchor = self.trace.clock.now();
+        }
+    }
+
+    /// The thread is about to sleep until work arrives (`true`), or woke (`false`). While it
+    /// sleeps, submissions read the clock: a wake-up is not a poll.
+    pub fn park(&mut self, parked: bool) {
+        self.anchor = 0;
+        // Stored on changes only: every submission reads it.
+        if self.on && self.parked != parked {
+            self.parked = parked;
+            self.trace.parked.store(parked, Ordering::Relaxed);
+        }
     }
 
     fn slot(&self, i: u64) -> &Slot<WORDS> {
@@ -938,9 +1010,8 @@ impl TraceWriter {
         transport: Option<&'static str>,
         algorithm: Option<&'static str>,
     ) {
-        // Whatever starts now (also an operation not recorded) comes between the last end and
-        // the next start.
-        let last_end = std::mem::take(&mut self.last_end);
+        // Whatever starts now (also an operation not recorded) ends the polling.
+        let anchor = std::mem::take(&mut self.anchor);
         if rec.q.id == 0 || !self.on {
             return;
         }
@@ -957,19 +1028,23 @@ impl TraceWriter {
             return;
         }
         let q = &rec.q;
-        // Queued before the previous operation ended, with nothing in between: it starts
-        // there (enqueued <= started holds).
-        let now = if last_end != 0 && q.enqueued <= last_end {
-            last_end
-        } else {
-            self.trace.clock.now()
+        let (enqueued, started) = match (q.enqueued, anchor) {
+            (ENQUEUED_AT_START, 0) => {
+                let now = self.trace.clock.now();
+                (now, now)
+            }
+            (ENQUEUED_AT_START, a) => (a, a),
+            (e, 0) => (e, self.trace.clock.now()),
+            // Queued behind the last end (started there) or arrived while polling (picked up
+            // within a poll). enqueued <= started holds.
+            (e, a) => (e, e.max(a)),
         };
         let info = info();
         let r = Rec {
             id: q.id,
             seq: q.seq,
-            enqueued: q.enqueued,
-            started: now,
+            enqueued,
+            started,
             ended: 0,
             count: info.count.unwrap_or(NO_COUNT),
             in_bytes: info.in_bytes,
@@ -1013,13 +1088,16 @@ impl TraceWriter {
     /// recorded wins.
     pub fn finish(&mut self, rec: &mut OpRecord, outcome: Outcome<'_>) {
         if rec.q.id == 0 || !self.on {
-            self.last_end = 0;
+            self.anchor = 0;
             return;
         }
         let now = self.trace.clock.now();
-        self.last_end = now;
+        self.anchor = now;
         if rec.slot == NOT_STARTED {
             let mut r = Rec::queued(&rec.q);
+            if r.enqueued == ENQUEUED_AT_START {
+                r.enqueued = now;
+            }
             r.started = now;
             r.state = State::Started;
             rec.slot = self.push(&r);
@@ -1049,6 +1127,32 @@ impl TraceWriter {
                 c.store(rec.q.seq, Ordering::Release);
             }
         }
+    }
+}
+
+impl TraceWriter {
+    /// Like [`TraceWriter::finish`], after `signal` told the caller that the operation is
+    /// done: the end's clock read and stores overlap the caller's turnaround instead of
+    /// delaying it. The end is then the moment after the signal. A dump that starts meanwhile
+    /// waits for the end to be written, so a caller that saw the completion dumps it
+    /// completed.
+    pub fn finish_after(
+        &mut self,
+        rec: &mut OpRecord,
+        outcome: Outcome<'_>,
+        signal: impl FnOnce(),
+    ) {
+        if rec.q.id == 0 || !self.on {
+            self.anchor = 0;
+            signal();
+            return;
+        }
+        // Release: seen by whoever acquires what `signal` publishes; a later id seen by a
+        // dump means this end is written.
+        self.trace.exec.finishing.store(rec.q.id, Ordering::Release);
+        signal();
+        self.finish(rec, outcome);
+        self.trace.exec.finishing.store(0, Ordering::Release);
     }
 }
 
@@ -1090,6 +1194,16 @@ impl OpRecord {
     /// thread.
     pub fn queued(&self) -> QueuedOp {
         QueuedOp(self.q)
+    }
+
+    /// What the thread that waits for the operation notes once it saw it complete (see
+    /// [`Waited`]).
+    pub fn waited(&self, trace: &CommTrace) -> Waited {
+        if self.q.id == 0 {
+            Waited::NONE
+        } else {
+            Waited::new(trace.uid, self.q.id)
+        }
     }
 }
 
@@ -1302,7 +1416,7 @@ mod tests {
         std::thread::sleep(Duration::from_millis(2));
         w.start(&mut c, || info("all_reduce"), None, None);
         w.finish(&mut c, Outcome::Completed);
-        // Submitted after the previous end: reads the clock.
+        // Submitted after the previous end while the thread polled: starts at its enqueue.
         std::thread::sleep(Duration::from_millis(2));
         let (mut d, mut e) = (sub(4), sub(5));
         t.set_recording(false);
@@ -1323,11 +1437,130 @@ mod tests {
         }
         assert_eq!(r[1].1, r[0].2, "b starts where a ended");
         assert!(r[2].1 > r[1].2, "c waited: {r:?}");
-        assert!(r[3].1 > r[2].2, "d came later: {r:?}");
+        assert!(r[3].1 > r[2].2 && r[3].1 == r[3].0, "d came later: {r:?}");
         assert!(
             r[4].0 <= r[3].2 && r[4].1 > r[3].2,
             "x ran in between: {r:?}"
         );
+    }
+
+    #[test]
+    fn an_op_found_while_polling_starts_at_its_enqueue_or_the_last_mark() {
+        let t = CommTrace::new(meta(), 100);
+        let mut w = t.writer();
+        let sub = |s| t.submit(false, s, "all_reduce", None, Duration::from_secs(1));
+        let mut a = sub(1);
+        w.start(&mut a, || info("all_reduce"), None, None);
+        w.finish(&mut a, Outcome::Completed);
+        std::thread::sleep(Duration::from_millis(1));
+        // b waits in the queue while the thread polls past a mark: it starts at the mark.
+        let mut b = sub(2);
+        std::thread::sleep(Duration::from_millis(1));
+        w.mark();
+        w.start(&mut b, || info("all_reduce"), None, None);
+        w.finish(&mut b, Outcome::Completed);
+        // c arrives after the last mark: found within a poll, it starts at its enqueue.
+        w.mark();
+        std::thread::sleep(Duration::from_millis(1));
+        let mut c = sub(3);
+        w.start(&mut c, || info("all_reduce"), None, None);
+        w.finish(&mut c, Outcome::Completed);
+        let r = times(&t);
+        assert!(
+            r[1].1 > r[1].0 && r[1].1 > r[0].2,
+            "b started at the mark: {r:?}"
+        );
+        assert_eq!(r[2].1, r[2].0, "c started at its enqueue: {r:?}");
+        for (enq, start, end) in &r {
+            assert!(enq <= start && start <= end, "{r:?}");
+        }
+    }
+
+    #[test]
+    fn after_a_completion_this_thread_saw_the_next_op_is_enqueued_at_its_start() {
+        let t = CommTrace::new(meta(), 100);
+        let mut w = t.writer();
+        let sub = |s| t.submit(false, s, "all_reduce", None, Duration::from_secs(1));
+        let mut a = sub(1);
+        assert_ne!(a.q.enqueued, ENQUEUED_AT_START, "nothing waited yet");
+        let waited = a.waited(&t);
+        w.start(&mut a, || info("all_reduce"), None, None);
+        w.finish(&mut a, Outcome::Completed);
+        waited.note();
+        let mut b = sub(2);
+        assert_eq!(b.q.enqueued, ENQUEUED_AT_START, "no clock read");
+        // Shown queued with a real time until it starts.
+        t.publish(b.queued());
+        let stub = t
+            .snapshot()
+            .records
+            .into_iter()
+            .find(|r| r.seq == 2)
+            .unwrap();
+        assert_eq!(stub.state, State::Queued);
+        assert!(
+            stub.enqueued_ns >= t.snapshot().records[0].ended_ns,
+            "{stub:?}"
+        );
+        w.start(&mut b, || info("all_reduce"), None, None);
+        w.finish(&mut b, Outcome::Completed);
+        let r = times(&t);
+        assert_eq!(
+            (r[1].0, r[1].1),
+            (r[0].2, r[0].2),
+            "enqueued and started at a's end"
+        );
+        // Only the direct successor of what this thread waited for skips the clock.
+        b.waited(&t).note();
+        let (c, d) = (sub(3), sub(4));
+        assert_eq!(c.q.enqueued, ENQUEUED_AT_START);
+        assert_ne!(d.q.enqueued, ENQUEUED_AT_START);
+        // While the progress thread sleeps, submissions read the clock, and so does a start
+        // after it woke.
+        b.waited(&t).note();
+        w.park(true);
+        let mut e = sub(5);
+        b.waited(&t).note();
+        let mut f = sub(6);
+        assert_ne!(e.q.enqueued, ENQUEUED_AT_START);
+        w.park(false);
+        f.waited(&t).note();
+        let g = sub(7);
+        assert_eq!(g.q.enqueued, ENQUEUED_AT_START, "awake again");
+        let mut c = c;
+        w.start(&mut c, || info("all_reduce"), None, None);
+        w.finish(&mut c, Outcome::Completed);
+        w.idle();
+        std::thread::sleep(Duration::from_millis(1));
+        w.start(&mut e, || info("all_reduce"), None, None);
+        w.finish(&mut e, Outcome::Completed);
+        w.start(&mut f, || info("all_reduce"), None, None);
+        w.finish(&mut f, Outcome::Completed);
+        let r = times(&t);
+        assert_eq!(r.len(), 5);
+        assert!(r[3].1 > r[3].0, "e read the clock after the idle: {r:?}");
+        for (enq, start, end) in &r {
+            assert!(enq <= start && start <= end, "{r:?}");
+        }
+    }
+
+    #[test]
+    fn a_dump_taken_after_the_signal_waits_for_the_end() {
+        let t = CommTrace::new(meta(), 10);
+        let mut w = t.writer();
+        let mut a = t.submit(false, 1, "all_reduce", None, Duration::from_secs(1));
+        w.start(&mut a, || info("all_reduce"), None, None);
+        let mut dumper = None;
+        w.finish_after(&mut a, Outcome::Completed, || {
+            // The caller saw the completion and dumps at once, before the end is written.
+            let t = Arc::clone(&t);
+            dumper = Some(std::thread::spawn(move || t.snapshot()));
+            std::thread::sleep(Duration::from_millis(5));
+        });
+        let d = dumper.unwrap().join().unwrap();
+        assert_eq!(d.records[0].state, State::Completed);
+        assert_eq!(d.collective.completed, 1);
+        assert_eq!(t.exec.finishing.load(Ordering::Relaxed), 0);
     }
 
     #[test]

@@ -46,8 +46,16 @@ impl Task {
             ..
         } = self;
         drop(_keepalive);
-        log.finish(&mut trace, super::trace::outcome(&result));
-        request.finish(result);
+        match result {
+            // The caller first: the trace's end overlaps its turnaround.
+            Ok(()) => log.finish_after(&mut trace, colltrace::Outcome::Completed, || {
+                request.finish(Ok(()))
+            }),
+            Err(_) => {
+                log.finish(&mut trace, super::trace::outcome(&result));
+                request.finish(result);
+            }
+        }
     }
 }
 
@@ -144,12 +152,16 @@ impl Executor {
         if let Some(next) = poll() {
             return next;
         }
-        // About to wait: the next operation's start is not the last one's end.
-        self.tracer.idle();
-        if let Some(next) = super::spin::spin_for(self.shared.wait_spin, poll) {
+        // Polling: the trace's anchor stays valid, refreshed every few polls.
+        let tracer = &mut self.tracer;
+        if let Some(next) = super::spin::spin_marking(self.shared.wait_spin, poll, || tracer.mark())
+        {
             return next;
         }
-        self.rx.recv()
+        self.tracer.park(true);
+        let next = self.rx.recv();
+        self.tracer.park(false);
+        next
     }
 
     /// Moves in-flight transfers while no new command is queued; wakes up for new commands.
@@ -160,13 +172,14 @@ impl Executor {
             .map(|f| f.deadline)
             .min()
             .unwrap_or_else(Instant::now);
-        self.tracer.idle();
+        self.tracer.park(true);
         self.waker.set_sleeping(true);
         if self.rx.is_empty() {
             // Transport failures surface per request, in `reap_inflight`.
             let _ = self.net.progress(until, true);
         }
         self.waker.set_sleeping(false);
+        self.tracer.park(false);
     }
 
     fn ctx(&mut self, task_op: &'static str, seq: u64, timeout: Duration) -> OpCtx<'_> {

@@ -249,7 +249,8 @@ impl Comm {
         }
         // Shown as queued once the task is on its way: off the caller's critical path.
         let queued = traced.queued();
-        let request = Request::new(name, seq, self.shared.wait_spin);
+        let request = Request::new(name, seq, self.shared.wait_spin)
+            .noting(traced.waited(&self.shared.trace));
         let task = Task {
             op,
             seq,

@@ -55,6 +55,8 @@ pub struct Request {
     seq: u64,
     /// How long a waiter spins on `finished` before it sleeps.
     spin: Duration,
+    /// Noted by a thread that saw the operation complete (see [`colltrace::Waited`]).
+    waited: colltrace::Waited,
 }
 
 impl Request {
@@ -71,7 +73,14 @@ impl Request {
             op,
             seq,
             spin,
+            waited: colltrace::Waited::NONE,
         }
+    }
+
+    /// The request, noting `waited` once a wait sees it complete.
+    pub(crate) fn noting(mut self, waited: colltrace::Waited) -> Request {
+        self.waited = waited;
+        self
     }
 
     /// A request that already failed (used when submission itself is refused).
@@ -150,7 +159,10 @@ impl Request {
         let mut s = self.lock();
         loop {
             match &s.state {
-                State::Done => return Ok(()),
+                State::Done => {
+                    self.waited.note();
+                    return Ok(());
+                }
                 State::Failed(e) => return Err(e.clone()),
                 State::Queued | State::Started => {}
             }

@@ -6,7 +6,17 @@ use std::time::{Duration, Instant};
 
 /// Polls `ready` until it yields a value or `window` has passed (`None`: go and sleep). Reads
 /// the clock every 64 polls only: a poll costs a few nanoseconds, a clock read tens.
-pub(crate) fn spin_for<T>(window: Duration, mut ready: impl FnMut() -> Option<T>) -> Option<T> {
+pub(crate) fn spin_for<T>(window: Duration, ready: impl FnMut() -> Option<T>) -> Option<T> {
+    spin_marking(window, ready, || {})
+}
+
+/// Like [`spin_for`], calling `mark` every [`MARK_POLLS`] polls that found nothing (the
+/// progress thread notes the time there, so that what it finds next needs no clock read).
+pub(crate) fn spin_marking<T>(
+    window: Duration,
+    mut ready: impl FnMut() -> Option<T>,
+    mut mark: impl FnMut(),
+) -> Option<T> {
     if let Some(v) = ready() {
         return Some(v);
     }
@@ -20,12 +30,19 @@ pub(crate) fn spin_for<T>(window: Duration, mut ready: impl FnMut() -> Option<T>
             return Some(v);
         }
         polls = polls.wrapping_add(1);
-        if polls % 64 == 0 && Instant::now() >= until {
-            return None;
+        if polls % MARK_POLLS == 0 {
+            mark();
+            if polls % 64 == 0 && Instant::now() >= until {
+                return None;
+            }
         }
         std::hint::spin_loop();
     }
 }
+
+/// Polls between two marks of [`spin_marking`]: a mark is one clock read, a poll a few ns
+/// plus a pause (tens of ns), so marks cost little and stay within a few polls of any find.
+const MARK_POLLS: u32 = 4;
 
 #[cfg(test)]
 mod tests {
