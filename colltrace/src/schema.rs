@@ -226,7 +226,8 @@ pub struct Record {
     pub timeout_ms: u64,
     /// State.
     pub state: State,
-    /// Submission time, nanoseconds since the Unix epoch.
+    /// Submission time, nanoseconds since the Unix epoch. For an operation submitted right
+    /// after its caller saw the previous one complete, its start time (it waited for nothing).
     pub enqueued_ns: u64,
     /// Start time (0: not started).
     pub started_ns: u64,

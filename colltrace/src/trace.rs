@@ -966,6 +966,17 @@ impl TraceWriter {
         }
     }
 
+    /// `rec` starts now, though its record is written later ([`TraceWriter::start`] at its
+    /// first wait: a hang always passes one, so a dump still shows it started, and the
+    /// record's stores overlap the wait for peers instead of delaying this rank's arrival).
+    /// Fixes the start time: the anchor, or a clock read when there is none.
+    #[inline]
+    pub fn pin_start(&mut self, rec: &OpRecord) {
+        if rec.q.id != 0 && self.on && self.anchor == 0 {
+            self.anchor = self.trace.clock.now();
+        }
+    }
+
     /// The thread is about to sleep until work arrives (`true`), or woke (`false`). While it
     /// sleeps, submissions read the clock: a wake-up is not a poll.
     pub fn park(&mut self, parked: bool) {
@@ -1194,6 +1205,11 @@ impl OpRecord {
     /// thread.
     pub fn queued(&self) -> QueuedOp {
         QueuedOp(self.q)
+    }
+
+    /// True once [`TraceWriter::start`] recorded it (or nothing is recorded).
+    pub fn is_started(&self) -> bool {
+        self.q.id == 0 || self.slot != NOT_STARTED
     }
 
     /// What the thread that waits for the operation notes once it saw it complete (see
@@ -1542,6 +1558,23 @@ mod tests {
         for (enq, start, end) in &r {
             assert!(enq <= start && start <= end, "{r:?}");
         }
+    }
+
+    #[test]
+    fn a_start_recorded_later_keeps_the_pinned_time() {
+        let t = CommTrace::new(meta(), 10);
+        let mut w = t.writer();
+        let mut a = t.submit(false, 1, "all_reduce", None, Duration::from_secs(1));
+        w.idle();
+        w.pin_start(&a);
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(!a.is_started());
+        w.start(&mut a, || info("all_reduce"), None, None);
+        assert!(a.is_started());
+        w.finish(&mut a, Outcome::Completed);
+        let (_, started, ended) = times(&t)[0];
+        // 2 ms apart: at least 10^6 ticks of a TSC of 1 GHz or more, or of the ns clock.
+        assert!(ended - started >= 1_000_000, "{started} {ended}");
     }
 
     #[test]

@@ -255,20 +255,25 @@ impl Executor {
     fn run_on_shm(&mut self, task: &mut Task) -> Option<crate::error::Result<()>> {
         let (rank, size) = (self.shared.rank, self.shared.size);
         let (shm, mut alive) = self.net.whole_comm_shm()?;
-        // The generic path starts the record again, with its algorithm, when no shared-memory
-        // collective fits the op.
-        let info = || super::trace::op_info(&task.op, task.timeout, None);
-        self.tracer
-            .start(&mut task.trace, info, Some("shm"), Some("shm"));
         if matches!(task.op, Op::AllToAll { .. }) && !shm.uses_cma() {
             // Only cross-memory attach has an all_to_all of its own.
             return None;
         }
+        // It starts now; its record is written at its first wait, after this rank announced
+        // itself to the peers (or below, when it never waits).
+        self.tracer.pin_start(&task.trace);
+        let (op, timeout, trace, tracer) =
+            (&task.op, task.timeout, &mut task.trace, &mut self.tracer);
+        let mut record_start = || {
+            let info = || super::trace::op_info(op, timeout, None);
+            tracer.start(trace, info, Some("shm"), Some("shm"));
+        };
         let mut cx = ShmCtx {
             shm,
             deadline: Instant::now() + task.timeout,
             seq: task.seq,
             alive: &mut alive,
+            before_first_wait: Some(&mut record_start),
         };
         let reducer = |dtype, op| Reducer::new(dtype, op, size);
         let outcome = match &task.op {
@@ -300,6 +305,11 @@ impl Executor {
             _ => return None,
         };
         drop(alive);
+        if !task.trace.is_started() {
+            let info = || super::trace::op_info(&task.op, task.timeout, None);
+            self.tracer
+                .start(&mut task.trace, info, Some("shm"), Some("shm"));
+        }
         Some(outcome.map_err(|fail| {
             match fail {
                 ShmFail::Deadline { waiting_for } => Error::Timeout {

@@ -105,6 +105,9 @@ pub struct ShmCtx<'a> {
     pub seq: u64,
     /// Reports dead peers while waiting.
     pub alive: &'a mut dyn FnMut() -> Result<(), TransportError>,
+    /// Runs once, at the first wait, after this rank announced its arrival: the progress
+    /// thread records the operation's start there, off the path to the peers.
+    pub before_first_wait: Option<&'a mut dyn FnMut()>,
 }
 
 impl std::fmt::Debug for ShmCtx<'_> {
@@ -248,6 +251,9 @@ impl ShmCtx<'_> {
             .arrived
             .store(target, Ordering::Release);
         node.ring_others();
+        if let Some(f) = self.before_first_wait.take() {
+            f();
+        }
         let all_in = |n: &super::node::Node| {
             (0..n.nlocal()).all(|i| n.control(i).arrived.load(Ordering::Acquire) >= target)
         };
