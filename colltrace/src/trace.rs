@@ -1139,9 +1139,7 @@ impl TraceWriter {
             }
         }
     }
-}
 
-impl TraceWriter {
     /// Like [`TraceWriter::finish`], after `signal` told the caller that the operation is
     /// done: the end's clock read and stores overlap the caller's turnaround instead of
     /// delaying it. The end is then the moment after the signal. A dump that starts meanwhile
