@@ -194,6 +194,16 @@ impl Rec {
         }
     }
 
+    /// [`Rec::queued`] of an operation that never started and is recorded at `now`: an
+    /// enqueue time deferred to its start becomes `now`.
+    fn queued_until(q: &Queued, now: u64) -> Rec {
+        let mut r = Rec::queued(q);
+        if r.enqueued == ENQUEUED_AT_START {
+            r.enqueued = now;
+        }
+        r
+    }
+
     fn pack(&self) -> [u64; WORDS] {
         [
             self.id,
@@ -737,12 +747,10 @@ impl CommTrace {
         if rec.q.id == 0 {
             return;
         }
-        let mut r = Rec::queued(&rec.q);
+        let now = self.clock.now();
+        let mut r = Rec::queued_until(&rec.q, now);
         r.state = State::Failed;
-        r.ended = self.clock.now();
-        if r.enqueued == ENQUEUED_AT_START {
-            r.enqueued = r.ended;
-        }
+        r.ended = now;
         let extra = Extra {
             error: Some(err.to_string().into_boxed_str()),
             ..Extra::default()
@@ -1113,10 +1121,7 @@ impl TraceWriter {
         let now = self.trace.clock.now();
         self.anchor = now;
         if rec.slot == NOT_STARTED {
-            let mut r = Rec::queued(&rec.q);
-            if r.enqueued == ENQUEUED_AT_START {
-                r.enqueued = now;
-            }
+            let mut r = Rec::queued_until(&rec.q, now);
             r.started = now;
             r.state = State::Started;
             rec.slot = self.push(&r);
@@ -1415,6 +1420,19 @@ mod tests {
     }
 
     /// Raw start and end times of the records of `t`, by id.
+    /// Starts and at once finishes `rec`, an all_reduce.
+    fn run(w: &mut TraceWriter, rec: &mut OpRecord) {
+        w.start(rec, || info("all_reduce"), None, None);
+        w.finish(rec, Outcome::Completed);
+    }
+
+    /// Every record of `r` (from [`times`]) was enqueued, started and ended in that order.
+    fn assert_in_order(r: &[(u64, u64, u64)]) {
+        for (enq, start, end) in r {
+            assert!(enq <= start && start <= end, "{r:?}");
+        }
+    }
+
     fn times(t: &CommTrace) -> Vec<(u64, u64, u64)> {
         let ex = &t.exec;
         (0..ex.count.load(Ordering::Acquire) as usize)
@@ -1429,34 +1447,28 @@ mod tests {
         let mut w = t.writer();
         let sub = |s| t.submit(false, s, "all_reduce", None, Duration::from_secs(1));
         let (mut a, mut b, mut c) = (sub(1), sub(2), sub(3));
-        w.start(&mut a, || info("all_reduce"), None, None);
-        w.finish(&mut a, Outcome::Completed);
+        run(&mut w, &mut a);
         w.start(&mut b, || info("all_reduce"), None, None);
         // The thread waits in between: c reads the clock.
         w.finish(&mut b, Outcome::Completed);
         w.idle();
         std::thread::sleep(Duration::from_millis(2));
-        w.start(&mut c, || info("all_reduce"), None, None);
-        w.finish(&mut c, Outcome::Completed);
+        run(&mut w, &mut c);
         // Submitted after the previous end while the thread polled: starts at its enqueue.
         std::thread::sleep(Duration::from_millis(2));
         let (mut d, mut e) = (sub(4), sub(5));
         t.set_recording(false);
         let mut x = sub(6);
         t.set_recording(true);
-        w.start(&mut d, || info("all_reduce"), None, None);
-        w.finish(&mut d, Outcome::Completed);
+        run(&mut w, &mut d);
         // An operation not recorded runs in between: e, queued before d ended, reads the clock.
         w.start(&mut x, || info("all_reduce"), None, None);
         std::thread::sleep(Duration::from_millis(2));
         w.finish(&mut x, Outcome::Completed);
-        w.start(&mut e, || info("all_reduce"), None, None);
-        w.finish(&mut e, Outcome::Completed);
+        run(&mut w, &mut e);
         let r = times(&t);
         assert_eq!(r.len(), 5);
-        for (enq, start, end) in &r {
-            assert!(enq <= start && start <= end, "{r:?}");
-        }
+        assert_in_order(&r);
         assert_eq!(r[1].1, r[0].2, "b starts where a ended");
         assert!(r[2].1 > r[1].2, "c waited: {r:?}");
         assert!(r[3].1 > r[2].2 && r[3].1 == r[3].0, "d came later: {r:?}");
@@ -1472,30 +1484,25 @@ mod tests {
         let mut w = t.writer();
         let sub = |s| t.submit(false, s, "all_reduce", None, Duration::from_secs(1));
         let mut a = sub(1);
-        w.start(&mut a, || info("all_reduce"), None, None);
-        w.finish(&mut a, Outcome::Completed);
+        run(&mut w, &mut a);
         std::thread::sleep(Duration::from_millis(1));
         // b waits in the queue while the thread polls past a mark: it starts at the mark.
         let mut b = sub(2);
         std::thread::sleep(Duration::from_millis(1));
         w.mark();
-        w.start(&mut b, || info("all_reduce"), None, None);
-        w.finish(&mut b, Outcome::Completed);
+        run(&mut w, &mut b);
         // c arrives after the last mark: found within a poll, it starts at its enqueue.
         w.mark();
         std::thread::sleep(Duration::from_millis(1));
         let mut c = sub(3);
-        w.start(&mut c, || info("all_reduce"), None, None);
-        w.finish(&mut c, Outcome::Completed);
+        run(&mut w, &mut c);
         let r = times(&t);
         assert!(
             r[1].1 > r[1].0 && r[1].1 > r[0].2,
             "b started at the mark: {r:?}"
         );
         assert_eq!(r[2].1, r[2].0, "c started at its enqueue: {r:?}");
-        for (enq, start, end) in &r {
-            assert!(enq <= start && start <= end, "{r:?}");
-        }
+        assert_in_order(&r);
     }
 
     #[test]
@@ -1506,8 +1513,7 @@ mod tests {
         let mut a = sub(1);
         assert_ne!(a.q.enqueued, ENQUEUED_AT_START, "nothing waited yet");
         let waited = a.waited(&t);
-        w.start(&mut a, || info("all_reduce"), None, None);
-        w.finish(&mut a, Outcome::Completed);
+        run(&mut w, &mut a);
         waited.note();
         let mut b = sub(2);
         assert_eq!(b.q.enqueued, ENQUEUED_AT_START, "no clock read");
@@ -1524,8 +1530,7 @@ mod tests {
             stub.enqueued_ns >= t.snapshot().records[0].ended_ns,
             "{stub:?}"
         );
-        w.start(&mut b, || info("all_reduce"), None, None);
-        w.finish(&mut b, Outcome::Completed);
+        run(&mut w, &mut b);
         let r = times(&t);
         assert_eq!(
             (r[1].0, r[1].1),
@@ -1550,20 +1555,15 @@ mod tests {
         let g = sub(7);
         assert_eq!(g.q.enqueued, ENQUEUED_AT_START, "awake again");
         let mut c = c;
-        w.start(&mut c, || info("all_reduce"), None, None);
-        w.finish(&mut c, Outcome::Completed);
+        run(&mut w, &mut c);
         w.idle();
         std::thread::sleep(Duration::from_millis(1));
-        w.start(&mut e, || info("all_reduce"), None, None);
-        w.finish(&mut e, Outcome::Completed);
-        w.start(&mut f, || info("all_reduce"), None, None);
-        w.finish(&mut f, Outcome::Completed);
+        run(&mut w, &mut e);
+        run(&mut w, &mut f);
         let r = times(&t);
         assert_eq!(r.len(), 5);
         assert!(r[3].1 > r[3].0, "e read the clock after the idle: {r:?}");
-        for (enq, start, end) in &r {
-            assert!(enq <= start && start <= end, "{r:?}");
-        }
+        assert_in_order(&r);
     }
 
     #[test]

@@ -260,13 +260,15 @@ impl Executor {
             return None;
         }
         // It starts now; its record is written at its first wait, after this rank announced
-        // itself to the peers (or below, when it never waits).
+        // itself to the peers (or after the op, when it never waits).
         self.tracer.pin_start(&task.trace);
         let (op, timeout, trace, tracer) =
             (&task.op, task.timeout, &mut task.trace, &mut self.tracer);
         let mut record_start = || {
-            let info = || super::trace::op_info(op, timeout, None);
-            tracer.start(trace, info, Some("shm"), Some("shm"));
+            if !trace.is_started() {
+                let info = || super::trace::op_info(op, timeout, None);
+                tracer.start(trace, info, Some("shm"), Some("shm"));
+            }
         };
         let mut cx = ShmCtx {
             shm,
@@ -276,40 +278,39 @@ impl Executor {
             before_first_wait: Some(&mut record_start),
         };
         let reducer = |dtype, op| Reducer::new(dtype, op, size);
+        // Err: the op's arguments were refused before it ran.
         let outcome = match &task.op {
-            Op::AllReduce { buf, dtype, op } => match reducer(*dtype, *op) {
-                Ok(red) => collectives::all_reduce(&mut cx, *buf, &red),
-                Err(e) => return Some(Err(e)),
-            },
+            Op::AllReduce { buf, dtype, op } => {
+                reducer(*dtype, *op).map(|red| collectives::all_reduce(&mut cx, *buf, &red))
+            }
             Op::Reduce {
                 buf,
                 dtype,
                 op,
                 root,
-            } => match reducer(*dtype, *op) {
-                Ok(red) => collectives::reduce(&mut cx, *buf, &red, *root),
-                Err(e) => return Some(Err(e)),
-            },
+            } => reducer(*dtype, *op).map(|red| collectives::reduce(&mut cx, *buf, &red, *root)),
             Op::ReduceScatter {
                 inputs,
                 output,
                 dtype,
                 op,
-            } => match reducer(*dtype, *op) {
-                Ok(red) => collectives::reduce_scatter(&mut cx, inputs, *output, &red),
-                Err(e) => return Some(Err(e)),
-            },
-            Op::AllGather { input, outputs } => collectives::all_gather(&mut cx, *input, outputs),
-            Op::Broadcast { buf, root } => collectives::broadcast(&mut cx, *buf, *root),
-            Op::AllToAll { inputs, outputs } => collectives::all_to_all(&mut cx, inputs, outputs),
+            } => reducer(*dtype, *op)
+                .map(|red| collectives::reduce_scatter(&mut cx, inputs, *output, &red)),
+            Op::AllGather { input, outputs } => {
+                Ok(collectives::all_gather(&mut cx, *input, outputs))
+            }
+            Op::Broadcast { buf, root } => Ok(collectives::broadcast(&mut cx, *buf, *root)),
+            Op::AllToAll { inputs, outputs } => {
+                Ok(collectives::all_to_all(&mut cx, inputs, outputs))
+            }
             _ => return None,
         };
         drop(alive);
-        if !task.trace.is_started() {
-            let info = || super::trace::op_info(&task.op, task.timeout, None);
-            self.tracer
-                .start(&mut task.trace, info, Some("shm"), Some("shm"));
-        }
+        record_start();
+        let outcome = match outcome {
+            Ok(outcome) => outcome,
+            Err(refused) => return Some(Err(refused)),
+        };
         Some(outcome.map_err(|fail| {
             match fail {
                 ShmFail::Deadline { waiting_for } => Error::Timeout {
