@@ -34,6 +34,10 @@ pub(crate) struct Row {
     bytes: u64,
     count: u64,
     time_us: f64,
+    /// Host time per iteration up to the last wait, before the final synchronize: on a GPU,
+    /// where a wait only orders streams, `time_us` well above it means the device bounds the
+    /// loop, and equal means the host does.
+    issue_us: f64,
     algbw_gbps: f64,
     busbw_gbps: f64,
     /// Mismatching elements summed over ranks; `None` when not checked.
@@ -196,7 +200,7 @@ impl Bench<'_> {
         redop: ReduceOp,
         b: &Bufs,
         k: u32,
-    ) -> Result<()> {
+    ) -> Result<Instant> {
         if self.s.async_op {
             let o = self.opts(op, algo, true);
             let works = (0..k)
@@ -211,8 +215,10 @@ impl Bench<'_> {
                 self.issue(op, redop, b, &o)?.wait()?;
             }
         }
+        let issued = Instant::now();
         // On a GPU, wait() orders the default stream after the work: wait for that stream.
-        self.mem.sync()
+        self.mem.sync()?;
+        Ok(issued)
     }
 
     fn barrier(&self) -> Result<()> {
@@ -338,11 +344,15 @@ impl Bench<'_> {
             .context("warm-up")?;
         self.barrier()?;
         let t0 = Instant::now();
-        self.iterate(op, algo, redop, &bufs, iters)
+        let issued = self
+            .iterate(op, algo, redop, &bufs, iters)
             .context("timed iterations")?;
         let local = t0.elapsed().as_secs_f64() / f64::from(iters);
+        let issuing = (issued - t0).as_secs_f64() / f64::from(iters);
         drop(bufs);
-        let secs = self.reduce_scalar(local, ReduceOp::Max)?;
+        let [secs, issue_secs] = self.reduce_vec(vec![local, issuing], ReduceOp::Max)?[..] else {
+            bail!("reduce_vec returned another length");
+        };
         let wrong = if check {
             let w = with_elem!(dtype, T => self.check::<T>(op, algo, redop, c)?,
                 _ => bail!("dtype {dtype} is not known to the check"));
@@ -364,6 +374,7 @@ impl Bench<'_> {
             bytes: lay.bytes as u64,
             count: c as u64,
             time_us: secs * 1e6,
+            issue_us: issue_secs * 1e6,
             algbw_gbps: algbw,
             busbw_gbps: algbw * op.bus_factor(self.n),
             wrong,
