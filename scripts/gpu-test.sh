@@ -143,13 +143,14 @@ fi
 
 echo "== 3. correctness: every op x dtype x reduce op on $NGPU GPUs (nccl, ctran over NVLink and over host transports)"
 if [ "$QUICK" = 1 ]; then SIZES=(-b 1 -e 64K -f 256); else SIZES=(-b 1 -e 1M -f 32); fi
-# ctran four ways: NVLink with the size-based choice, NVLink staged where an op can be (direct
-# elsewhere), NVLink direct only, and the host transports through the GPE (no nvl).
+# ctran six ways: NVLink with the size-based choice, its low-latency all_reduce, staged where an
+# op can be (direct elsewhere), direct only, pipelined, and the host transports through the GPE
+# (no nvl).
 # Direct mode exports user allocations over CUDA IPC, which takes allocations of 2 MiB and
 # more (smaller ones go through the GPE), so its sweep starts at 4 MiB.
 # The host-transport run cuts operations into 64 KiB steps, so the pipelined steps of every op
 # (all_gather, reduce_scatter, all_to_all in lockstep slices) are checked at these sizes.
-for cfg in "nccl" "ctran" "ctran CTRAN_NVL_ALGO=staged" "ctran CTRAN_NVL_ALGO=direct" \
+for cfg in "nccl" "ctran" "ctran CTRAN_NVL_ALGO=low_latency" "ctran CTRAN_NVL_ALGO=staged" "ctran CTRAN_NVL_ALGO=direct" \
     "ctran CTRAN_NVL_ALGO=pipelined CTRAN_NVL_PIPE_CHUNK_BYTES=1M" \
     "ctran CTRAN_BACKENDS=socket,shm CTRAN_GPE_CHUNK_BYTES=64K"; do
     read -r backend envs <<<"$cfg"
@@ -157,6 +158,9 @@ for cfg in "nccl" "ctran" "ctran CTRAN_NVL_ALGO=staged" "ctran CTRAN_NVL_ALGO=di
     tag="$backend${envs:+-$(echo "${first#*=}" | tr , -)}"
     sizes=("${SIZES[@]}")
     [ "$first" = CTRAN_NVL_ALGO=direct ] && sizes=(-b 4M -e 16M -f 4)
+    # The low-latency path takes all_reduce up to 256 KiB: sizes that end inside its 8-byte
+    # words (and 0 elements of the wider types) up to there.
+    [ "$first" = CTRAN_NVL_ALGO=low_latency ] && sizes=(-b 6 -e 256K -f 7)
     # The pipeline runs all_reduce only (other ops as auto); 1 MiB chunks over 4-16 MiB.
     [ "$first" = CTRAN_NVL_ALGO=pipelined ] && sizes=(-b 4M -e 16M -f 4)
     # shellcheck disable=SC2086 # envs holds NAME=VALUE words

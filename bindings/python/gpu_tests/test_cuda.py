@@ -309,7 +309,8 @@ def test_cuda_graph_capture_and_replay(comm: Any) -> None:
     """Captured in a torch.cuda.graph (global capture mode, PyTorch's default) and replayed
     three times with new inputs written before each replay. ctran over host transports cannot
     be captured (its host half runs per issue) and says so; over NVLink it can, in both modes
-    (a 16 MB all_reduce runs direct between user buffers, the small all_gather staged)."""
+    (a 32 MB all_reduce runs direct between user buffers, the small all_gather staged, the small
+    all_reduce on the low-latency path)."""
     if BACKEND == "ctran" and not over_nvl():
         g = torch.cuda.CUDAGraph()
         x = torch.zeros(16, device=DEV)
@@ -317,30 +318,66 @@ def test_cuda_graph_capture_and_replay(comm: Any) -> None:
             with torch.cuda.graph(g):
                 comm.all_reduce(x, ReduceOp.SUM, async_op=False)
         return
-    x = torch.zeros(1 << (22 if BACKEND == "ctran" else 16), device=DEV)
+    x = torch.zeros(1 << (23 if BACKEND == "ctran" else 16), device=DEV)
+    small = torch.zeros(33, device=DEV)
     outs = [torch.empty(16, device=DEV) for _ in range(WORLD)]
     mine = torch.zeros(16, device=DEV)
     s = torch.cuda.Stream(device=DEV)
     s.wait_stream(torch.cuda.current_stream(DEV))
     with torch.cuda.stream(s):  # warm up what is captured, outside the capture (PyTorch's advice)
         comm.all_reduce(x, ReduceOp.SUM, async_op=False)
+        comm.all_reduce(small, ReduceOp.MAX, async_op=False)
         comm.all_gather(outs, mine, async_op=True).wait()
     torch.cuda.current_stream(DEV).wait_stream(s)
     torch.cuda.synchronize(DEV)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         comm.all_reduce(x, ReduceOp.SUM, async_op=False)
+        comm.all_reduce(small, ReduceOp.MAX, async_op=False)
         w = comm.all_gather(outs, mine, async_op=True)
         w.wait()
     for replay in range(3):
         x.fill_(float(RANK + 1 + 10 * replay))
+        small.fill_(float(RANK * 7 + replay))
         mine.fill_(float(100 * RANK + replay))
         g.replay()
         torch.cuda.synchronize(DEV)
         want = sum(r + 1 + 10 * replay for r in range(WORLD))
         assert torch.equal(x.cpu(), torch.full_like(x, float(want)).cpu()), f"replay {replay}"
+        top = float((WORLD - 1) * 7 + replay)
+        assert torch.equal(small.cpu(), torch.full((33,), top)), f"replay {replay}"
         for r in range(WORLD):
             assert torch.equal(outs[r].cpu(), torch.full((16,), float(100 * r + replay)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.uint8, torch.float32, torch.float64], ids=dname)
+def test_small_all_reduce_of_unaligned_views_is_exact_and_the_same_on_every_rank(
+    comm: Any, dtype: torch.dtype
+) -> None:
+    """Views one element into their storage (not 8-byte aligned, as the low-latency path's
+    word loads would like) and sizes that end inside a word: every element reduced, nothing
+    around the view touched, and every rank holding the same bits (float sums reduced in one
+    order everywhere)."""
+    for n in (1, 3, 7, 129, 4097):
+        base = torch.full((n + 2,), 99, dtype=dtype, device=DEV)
+        t = base[1 : n + 1]
+        if dtype.is_floating_point:
+            t.copy_(torch.rand(n, generator=torch.Generator().manual_seed(RANK * 1000 + n)).to(dtype))
+        else:
+            t.copy_(values(RANK, n, dtype))
+        inputs = torch.empty((WORLD, n), dtype=dtype, device=DEV)
+        comm.all_gather_single(inputs.view(-1), t.contiguous(), async_op=False)
+        comm.all_reduce(t, ReduceOp.SUM, async_op=False)
+        if dtype.is_floating_point:
+            want = inputs.double().sum(0)
+            torch.testing.assert_close(t.double(), want, rtol=1e-2, atol=1e-2)
+        else:
+            assert torch.equal(t, inputs.sum(0, dtype=dtype)), f"n={n}"
+        assert base[0].item() == 99 and base[n + 1].item() == 99, f"n={n}: a neighbour changed"
+        every = torch.empty((WORLD, n), dtype=dtype, device=DEV)
+        comm.all_gather_single(every.view(-1), t.contiguous(), async_op=False)
+        bits = every.view(torch.uint8).view(WORLD, -1)
+        assert all(torch.equal(bits[0], bits[r]) for r in range(WORLD)), f"n={n}: ranks differ"
 
 
 def test_large_all_reduce_of_different_sizes_fails_on_every_rank(comm: Any) -> None:
@@ -349,7 +386,8 @@ def test_large_all_reduce_of_different_sizes_fails_on_every_rank(comm: Any) -> N
     rank is left waiting in a kernel, so the comm goes on working."""
     if BACKEND != "ctran" or not over_nvl():
         pytest.skip("only ctran over NVLink sees every rank's size before moving data")
-    t = torch.ones((4 << 20) + 1024 * RANK, device=DEV)  # 16 MiB, plus 4 KiB per rank
+    # Above CTRAN_NVL_STAGED_MAX_BYTES (16 MiB) on every rank: 16 MiB plus 4 KiB per rank + 1.
+    t = torch.ones((4 << 20) + 1024 * (RANK + 1), device=DEV)
     with pytest.raises(ValueError, match="bytes"):
         comm.all_reduce(t, ReduceOp.SUM, async_op=False)
     x = torch.ones(1024, device=DEV)

@@ -115,6 +115,7 @@ impl CommConfig {
             use_nvl: cv.ctran_backends().contains(&"nvl"),
             nvl: crate::nvl::NvlConfig {
                 staged_max_bytes: cv.ctran_nvl_staged_max_bytes(),
+                ll_max_bytes: cv.ctran_nvl_ll_max_bytes(),
                 p2p_slot_bytes: cv.ctran_nvl_p2p_slot_bytes(),
                 p2p_slots: usize::try_from(cv.ctran_nvl_p2p_slots())
                     .unwrap_or(1)

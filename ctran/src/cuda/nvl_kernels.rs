@@ -136,6 +136,31 @@ impl CollParams {
     }
 }
 
+/// The low-latency all_reduce's parameters (`tc_nvl_ll_<type>`).
+// Fields mirror the CUDA struct of the same name in nvl.cu, which documents them.
+#[allow(missing_docs)]
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct LlParams {
+    pub sync: Sync,
+    pub src: u64,
+    pub dst: u64,
+    pub bytes: u64,
+    pub area: u64,
+    pub peer_area: [u64; MAX_RANKS],
+    pub half_bytes: u64,
+    pub slot_bytes: u64,
+    pub factor: f64,
+    pub divisor: i64,
+    pub op: u32,
+    pub pad: u32,
+}
+
+/// Bytes of one low-latency line: 8 data bytes and their flag twice.
+pub const LL_LINE_BYTES: u64 = 16;
+/// Data bytes one low-latency line carries.
+pub const LL_DATA_BYTES: u64 = 8;
+
 /// Which word of the pipeline's flags a sync raises or awaits (`kernels/nvl.cu`, `F_PIPE`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PipeFlag {
@@ -223,6 +248,8 @@ pub struct NvlKernels {
     coll: Vec<(DataType, Function)>,
     /// The pipeline's local reduction per element type, in the same order.
     pipe_reduce: Vec<(DataType, Function)>,
+    /// The low-latency all_reduce per element type, in the same order.
+    ll: Vec<(DataType, Function)>,
     p2p: Function,
     pipe_sync: Function,
 }
@@ -248,11 +275,14 @@ impl NvlKernels {
         load_once(&LOADED, ctx, NVL_SOURCE_NAME, NVL_SOURCE, |module, _| {
             let mut coll = Vec::new();
             let mut pipe_reduce = Vec::new();
+            let mut ll = Vec::new();
             for d in DataType::ALL {
                 let name = format!("tc_nvl_coll_{}", kernel_suffix(d));
                 coll.push((d, module.function(&name)?));
                 let name = format!("tc_nvl_pipe_reduce_{}", kernel_suffix(d));
                 pipe_reduce.push((d, module.function(&name)?));
+                let name = format!("tc_nvl_ll_{}", kernel_suffix(d));
+                ll.push((d, module.function(&name)?));
             }
             Ok(NvlKernels {
                 ctx: Arc::clone(ctx),
@@ -260,6 +290,7 @@ impl NvlKernels {
                 pipe_sync: module.function("tc_nvl_pipe_sync")?,
                 coll,
                 pipe_reduce,
+                ll,
                 _module: module,
             })
         })
@@ -280,6 +311,24 @@ impl NvlKernels {
     ) -> Result<()> {
         let f = by_dtype(&self.coll, dtype, "tc_nvl_coll")?;
         // SAFETY: the kernel takes one CollParams; the caller vouches for the addresses inside.
+        unsafe { self.launch_with(f, grid, THREADS, p, stream) }
+    }
+
+    /// Launches the low-latency all_reduce for `dtype` on `grid` blocks.
+    ///
+    /// # Safety
+    /// `p.src` and `p.dst` must be device memory valid for `p.bytes` until the kernel
+    /// finishes, the LL regions those of this comm's ranks, and every rank must launch it with
+    /// the same grid and size, or it waits until the timeout.
+    pub unsafe fn ll(
+        &self,
+        dtype: DataType,
+        grid: u32,
+        p: &LlParams,
+        stream: RawStream,
+    ) -> Result<()> {
+        let f = by_dtype(&self.ll, dtype, "tc_nvl_ll")?;
+        // SAFETY: the kernel takes one LlParams; the caller vouches for the addresses inside.
         unsafe { self.launch_with(f, grid, THREADS, p, stream) }
     }
 
@@ -374,6 +423,10 @@ mod tests {
             112 + 8 + 64 + 8 + 8 + MAX_P2P * 24
         );
         assert_eq!(std::mem::size_of::<PipeSync>(), 112 + 3 * 8 + 2 * 4);
+        assert_eq!(
+            std::mem::size_of::<LlParams>(),
+            112 + 4 * 8 + 64 + 4 * 8 + 2 * 4
+        );
         assert!(std::mem::size_of::<CollParams>() <= 4096);
         assert!(std::mem::size_of::<P2pParams>() <= 4096);
     }

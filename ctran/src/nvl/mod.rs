@@ -4,16 +4,19 @@
 //! comm's stream, ordered after the caller's stream like NCCL's, and capturable in CUDA graphs.
 //!
 //! At comm creation every rank allocates a flag array and an arena (two halves for staged
-//! collectives, then a ring per peer for sends and receives) and exchanges their IPC handles;
+//! collectives, a ring per peer for sends and receives, the low-latency region, the pipeline's
+//! scratch) and exchanges their IPC handles;
 //! the transport is on only when every rank is on this host, sees every peer's device and can
 //! reach it (`cuDeviceCanAccessPeer`); otherwise the caller keeps the host-transport path (the
-//! GPE). [`plan`] says how each collective maps onto the kernel; [`registry`] caches the IPC
+//! GPE). [`plan`] says how each collective maps onto the kernels (small all_reduces take the
+//! low-latency kernel, the rest the collective kernel); [`registry`] caches the IPC
 //! handles of user buffers for direct mode. Large all_reduces run [`pipeline`]d instead: copy
 //! engines move the data on side streams, kernels only reduce and order.
 //!
 //! Memory: the flag array (80 KiB), the arena (`2 x CTRAN_NVL_STAGED_MAX_BYTES` plus
-//! `CTRAN_NVL_P2P_SLOTS x CTRAN_NVL_P2P_SLOT_BYTES` per peer plus `CTRAN_NVL_PIPE_BYTES` of
-//! pipeline scratch) and nothing per operation: direct mode works in the user's buffers.
+//! `CTRAN_NVL_P2P_SLOTS x CTRAN_NVL_P2P_SLOT_BYTES` per peer plus the low-latency region,
+//! `4 x CTRAN_NVL_LL_MAX_BYTES` per rank, plus `CTRAN_NVL_PIPE_BYTES` of pipeline scratch) and
+//! nothing per operation: direct mode works in the user's buffers.
 
 pub mod pipeline;
 pub mod plan;
@@ -27,8 +30,8 @@ use crate::algos::select::Hints;
 use crate::comm::{Comm, KeepAlive};
 use crate::cuda::ipc::{self, Mapped, HANDLE_BYTES};
 use crate::cuda::nvl_kernels::{
-    NvlKernels, P2pOp, P2pParams, PipeSync, Sync, COUNTER_BYTES, FLAG_BYTES, MAX_BLOCKS, MAX_P2P,
-    MAX_RANKS,
+    LlParams, NvlKernels, P2pOp, P2pParams, PipeSync, Sync, COUNTER_BYTES, FLAG_BYTES, MAX_BLOCKS,
+    MAX_P2P, MAX_RANKS,
 };
 use crate::cuda::{Context, CudaError, DeviceBuffer, Event, PinnedBuffer, RawStream, Stream};
 use crate::error::{Error, Result};
@@ -44,6 +47,8 @@ use registry::{Record, Registry, RECORD_BYTES};
 pub struct NvlConfig {
     /// Largest per-rank input of a staged collective; larger ones go direct.
     pub staged_max_bytes: usize,
+    /// Largest all_reduce input of the low-latency path (0: off).
+    pub ll_max_bytes: usize,
     /// Bytes of one slot of a point-to-point ring.
     pub p2p_slot_bytes: usize,
     /// Slots per peer.
@@ -78,7 +83,9 @@ struct Arena {
 impl Arena {
     /// Everything the configuration asks for.
     fn all(config: &NvlConfig, nranks: usize) -> Arena {
-        let rest = 2 * config.staged_max_bytes + nranks * config.p2p_slots * config.p2p_slot_bytes;
+        let rest = 2 * config.staged_max_bytes
+            + nranks * config.p2p_slots * config.p2p_slot_bytes
+            + plan::ll_region_bytes(config.ll_max_bytes, nranks) as usize;
         Arena {
             bytes: rest + config.pipe_bytes,
             pipe_bytes: config.pipe_bytes,
@@ -297,12 +304,16 @@ impl Nvl {
         let direct_grid = (sm_grid * 2).min(MAX_BLOCKS as u32);
         let kernels = NvlKernels::get(ctx).map_err(&e)?;
         let status = Arc::new(PinnedBuffer::alloc(ctx, 128).map_err(&e)?);
+        // The arena: staged halves, send rings, LL region, then the pipeline's scratch.
         let coll_bytes = 2 * config.staged_max_bytes as u64;
+        let ll_bytes = plan::ll_region_bytes(config.ll_max_bytes, size);
         let mut p2p_ring = [0u64; MAX_RANKS];
+        let mut ll = [0u64; MAX_RANKS];
         let mut scratch = [0u64; MAX_RANKS];
         for q in 0..size {
             p2p_ring[q] = arenas[q] + coll_bytes;
-            scratch[q] = p2p_ring[q] + p2p_bytes as u64;
+            ll[q] = p2p_ring[q] + p2p_bytes as u64;
+            scratch[q] = ll[q] + ll_bytes;
         }
         let lane = || Stream::new(ctx, false).map_err(&e);
         tracing::info!(rank, grid, sm_grid, direct_grid, "nvl: on");
@@ -321,6 +332,8 @@ impl Nvl {
                 half: config.staged_max_bytes as u64,
                 scratch,
                 scratch_bytes: pipe_bytes,
+                ll,
+                ll_slot: plan::ll_slot_bytes(config.ll_max_bytes),
             },
             p2p_ring,
             config,
@@ -364,6 +377,8 @@ impl Nvl {
     fn mode(&self, op: &Op, hints: Hints<'_>) -> Result<Mode> {
         let staged =
             plan::staged_bytes(op, hints.uniform).filter(|&b| b <= self.config.staged_max_bytes);
+        let low_latency = matches!(op, Op::AllReduce { buf, .. }
+            if self.config.ll_max_bytes > 0 && buf.len() <= self.config.ll_max_bytes);
         // Whether the scratch holds chunks does not depend on the size: ask for none, so the
         // check allocates nothing on the latency path.
         let pipelinable = matches!(op, Op::AllReduce { .. }) && self.chunking(0).is_some();
@@ -377,6 +392,7 @@ impl Nvl {
             {
                 Mode::Pipelined
             }
+            _ if low_latency => Mode::LowLatency,
             _ if staged.is_some() => Mode::Staged,
             _ => Mode::Direct,
         };
@@ -385,6 +401,7 @@ impl Nvl {
             // elsewhere.
             return Ok(match (self.config.mode.as_str(), staged) {
                 ("pipelined", _) if pipelinable => Mode::Pipelined,
+                ("low_latency", _) if low_latency => Mode::LowLatency,
                 ("direct", _) => Mode::Direct,
                 ("staged", Some(_)) => Mode::Staged,
                 ("staged", None) => Mode::Direct,
@@ -393,6 +410,7 @@ impl Nvl {
         };
         match asked {
             "auto" | "" => Ok(auto()),
+            "low_latency" | "ll" if low_latency => Ok(Mode::LowLatency),
             "staged" | "one_shot" if staged.is_some() => Ok(Mode::Staged),
             "direct" | "two_shot" => Ok(Mode::Direct),
             "pipelined" if pipelinable => Ok(Mode::Pipelined),
@@ -401,6 +419,14 @@ impl Nvl {
                 format!(
                     "auto, staged or direct: pipelined is for all_reduce over at least two ranks with CTRAN_NVL_PIPE_BYTES of scratch (it is {})",
                     self.config.pipe_bytes
+                ),
+                asked,
+            )),
+            "low_latency" | "ll" => Err(Error::invalid(
+                format!("{} algo", op.name()),
+                format!(
+                    "auto, staged or direct: low_latency is for all_reduce of at most {} bytes (CTRAN_NVL_LL_MAX_BYTES)",
+                    self.config.ll_max_bytes
                 ),
                 asked,
             )),
@@ -414,7 +440,7 @@ impl Nvl {
             )),
             other => Err(Error::invalid(
                 format!("{} algo", op.name()),
-                "one of auto, staged (one_shot), direct (two_shot), pipelined (all_reduce) for GPU buffers over NVLink",
+                "one of auto, low_latency (ll; all_reduce), staged (one_shot), direct (two_shot), pipelined (all_reduce) for GPU buffers over NVLink",
                 other,
             )),
         }
@@ -488,6 +514,10 @@ impl Nvl {
                         }
                     }
                 }
+                Mode::LowLatency => {
+                    let (dtype, p) = plan::low_latency(op, &self.layout, sync)?;
+                    Launch::Ll(dtype, Box::new(p), self.grid)
+                }
                 Mode::Staged => {
                     let (dtype, p) = plan::staged(op, &self.layout, sync)?;
                     Launch::Coll(dtype, Box::new(p), self.grid)
@@ -542,6 +572,8 @@ impl Nvl {
             // is, and Drop waits for the stream), and peers' memory mapped by IPC; every rank
             // launches the same plan.
             Launch::Coll(dtype, p, grid) => unsafe { self.kernels.coll(*dtype, *grid, p, stream) },
+            // SAFETY: as above; every rank launches the LL kernel on the same `grid`.
+            Launch::Ll(dtype, p, grid) => unsafe { self.kernels.ll(*dtype, *grid, p, stream) },
             // SAFETY: as above.
             Launch::P2p(p) => unsafe { self.kernels.p2p(self.sm_grid, p, stream) },
             Launch::Pipeline(dtype, reduction, steps) => {
@@ -806,6 +838,8 @@ enum Launch {
         Box<crate::cuda::nvl_kernels::CollParams>,
         u32,
     ),
+    /// Element type, parameters, blocks (the staged grid: see the LL kernel).
+    Ll(crate::DataType, Box<LlParams>, u32),
     P2p(Box<P2pParams>),
     /// Element type, the reduction's operator fields, the steps.
     Pipeline(
@@ -837,6 +871,7 @@ mod tests {
     fn config(staged: usize, pipe: usize, budget: usize) -> NvlConfig {
         NvlConfig {
             staged_max_bytes: staged,
+            ll_max_bytes: 0,
             p2p_slot_bytes: 1 << 20,
             p2p_slots: 4,
             blocks: 0,
@@ -851,12 +886,17 @@ mod tests {
     #[test]
     fn the_pipeline_scratch_gives_way_before_the_transport_does() {
         let mib = 1 << 20;
-        // The defaults on 8 ranks: 2 x 8 + 8 x 4 + 128 MiB fit in 256.
-        let a = Arena::within_budget(&config(8 * mib, 128 * mib, 256 * mib), 8).expect("fits");
+        // The defaults on 8 ranks: 2 x 16 + 8 x 4 + 8 (LL: 2 halves x 8 sources x 512 KiB of
+        // lines) + 128 MiB fit in 256.
+        let defaults = NvlConfig {
+            ll_max_bytes: 256 << 10,
+            ..config(16 * mib, 128 * mib, 256 * mib)
+        };
+        let a = Arena::within_budget(&defaults, 8).expect("fits");
         assert_eq!(
             a,
             Arena {
-                bytes: 176 * mib,
+                bytes: 200 * mib,
                 pipe_bytes: 128 * mib
             }
         );

@@ -269,6 +269,8 @@ mod tests {
             half: 0,
             scratch,
             scratch_bytes: 0,
+            ll: [0; MAX_RANKS],
+            ll_slot: 0,
         }
     }
 

@@ -6,13 +6,21 @@
 //! needed: all_reduce is one-shot (every rank reduces every peer's copy, in rank order, so the
 //! results are bitwise equal).
 //!
+//! **Low-latency** (small all_reduces): every rank writes its input into every peer's LL
+//! region as lines that carry their own flag, and reduces once every peer's lines of this
+//! epoch are in its own region: no barrier, no fence, one crossing of NVLink (the LL kernel in
+//! `nvl.cu` says why the halves are safe).
+//!
 //! **Direct** (large messages): ranks exchange the addresses of their buffers (IPC handles,
 //! cached) and move data straight between user buffers: all_reduce is two-shot in one pass
 //! (rank r reduces slice r of every input and stores the sum into slice r of every output;
 //! no other rank touches slice r, so it is safe in place), all_gather and all_to_all push,
 //! reduce_scatter pulls. An end barrier tells every rank that peers are done with its buffers.
 
-use crate::cuda::nvl_kernels::{op_code, CollParams, Seg, Sync, MAX_RANKS, MAX_SEGS};
+use crate::cuda::nvl_kernels::{
+    op_code, CollParams, LlParams, Seg, Sync, LL_DATA_BYTES, LL_LINE_BYTES, MAX_BLOCKS, MAX_RANKS,
+    MAX_SEGS,
+};
 use crate::error::{Error, Result};
 use crate::{DataType, Op, ReduceOp, Span};
 
@@ -21,6 +29,8 @@ use crate::{DataType, Op, ReduceOp, Span};
 pub enum Mode {
     /// Through the comm's arena (see the module doc).
     Staged,
+    /// all_reduce through peers' LL regions.
+    LowLatency,
     /// Between user buffers.
     Direct,
     /// all_reduce by copy engines, chunk by chunk ([`super::pipeline`]).
@@ -42,6 +52,56 @@ pub struct Layout {
     pub scratch: [u64; MAX_RANKS],
     /// Bytes of one rank's pipeline scratch.
     pub scratch_bytes: usize,
+    /// Every rank's LL region as mapped here.
+    pub ll: [u64; MAX_RANKS],
+    /// Bytes of one source's lines in one half of an LL region (0: no region).
+    pub ll_slot: u64,
+}
+
+/// Bytes of one source's lines in one half of an LL region for inputs of up to `max_bytes`
+/// (0: none). At least one line per block of the largest grid, since every block owns a line.
+pub fn ll_slot_bytes(max_bytes: usize) -> u64 {
+    if max_bytes == 0 {
+        return 0;
+    }
+    (max_bytes as u64)
+        .div_ceil(LL_DATA_BYTES)
+        .max(MAX_BLOCKS as u64)
+        * LL_LINE_BYTES
+}
+
+/// Bytes of a rank's LL region: two halves of one slot per source.
+pub fn ll_region_bytes(max_bytes: usize, nranks: usize) -> u64 {
+    2 * nranks as u64 * ll_slot_bytes(max_bytes)
+}
+
+/// The low-latency plan of an all_reduce (see the module doc); the caller checked that its
+/// input fits the region (`CTRAN_NVL_LL_MAX_BYTES`).
+pub fn low_latency(op: &Op, l: &Layout, sync: Sync) -> Result<(DataType, LlParams)> {
+    let Op::AllReduce { buf, dtype, op } = op else {
+        return Err(Error::NotSupported(format!(
+            "nvl: the low-latency path runs all_reduce only, not {}",
+            op.name()
+        )));
+    };
+    let r = reduction(sync, *dtype, *op, l.nranks)?;
+    Ok((
+        *dtype,
+        LlParams {
+            sync,
+            src: addr(buf),
+            dst: addr(buf),
+            bytes: buf.len() as u64,
+            area: l.ll[l.rank],
+            peer_area: l.ll,
+            half_bytes: l.nranks as u64 * l.ll_slot,
+            slot_bytes: l.ll_slot,
+            factor: r.factor,
+            divisor: r.divisor,
+            op: r.op,
+            pad: 0,
+        },
+    ))
 }
 
 /// Bytes a rank stages for `op` in staged mode, when the op can be staged: the same number on
@@ -506,7 +566,55 @@ mod tests {
             half: 0,
             scratch: [0; MAX_RANKS],
             scratch_bytes: 0,
+            ll: [0; MAX_RANKS],
+            ll_slot: 0,
         }
+    }
+
+    #[test]
+    fn ll_regions_hold_a_line_per_block_and_two_halves_per_source() {
+        assert_eq!(ll_slot_bytes(0), 0);
+        assert_eq!(ll_region_bytes(0, 8), 0);
+        // 8 bytes is one line of data, but every block of the largest grid owns a line.
+        assert_eq!(ll_slot_bytes(8), MAX_BLOCKS as u64 * LL_LINE_BYTES);
+        // 256 KiB: 32768 lines of 16 bytes; odd sizes round up to a whole line.
+        assert_eq!(ll_slot_bytes(256 << 10), 32768 * 16);
+        assert_eq!(ll_slot_bytes((256 << 10) + 1), 32769 * 16);
+        assert_eq!(ll_region_bytes(256 << 10, 4), 2 * 4 * 32768 * 16);
+    }
+
+    #[test]
+    fn the_low_latency_plan_points_at_every_ranks_region_and_carries_the_operator() {
+        let mut l = layout(2, 4);
+        for q in 0..4 {
+            l.ll[q] = 0x1000 * (q as u64 + 1);
+        }
+        l.ll_slot = 4096;
+        let op = Op::AllReduce {
+            buf: span(0x7000, 24),
+            dtype: DataType::F32,
+            op: ReduceOp::Avg,
+        };
+        let (dtype, p) = low_latency(&op, &l, Sync::default()).expect("plan");
+        assert_eq!(dtype, DataType::F32);
+        assert_eq!((p.src, p.dst, p.bytes), (0x7000, 0x7000, 24));
+        assert_eq!(p.area, 0x3000);
+        assert_eq!(p.peer_area[..4], [0x1000, 0x2000, 0x3000, 0x4000]);
+        assert_eq!((p.half_bytes, p.slot_bytes), (4 * 4096, 4096));
+        assert_eq!((p.op, p.factor), (op_code::AVG, 0.25));
+        let int_avg = Op::AllReduce {
+            buf: span(0x7000, 24),
+            dtype: DataType::I32,
+            op: ReduceOp::Avg,
+        };
+        let (_, p) = low_latency(&int_avg, &l, Sync::default()).expect("plan");
+        assert_eq!(p.divisor, 4);
+        let bcast = Op::Broadcast {
+            buf: span(0x7000, 24),
+            root: 0,
+        };
+        let err = low_latency(&bcast, &l, Sync::default()).unwrap_err();
+        assert!(err.to_string().contains("all_reduce only"), "{err}");
     }
 
     /// Where rank q's i-th exposed buffer sits in the tests: 1 MiB apart per buffer.

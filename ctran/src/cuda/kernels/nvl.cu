@@ -385,6 +385,125 @@ __device__ void coll(const CollParams& p) {
 COLL(f32, float) COLL(f64, double) COLL(f16, f16) COLL(bf16, bf16)
 COLL(i8, i8) COLL(u8, u8) COLL(i32, i32) COLL(i64, i64) COLL(bool, boolean)
 
+// ---- low-latency all_reduce (small messages) ----
+// One-shot without a barrier or a fence: every rank writes its input straight into every
+// peer's LL region as 16-byte lines {data lo, flag, data hi, flag} (8 data bytes per line, the
+// flag the epoch), and each rank polls its own region until every peer's line carries this
+// epoch, then reduces in rank order (bitwise the same result on every rank). A line's data and
+// flag land in one 8-byte store each, so seeing the flag means seeing the data: one NVLink
+// crossing per operation instead of a barrier plus a remote read.
+//
+// Regions have two halves used by alternate epochs. Rank r writes half h of epoch e+2 only
+// after its kernel e+1 finished, in which every block heard from every peer's same block in
+// that peer's kernel e+1, so every peer's kernel e (which read half h) had finished. For that,
+// every launched block owns at least one line (lines = max(data lines, grid), cut evenly), and
+// blocks 0..grid take part in every collective, so the epochs of a kernel's blocks are equal.
+struct LlParams {
+    Sync s;
+    u64 src, dst, bytes;
+    u64 area;                 // our LL region (half 0): lines from every source
+    u64 peer_area[MAXR];      // every rank's LL region as mapped here
+    u64 half_bytes;           // offset of half 1
+    u64 slot_bytes;           // bytes of one source's lines in a half
+    double factor;            // PREMUL_SUM factor, 1/n for float AVG
+    i64 divisor;              // integer AVG
+    u32 op, pad;
+};
+
+__device__ __forceinline__ void st_ll(u64 addr, u64 v, u32 flag) {
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(addr), "r"((u32)v), "r"(flag),
+                 "r"((u32)(v >> 32)), "r"(flag) : "memory");
+}
+
+// Waits until the line at addr carries flag; false (and *failed set) if it gave up.
+__device__ bool ld_ll(const Sync& s, u64 addr, u32 flag, u64* v, volatile int* failed) {
+    u64 start = 0;
+    for (u32 k = 0;; ++k) {
+        u32 d0, f0, d1, f1;
+        asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(d0), "=r"(f0), "=r"(d1), "=r"(f1) : "l"(addr) : "memory");
+        if (f0 == flag && f1 == flag) {
+            *v = (u64)d0 | ((u64)d1 << 32);
+            return true;
+        }
+        if ((k & 1023u) == 0) {
+            if (k == 0) start = globaltimer();
+            else if (*failed || check_give_up(s, start)) { *failed = 1; return false; }
+        }
+    }
+}
+
+// Bytes [8i, 8i+8) of buf clipped to len, as one word (zero beyond len).
+__device__ __forceinline__ u64 ld_word(u64 buf, u64 i, u64 len, bool aligned) {
+    if (aligned && 8 * i + 8 <= len) return *(const u64*)(buf + 8 * i);
+    u64 v = 0;
+    for (u64 j = 8 * i; j < len && j < 8 * i + 8; ++j) v |= (u64)(*(const u8*)(buf + j)) << (8 * (j - 8 * i));
+    return v;
+}
+
+__device__ __forceinline__ void st_word(u64 buf, u64 i, u64 len, bool aligned, u64 v) {
+    if (aligned && 8 * i + 8 <= len) { *(u64*)(buf + 8 * i) = v; return; }
+    for (u64 j = 8 * i; j < len && j < 8 * i + 8; ++j) *(u8*)(buf + j) = (u8)(v >> (8 * (j - 8 * i)));
+}
+
+template <typename T>
+__device__ void ll_all_reduce(const LlParams& p) {
+    typedef typename Tr<T>::C C;
+    const int E = 8 / sizeof(T);
+    __shared__ int failed;
+    u32 t = threadIdx.x, nt = blockDim.x;
+    if (t == 0) failed = 0;
+    __syncthreads();
+    u64* ctr = (u64*)p.s.counters;
+    u64 epoch = ctr[C_COLL(0) + blockIdx.x] + 1;
+    u32 flag = (u32)epoch;
+    u64 half = (epoch & 1) ? p.half_bytes : 0;
+    u64 data = (p.bytes + 7) / 8;
+    u64 lines = data > gridDim.x ? data : gridDim.x;
+    u64 lo = lines * blockIdx.x / gridDim.x, hi = lines * (blockIdx.x + 1) / gridDim.x;
+    bool aligned = ((p.src | p.dst) & 7) == 0;
+    u32 me = p.s.rank, n = p.s.nranks;
+    u64 out = half + (u64)me * p.slot_bytes;
+    for (u64 i = lo + t; i < hi; i += nt) {
+        u64 v = i < data ? ld_word(p.src, i, p.bytes, aligned) : 0;
+        for (u32 q = 0; q < n; ++q)
+            if (q != me) st_ll(p.peer_area[q] + out + 16 * i, v, flag);
+    }
+    for (u64 i = lo + t; i < hi; i += nt) {
+        u64 own = i < data ? ld_word(p.src, i, p.bytes, aligned) : 0;
+        C acc[E];
+        bool ok = true;
+        for (u32 q = 0; q < n; ++q) {
+            u64 w = own;
+            if (q != me && !ld_ll(p.s, p.area + half + (u64)q * p.slot_bytes + 16 * i, flag, &w, &failed)) {
+                ok = false;
+                break;
+            }
+            const T* x = (const T*)&w;
+#pragma unroll
+            for (int k = 0; k < E; ++k) {
+                C y = prep<T>(Tr<T>::ld(x[k]), p.op, p.factor);
+                acc[k] = q == 0 ? y : combine_bits<T>(acc[k], y, p.op);
+            }
+        }
+        if (!ok) break;
+        if (i < data) {
+            u64 r;
+            T* o = (T*)&r;
+#pragma unroll
+            for (int k = 0; k < E; ++k) o[k] = Tr<T>::st(finish<T>(acc[k], p.op, p.divisor));
+            st_word(p.dst, i, p.bytes, aligned, r);
+        }
+    }
+    __syncthreads();
+    if (t == 0 && !failed) ctr[C_COLL(0) + blockIdx.x] = epoch;
+}
+
+#define LL(NAME, T) \
+    extern "C" __global__ void __launch_bounds__(512) tc_nvl_ll_##NAME(const __grid_constant__ LlParams p) { ll_all_reduce<T>(p); }
+LL(f32, float) LL(f64, double) LL(f16, f16) LL(bf16, bf16)
+LL(i8, i8) LL(u8, u8) LL(i32, i32) LL(i64, i64) LL(bool, boolean)
+
 // ---- point to point ----
 extern "C" __global__ void __launch_bounds__(512) tc_nvl_p2p(const __grid_constant__ P2pParams p) {
     __shared__ int ok;
