@@ -408,41 +408,35 @@ impl Nvl {
                 _ => auto(),
             });
         };
+        let refuse = |expected: String| {
+            Err(Error::invalid(
+                format!("{} algo", op.name()),
+                expected,
+                asked,
+            ))
+        };
         match asked {
             "auto" | "" => Ok(auto()),
             "low_latency" | "ll" if low_latency => Ok(Mode::LowLatency),
             "staged" | "one_shot" if staged.is_some() => Ok(Mode::Staged),
             "direct" | "two_shot" => Ok(Mode::Direct),
             "pipelined" if pipelinable => Ok(Mode::Pipelined),
-            "pipelined" => Err(Error::invalid(
-                format!("{} algo", op.name()),
-                format!(
-                    "auto, staged or direct: pipelined is for all_reduce over at least two ranks with CTRAN_NVL_PIPE_BYTES of scratch (it is {})",
-                    self.config.pipe_bytes
-                ),
-                asked,
+            "pipelined" => refuse(format!(
+                "auto, staged or direct: pipelined is for all_reduce over at least two ranks with CTRAN_NVL_PIPE_BYTES of scratch (it is {})",
+                self.config.pipe_bytes
             )),
-            "low_latency" | "ll" => Err(Error::invalid(
-                format!("{} algo", op.name()),
-                format!(
-                    "auto, staged or direct: low_latency is for all_reduce of at most {} bytes (CTRAN_NVL_LL_MAX_BYTES)",
-                    self.config.ll_max_bytes
-                ),
-                asked,
+            "low_latency" | "ll" => refuse(format!(
+                "auto, staged or direct: low_latency is for all_reduce of at most {} bytes (CTRAN_NVL_LL_MAX_BYTES)",
+                self.config.ll_max_bytes
             )),
-            "staged" | "one_shot" => Err(Error::invalid(
-                format!("{} algo", op.name()),
-                format!(
-                    "direct or two_shot: staged takes equal blocks of at most {} bytes per rank (CTRAN_NVL_STAGED_MAX_BYTES)",
-                    self.config.staged_max_bytes
-                ),
-                asked,
+            "staged" | "one_shot" => refuse(format!(
+                "direct or two_shot: staged takes equal blocks of at most {} bytes per rank (CTRAN_NVL_STAGED_MAX_BYTES)",
+                self.config.staged_max_bytes
             )),
-            other => Err(Error::invalid(
-                format!("{} algo", op.name()),
-                "one of auto, low_latency (ll; all_reduce), staged (one_shot), direct (two_shot), pipelined (all_reduce) for GPU buffers over NVLink",
-                other,
-            )),
+            _ => refuse(
+                "one of auto, low_latency (ll; all_reduce), staged (one_shot), direct (two_shot), pipelined (all_reduce) for GPU buffers over NVLink"
+                    .into(),
+            ),
         }
     }
 
