@@ -260,8 +260,15 @@ impl Mixed {
         timeout: Duration,
         keep: &KeepAlive,
     ) -> Result<GpeRequest> {
-        self.nvl
-            .issue(op, caller, stream, timeout, Hints::default(), keep.clone())
+        self.nvl.issue(
+            op,
+            caller,
+            stream,
+            timeout,
+            Hints::default(),
+            keep.clone(),
+            false,
+        )
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -211,7 +211,16 @@ impl CtranBackend {
             // NVLink (or the mixed paths) where they take the op; the GPE otherwise.
             let fast = match (&self.nvl, &self.mixed) {
                 (Some(nvl), _) => {
-                    match nvl.issue(&op, caller, gpe.stream(), timeout, hints, keep.clone()) {
+                    let sync_op = !opts.async_op;
+                    match nvl.issue(
+                        &op,
+                        caller,
+                        gpe.stream(),
+                        timeout,
+                        hints,
+                        keep.clone(),
+                        sync_op,
+                    ) {
                         Ok(r) => Some(r),
                         // Every rank met the same refusal in the address exchange (a buffer
                         // that cannot be exported): the host transports carry this one.

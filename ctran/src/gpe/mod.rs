@@ -218,6 +218,8 @@ pub struct GpeRequest {
     /// Earlier stages of the same operation (enqueued before this one, so done when it is),
     /// whose errors this handle reports too.
     before: Vec<GpeRequest>,
+    /// It ran on the caller's stream itself, which therefore needs no wait for it.
+    on_caller: bool,
 }
 
 impl GpeRequest {
@@ -238,7 +240,15 @@ impl GpeRequest {
             rank,
             captured,
             before: Vec::new(),
+            on_caller: false,
         }
+    }
+
+    /// This request's work was enqueued on the caller's stream itself (see
+    /// [`crate::nvl::Nvl::issue`]): waiting on it orders nothing more.
+    pub fn on_caller_stream(mut self) -> GpeRequest {
+        self.on_caller = true;
+        self
     }
 
     /// This request as the last stage of an operation issued after the work on `caller`,
@@ -246,6 +256,7 @@ impl GpeRequest {
     /// the whole operation (not after the stream this stage was ordered behind), and it reports
     /// the earlier stages' errors as well as its own.
     pub fn finishing(mut self, caller: RawStream, earlier: Vec<GpeRequest>) -> GpeRequest {
+        self.on_caller &= self.caller == caller;
         self.caller = caller;
         self.before.extend(earlier);
         self
@@ -267,6 +278,9 @@ impl GpeRequest {
     pub fn wait_on_stream(&self) -> Result<()> {
         if let Some(e) = self.failure() {
             return Err(e);
+        }
+        if self.on_caller {
+            return Ok(());
         }
         self.caller
             .wait_event(&self.done_event)

@@ -1,7 +1,8 @@
 //! The NVLink transport: ranks of one host whose GPUs reach each other's memory move data with
 //! kernels that load and store peer memory directly (CUDA IPC), synchronised by flags in peer
 //! memory. Nothing on the host waits for the device: an operation is one kernel launch on the
-//! comm's stream, ordered after the caller's stream like NCCL's, and capturable in CUDA graphs.
+//! comm's stream, ordered after the caller's stream like NCCL's (a synchronous one-kernel op on
+//! the caller's stream itself), and capturable in CUDA graphs.
 //!
 //! At comm creation every rank allocates a flag array and an arena (two halves for staged
 //! collectives, a ring per peer for sends and receives, the low-latency region, the pipeline's
@@ -143,6 +144,8 @@ pub struct Nvl {
     _peers: Vec<Mapped>,
     status: Arc<PinnedBuffer>,
     pre: Event,
+    /// Orders the stream an operation runs on after the one holding the comm's latest.
+    join: Event,
     /// The pipeline's side lanes (scatter, reduce, gather), and the event that orders lanes.
     lanes: [Stream; 3],
     order: Event,
@@ -154,6 +157,9 @@ struct Inner {
     registry: Registry,
     /// Buffers of operations in flight, dropped once their event has completed.
     pending: VecDeque<(Arc<Event>, KeepAlive)>,
+    /// The caller's stream that holds the comm's latest operation, when a synchronous one ran
+    /// there instead of on the comm's stream; `None` when the comm's stream holds it.
+    tail: Option<RawStream>,
 }
 
 fn cuda(op: &str, rank: usize) -> impl Fn(CudaError) -> Error + '_ {
@@ -343,12 +349,14 @@ impl Nvl {
             peer_flags,
             _peers: peers,
             pre: Event::new(ctx).map_err(&e)?,
+            join: Event::new(ctx).map_err(&e)?,
             lanes: [lane()?, lane()?, lane()?],
             order: Event::new(ctx).map_err(&e)?,
             status,
             inner: Mutex::new(Inner {
                 registry: Registry::new(ctx),
                 pending: VecDeque::new(),
+                tail: None,
             }),
         }))
     }
@@ -441,7 +449,10 @@ impl Nvl {
     }
 
     /// Issues `op` on `stream` (the comm's) after the caller's stream. Every rank issues the
-    /// same operations in the same order.
+    /// same operations in the same order. A synchronous operation (`sync_op`: the caller waits
+    /// for it at once) that is one kernel runs on the caller's stream itself: the same order,
+    /// three driver calls fewer (no hop to the comm's stream and back).
+    #[allow(clippy::too_many_arguments)]
     pub fn issue(
         &self,
         op: &Op,
@@ -450,6 +461,7 @@ impl Nvl {
         timeout: Duration,
         hints: Hints<'_>,
         keep: KeepAlive,
+        sync_op: bool,
     ) -> Result<GpeRequest> {
         let name = op.name();
         let rank = self.layout.rank;
@@ -467,10 +479,24 @@ impl Nvl {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         self.reap(&mut inner);
         self.ctx.bind().map_err(&e)?;
+        let mode = if op.is_p2p() {
+            None
+        } else {
+            Some(self.mode(op, hints)?)
+        };
+        let on_caller = sync_op
+            && !captured
+            && caller != stream
+            && matches!(mode, Some(Mode::LowLatency | Mode::Staged));
+        // A captured operation runs at replay, after whatever ran before the capture.
+        if !captured {
+            let runs_on = if on_caller { caller } else { stream };
+            self.follow_tail(&mut inner, runs_on, stream).map_err(&e)?;
+        }
         let launch: Launch = if op.is_p2p() {
             Launch::P2p(Box::new(self.p2p_params(op, sync)?))
         } else {
-            match self.mode(op, hints)? {
+            match mode.expect("a mode for every collective") {
                 Mode::Pipelined => {
                     let Op::AllReduce {
                         buf,
@@ -546,20 +572,47 @@ impl Nvl {
             }
         };
         let done = Arc::new(Event::new(&self.ctx).map_err(&e)?);
-        self.launch_now(&launch, caller, stream)?;
-        done.record(stream).map_err(&e)?;
+        let runs_on = if on_caller { caller } else { stream };
+        self.launch_now(&launch, caller, runs_on)?;
+        done.record(runs_on).map_err(&e)?;
         if !captured {
             inner.pending.push_back((Arc::clone(&done), keep));
         }
         let state = Arc::new(OpState::on_device(device));
-        Ok(GpeRequest::new(name, done, state, caller, rank, captured))
+        let request = GpeRequest::new(name, done, state, caller, rank, captured);
+        Ok(if on_caller {
+            request.on_caller_stream()
+        } else {
+            request
+        })
     }
 
-    /// Orders `stream` after `caller` and launches.
+    /// Orders `runs_on`, where the next operation will run, after the comm's latest
+    /// operation, when another stream holds it; `runs_on` holds the latest from now on.
+    /// Every operation goes through here before it launches anything (releases of peers after
+    /// an error included), so the comm's operations stay in one order on the device.
+    fn follow_tail(
+        &self,
+        inner: &mut Inner,
+        runs_on: RawStream,
+        comm_stream: RawStream,
+    ) -> std::result::Result<(), CudaError> {
+        let holder = inner.tail.unwrap_or(comm_stream);
+        if holder != runs_on {
+            self.join.record(holder)?;
+            runs_on.wait_event(&self.join)?;
+        }
+        inner.tail = (runs_on != comm_stream).then_some(runs_on);
+        Ok(())
+    }
+
+    /// Orders `stream` after `caller` (unless they are one stream) and launches on `stream`.
     fn launch_now(&self, launch: &Launch, caller: RawStream, stream: RawStream) -> Result<()> {
         let e = cuda("nvl launch", self.layout.rank);
-        self.pre.record(caller).map_err(&e)?;
-        stream.wait_event(&self.pre).map_err(&e)?;
+        if caller != stream {
+            self.pre.record(caller).map_err(&e)?;
+            stream.wait_event(&self.pre).map_err(&e)?;
+        }
         match launch {
             // SAFETY: the buffers are the op's tensors (kept alive by the caller's keepalive
             // until the op's event), the arena, flags and counters of this comm (alive while it
