@@ -1419,7 +1419,6 @@ mod tests {
         assert_eq!(off.submit(false, 1, "x", None, Duration::ZERO).q.id, 0);
     }
 
-    /// Raw start and end times of the records of `t`, by id.
     /// Starts and at once finishes `rec`, an all_reduce.
     fn run(w: &mut TraceWriter, rec: &mut OpRecord) {
         w.start(rec, || info("all_reduce"), None, None);
@@ -1433,6 +1432,7 @@ mod tests {
         }
     }
 
+    /// Raw enqueue, start and end times of the records of `t`, by id.
     fn times(t: &CommTrace) -> Vec<(u64, u64, u64)> {
         let ex = &t.exec;
         (0..ex.count.load(Ordering::Acquire) as usize)

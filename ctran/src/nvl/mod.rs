@@ -479,6 +479,7 @@ impl Nvl {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         self.reap(&mut inner);
         self.ctx.bind().map_err(&e)?;
+        // None: point to point, which has no modes.
         let mode = if op.is_p2p() {
             None
         } else {
@@ -488,91 +489,87 @@ impl Nvl {
             && !captured
             && caller != stream
             && matches!(mode, Some(Mode::LowLatency | Mode::Staged));
+        let runs_on = if on_caller { caller } else { stream };
         // A captured operation runs at replay, after whatever ran before the capture.
         if !captured {
-            let runs_on = if on_caller { caller } else { stream };
             self.follow_tail(&mut inner, runs_on, stream).map_err(&e)?;
         }
-        let launch: Launch = if op.is_p2p() {
-            Launch::P2p(Box::new(self.p2p_params(op, sync)?))
-        } else {
-            match mode.expect("a mode for every collective") {
-                Mode::Pipelined => {
-                    let Op::AllReduce {
-                        buf,
-                        dtype,
-                        op: rop,
-                    } = op
-                    else {
-                        unreachable!("mode() pipelines all_reduce only");
-                    };
-                    // A bad dtype or operator fails alike on every rank, before the exchange.
-                    let reduction = plan::reduction(sync, *dtype, *rop, self.layout.nranks)?;
-                    let reduction = Box::new(reduction);
-                    let planned = match self.exchange(op, &mut inner.registry, timeout)? {
-                        Ok(peers) => self
-                            .pipeline(buf, &peers)
-                            // Sizes differ: every rank has every rank's size, so all fail
-                            // here and meet at the barriers of an empty schedule.
-                            .map_err(|err| (err, 0)),
-                        // Only this rank failed (mapping a peer's buffer): peers run the
-                        // whole schedule, so run its flags too, moving nothing.
-                        Err(err) => Err((err, buf.len())),
-                    };
-                    match planned {
-                        Ok(steps) => Launch::Pipeline(*dtype, reduction, steps),
-                        Err((err, agreed)) => {
-                            let released = self.launch_now(
-                                &Launch::Pipeline(*dtype, reduction, self.syncs_only(agreed)),
-                                caller,
-                                stream,
-                            );
-                            if let Err(e2) = released {
-                                tracing::warn!("nvl: releasing peers after an error: {e2}");
-                            }
-                            return Err(err);
+        let launch: Launch = match mode {
+            None => Launch::P2p(Box::new(self.p2p_params(op, sync)?)),
+            Some(Mode::Pipelined) => {
+                let Op::AllReduce {
+                    buf,
+                    dtype,
+                    op: rop,
+                } = op
+                else {
+                    unreachable!("mode() pipelines all_reduce only");
+                };
+                // A bad dtype or operator fails alike on every rank, before the exchange.
+                let reduction = plan::reduction(sync, *dtype, *rop, self.layout.nranks)?;
+                let reduction = Box::new(reduction);
+                let planned = match self.exchange(op, &mut inner.registry, timeout)? {
+                    Ok(peers) => self
+                        .pipeline(buf, &peers)
+                        // Sizes differ: every rank has every rank's size, so all fail
+                        // here and meet at the barriers of an empty schedule.
+                        .map_err(|err| (err, 0)),
+                    // Only this rank failed (mapping a peer's buffer): peers run the
+                    // whole schedule, so run its flags too, moving nothing.
+                    Err(err) => Err((err, buf.len())),
+                };
+                match planned {
+                    Ok(steps) => Launch::Pipeline(*dtype, reduction, steps),
+                    Err((err, agreed)) => {
+                        let released = self.launch_now(
+                            &Launch::Pipeline(*dtype, reduction, self.syncs_only(agreed)),
+                            caller,
+                            stream,
+                        );
+                        if let Err(e2) = released {
+                            tracing::warn!("nvl: releasing peers after an error: {e2}");
                         }
+                        return Err(err);
                     }
                 }
-                Mode::LowLatency => {
-                    let (dtype, p) = plan::low_latency(op, &self.layout, sync)?;
-                    Launch::Ll(dtype, Box::new(p), self.grid)
-                }
-                Mode::Staged => {
-                    let (dtype, p) = plan::staged(op, &self.layout, sync)?;
-                    Launch::Coll(dtype, Box::new(p), self.grid)
-                }
-                Mode::Direct => {
-                    let planned =
-                        self.exchange(op, &mut inner.registry, timeout)?
-                            .and_then(|peers| {
-                                let at = |q: usize, i: usize| peers[q].get(i).map_or(0, |a| a.0);
-                                let len = |q: usize, i: usize| peers[q].get(i).map_or(0, |a| a.1);
-                                plan::direct(op, &self.layout, sync, &at, &len)
-                            });
-                    match planned {
-                        Ok((dtype, p)) => Launch::Coll(dtype, Box::new(p), self.direct_grid),
-                        Err(err) => {
-                            // Peers have planned and will launch: meet them at both barriers
-                            // with nothing to move, so they finish, and report the error here.
-                            let mut p = crate::cuda::nvl_kernels::CollParams::new(sync);
-                            p.end_barrier = 1;
-                            let stream_err = self.launch_now(
-                                &Launch::Coll(crate::DataType::U8, Box::new(p), self.direct_grid),
-                                caller,
-                                stream,
-                            );
-                            if let Err(e2) = stream_err {
-                                tracing::warn!("nvl: releasing peers after an error: {e2}");
-                            }
-                            return Err(err);
+            }
+            Some(Mode::LowLatency) => {
+                let (dtype, p) = plan::low_latency(op, &self.layout, sync)?;
+                Launch::Ll(dtype, Box::new(p), self.grid)
+            }
+            Some(Mode::Staged) => {
+                let (dtype, p) = plan::staged(op, &self.layout, sync)?;
+                Launch::Coll(dtype, Box::new(p), self.grid)
+            }
+            Some(Mode::Direct) => {
+                let planned = self
+                    .exchange(op, &mut inner.registry, timeout)?
+                    .and_then(|peers| {
+                        let at = |q: usize, i: usize| peers[q].get(i).map_or(0, |a| a.0);
+                        let len = |q: usize, i: usize| peers[q].get(i).map_or(0, |a| a.1);
+                        plan::direct(op, &self.layout, sync, &at, &len)
+                    });
+                match planned {
+                    Ok((dtype, p)) => Launch::Coll(dtype, Box::new(p), self.direct_grid),
+                    Err(err) => {
+                        // Peers have planned and will launch: meet them at both barriers
+                        // with nothing to move, so they finish, and report the error here.
+                        let mut p = crate::cuda::nvl_kernels::CollParams::new(sync);
+                        p.end_barrier = 1;
+                        let stream_err = self.launch_now(
+                            &Launch::Coll(crate::DataType::U8, Box::new(p), self.direct_grid),
+                            caller,
+                            stream,
+                        );
+                        if let Err(e2) = stream_err {
+                            tracing::warn!("nvl: releasing peers after an error: {e2}");
                         }
+                        return Err(err);
                     }
                 }
             }
         };
         let done = Arc::new(Event::new(&self.ctx).map_err(&e)?);
-        let runs_on = if on_caller { caller } else { stream };
         self.launch_now(&launch, caller, runs_on)?;
         done.record(runs_on).map_err(&e)?;
         if !captured {
