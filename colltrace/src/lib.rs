@@ -68,7 +68,9 @@ pub use registry::{
     on_failure, snapshot, trace_dir,
 };
 pub use schema::{CommState, Dump, Trigger};
-pub use trace::{CommMeta, CommTrace, OpHandle, OpInfo, OpRecord, Outcome, QueuedOp, TraceWriter};
+pub use trace::{
+    CommMeta, CommTrace, Ended, OpHandle, OpInfo, OpRecord, Outcome, QueuedOp, TraceWriter,
+};
 pub use waited::Waited;
 
 /// Errors of dumping.

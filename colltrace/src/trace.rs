@@ -465,9 +465,10 @@ struct ExecSide {
     coll_completed: AtomicU64,
     p2p_started: AtomicU64,
     p2p_completed: AtomicU64,
-    /// Id of the record whose end is being written after its caller was told (0: none); a
-    /// dump waits for it, so that a caller who saw its operation complete sees it completed.
-    finishing: AtomicU64,
+    /// Records whose caller was told they completed and that are not written yet (see
+    /// [`TraceWriter::end_pinned_after`]); a dump waits until there are none, so that a caller
+    /// who saw its operation complete sees it completed.
+    unwritten: AtomicU64,
     /// Errors and batch peers by record id (the newest `capacity`).
     extra: Mutex<BTreeMap<u64, Extra>>,
 }
@@ -589,7 +590,7 @@ impl CommTrace {
                 coll_completed: AtomicU64::new(0),
                 p2p_started: AtomicU64::new(0),
                 p2p_completed: AtomicU64::new(0),
-                finishing: AtomicU64::new(0),
+                unwritten: AtomicU64::new(0),
                 extra: Mutex::new(BTreeMap::new()),
             }),
             writer_taken: AtomicBool::new(false),
@@ -622,6 +623,7 @@ impl CommTrace {
             next: 0,
             anchor: 0,
             parked: false,
+            unwritten: 0,
             started: [0; 2],
             completed: [0; 2],
         }
@@ -836,14 +838,12 @@ impl CommTrace {
         let clock = self.clock;
         clock.refresh();
         let ex = &self.exec;
-        // An end being written after its caller was told (well under a microsecond unless the
-        // writer is descheduled): wait for it, so that a completed wait dumps as completed.
-        let finishing = ex.finishing.load(Ordering::Acquire);
-        if finishing != 0 {
+        // Ends written after their caller was told (the writer does so when it would only wait
+        // anyway: within microseconds unless it is descheduled): wait for them, so that a
+        // completed wait dumps as completed.
+        if ex.unwritten.load(Ordering::Acquire) != 0 {
             let until = std::time::Instant::now() + Duration::from_millis(20);
-            while ex.finishing.load(Ordering::Acquire) == finishing
-                && std::time::Instant::now() < until
-            {
+            while ex.unwritten.load(Ordering::Acquire) != 0 && std::time::Instant::now() < until {
                 std::hint::spin_loop();
             }
         }
@@ -955,6 +955,8 @@ pub struct TraceWriter {
     anchor: u64,
     /// This thread's copy of `CommTrace::parked`.
     parked: bool,
+    /// This thread's copy of `ExecSide::unwritten`.
+    unwritten: u64,
     /// Highest sequence numbers started and completed, collective then p2p.
     started: [u64; 2],
     completed: [u64; 2],
@@ -1054,7 +1056,20 @@ impl TraceWriter {
             }
             return;
         }
-        let q = &rec.q;
+        let r = self.started_rec(&rec.q, anchor, info, transport, algorithm);
+        rec.slot = self.push(&r);
+        self.bump_started(r.kind, r.seq);
+    }
+
+    /// The record of `q` starting at `anchor` (0: now), and its batch peers noted aside.
+    fn started_rec(
+        &mut self,
+        q: &Queued,
+        anchor: u64,
+        info: impl FnOnce() -> OpInfo,
+        transport: Option<&'static str>,
+        algorithm: Option<&'static str>,
+    ) -> Rec {
         let (enqueued, started) = match (q.enqueued, anchor) {
             (ENQUEUED_AT_START, 0) => {
                 let now = self.trace.clock.now();
@@ -1067,7 +1082,17 @@ impl TraceWriter {
             (e, a) => (e, e.max(a)),
         };
         let info = info();
-        let r = Rec {
+        if !info.peers.is_empty() {
+            let peers = Some(info.peers.into_boxed_slice());
+            lock(&self.trace.exec.extra).insert(
+                q.id,
+                Extra {
+                    peers,
+                    ..Extra::default()
+                },
+            );
+        }
+        Rec {
             id: q.id,
             seq: q.seq,
             enqueued,
@@ -1087,19 +1112,7 @@ impl TraceWriter {
             kind: q.kind,
             state: State::Started,
             async_op: q.async_op,
-        };
-        if !info.peers.is_empty() {
-            let peers = Some(info.peers.into_boxed_slice());
-            lock(&self.trace.exec.extra).insert(
-                q.id,
-                Extra {
-                    peers,
-                    ..Extra::default()
-                },
-            );
         }
-        rec.slot = self.push(&r);
-        self.bump_started(q.kind, q.seq);
     }
 
     fn bump_started(&mut self, kind: RecordKind, seq: u64) {
@@ -1142,14 +1155,17 @@ impl TraceWriter {
         }
         let flags = (flags & !(7 << STATE_SHIFT)) | state_code(state) << STATE_SHIFT;
         slot.write_two((ENDED_WORD, now), (FLAGS_WORD, flags));
-        let kind = rec.q.kind;
-        if state == State::Completed && kind != RecordKind::Comm {
-            let (k, ex) = (seq_index(kind), &self.trace.exec);
-            if rec.q.seq > self.completed[k] {
-                self.completed[k] = rec.q.seq;
-                let c = [&ex.coll_completed, &ex.p2p_completed][k];
-                c.store(rec.q.seq, Ordering::Release);
-            }
+        if state == State::Completed {
+            self.bump_completed(rec.q.kind, rec.q.seq);
+        }
+    }
+
+    fn bump_completed(&mut self, kind: RecordKind, seq: u64) {
+        let (k, ex) = (seq_index(kind), &self.trace.exec);
+        if kind != RecordKind::Comm && seq > self.completed[k] {
+            self.completed[k] = seq;
+            let c = [&ex.coll_completed, &ex.p2p_completed][k];
+            c.store(seq, Ordering::Release);
         }
     }
 
@@ -1169,13 +1185,87 @@ impl TraceWriter {
             signal();
             return;
         }
-        // Release: seen by whoever acquires what `signal` publishes; a later id seen by a
-        // dump means this end is written.
-        self.trace.exec.finishing.store(rec.q.id, Ordering::Release);
+        self.hold_dumps();
         signal();
         self.finish(rec, outcome);
-        self.trace.exec.finishing.store(0, Ordering::Release);
+        self.release_dumps();
     }
+
+    /// Ends an operation whose start was pinned ([`TraceWriter::pin_start`]) and not recorded
+    /// yet, because it never waited long: tells the caller (`signal`), reads the end time, and
+    /// returns what [`TraceWriter::write_ended`] needs to write the whole record later, when
+    /// the thread would only wait anyway (for peers in its next operation, or for work), so
+    /// that none of the record's stores delays an operation. Until then a dump waits for it
+    /// (up to 20 ms), so a caller that saw the completion dumps it completed. `None` when
+    /// there is nothing to write later: nothing is recorded, or a long wait already started
+    /// the record, which is finished here as [`TraceWriter::finish_after`] does.
+    pub fn end_pinned_after(&mut self, rec: &mut OpRecord, signal: impl FnOnce()) -> Option<Ended> {
+        if rec.q.id == 0 || !self.on || rec.slot != NOT_STARTED {
+            self.finish_after(rec, Outcome::Completed, signal);
+            return None;
+        }
+        self.hold_dumps();
+        signal();
+        let now = self.trace.clock.now();
+        let started = match std::mem::replace(&mut self.anchor, now) {
+            0 => now,
+            a => a,
+        };
+        Some(Ended {
+            q: rec.q,
+            started,
+            ended: now,
+        })
+    }
+
+    /// Writes the whole record of `ended` (see [`TraceWriter::end_pinned_after`]): `info`
+    /// describes the op, which ran over `transport` with `algorithm`.
+    pub fn write_ended(
+        &mut self,
+        ended: Ended,
+        info: impl FnOnce() -> OpInfo,
+        transport: Option<&'static str>,
+        algorithm: Option<&'static str>,
+    ) {
+        let mut r = self.started_rec(&ended.q, ended.started, info, transport, algorithm);
+        r.ended = ended.ended.max(r.started);
+        r.state = State::Completed;
+        self.push(&r);
+        self.bump_started(r.kind, r.seq);
+        self.bump_completed(r.kind, r.seq);
+        self.release_dumps();
+    }
+
+    /// A record whose caller was told is not written yet: dumps wait until it is.
+    #[inline]
+    fn hold_dumps(&mut self) {
+        self.unwritten += 1;
+        // Release: seen by whoever acquires what the signal that follows publishes.
+        self.trace
+            .exec
+            .unwritten
+            .store(self.unwritten, Ordering::Release);
+    }
+
+    /// One record [`TraceWriter::hold_dumps`] announced is written.
+    #[inline]
+    fn release_dumps(&mut self) {
+        self.unwritten -= 1;
+        self.trace
+            .exec
+            .unwritten
+            .store(self.unwritten, Ordering::Release);
+    }
+}
+
+/// An operation that completed and whose record is still to be written (see
+/// [`TraceWriter::end_pinned_after`]).
+#[derive(Debug)]
+#[must_use = "dumps wait until it is written with TraceWriter::write_ended"]
+pub struct Ended {
+    q: Queued,
+    started: u64,
+    ended: u64,
 }
 
 /// `OpRecord::slot` of a record not started yet.
@@ -1584,6 +1674,55 @@ mod tests {
     }
 
     #[test]
+    fn a_pinned_start_is_written_whole_later_and_dumps_wait_for_it() {
+        let t = CommTrace::new(meta(), 10);
+        let mut w = t.writer();
+        let mut a = t.submit(false, 1, "all_reduce", None, Duration::from_secs(1));
+        w.idle();
+        w.pin_start(&a);
+        std::thread::sleep(Duration::from_millis(2));
+        let details = || OpInfo {
+            dtype: Some("float32"),
+            count: Some(2),
+            ..info("all_reduce")
+        };
+        let mut started_when_told = None;
+        let ended = w.end_pinned_after(&mut a, || {
+            // Nothing of the execution side is written before the caller is told.
+            started_when_told = Some(t.exec.count.load(Ordering::Relaxed));
+        });
+        assert_eq!(started_when_told, Some(0));
+        let ended = ended.expect("a pinned start is written later");
+        // A dump taken now (the caller saw the completion) waits for the record.
+        let dumper = {
+            let t = Arc::clone(&t);
+            std::thread::spawn(move || t.snapshot())
+        };
+        std::thread::sleep(Duration::from_millis(5));
+        w.write_ended(ended, details, Some("shm"), Some("shm"));
+        for d in [dumper.join().unwrap(), t.snapshot()] {
+            let r = &d.records[0];
+            assert_eq!(r.state, State::Completed);
+            assert_eq!((r.dtype.as_deref(), r.count), (Some("float32"), Some(2)));
+            assert_eq!(r.transport.as_deref(), Some("shm"));
+            assert_eq!((d.collective.started, d.collective.completed), (1, 1));
+            // Started at the pinned time, not when it was written.
+            assert!(r.ended_ns - r.started_ns >= 1_000_000, "{r:?}");
+        }
+
+        // A record a long wait already started is finished at once.
+        let mut b = t.submit(false, 2, "all_reduce", None, Duration::from_secs(1));
+        w.pin_start(&b);
+        w.start(&mut b, details, Some("shm"), Some("shm"));
+        assert!(w.end_pinned_after(&mut b, || {}).is_none());
+        let d = t.snapshot();
+        assert_eq!(d.records.len(), 2);
+        assert_eq!(d.records[1].state, State::Completed);
+        assert_eq!(d.collective.completed, 2);
+        assert_eq!(t.exec.unwritten.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
     fn a_dump_taken_after_the_signal_waits_for_the_end() {
         let t = CommTrace::new(meta(), 10);
         let mut w = t.writer();
@@ -1599,7 +1738,7 @@ mod tests {
         let d = dumper.unwrap().join().unwrap();
         assert_eq!(d.records[0].state, State::Completed);
         assert_eq!(d.collective.completed, 1);
-        assert_eq!(t.exec.finishing.load(Ordering::Relaxed), 0);
+        assert_eq!(t.exec.unwritten.load(Ordering::Relaxed), 0);
     }
 
     #[test]

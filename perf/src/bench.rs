@@ -268,9 +268,10 @@ impl Bench<'_> {
         let mut times = Vec::with_capacity(blocks);
         // Records each block added: every operation of an `on` block, none of an `off` one.
         let mut recorded = [0u64; 2];
+        let control = self.s.ab_control;
         for k in 0..blocks {
             let on = ab::is_on(k);
-            trace.set_recording(on);
+            trace.set_recording(on && !control);
             self.barrier()?;
             let before = trace.recorded();
             let t0 = Instant::now();
@@ -282,13 +283,17 @@ impl Bench<'_> {
         trace.set_recording(true);
         drop(bufs);
         // At least one record per operation issued (an operation may record more).
-        let expected = u64::from(block) * (blocks / 2) as u64;
+        let expected = if control {
+            0
+        } else {
+            u64::from(block) * (blocks / 2) as u64
+        };
         p.line(format!(
             "# trace-ab records taken: {} in on blocks (expected at least {expected}), {} in off \
              blocks (expected 0)",
             recorded[1], recorded[0]
         ));
-        if recorded[0] != 0 || recorded[1] < expected {
+        if recorded[0] != 0 || recorded[1] < expected || (control && recorded[1] != 0) {
             bail!(
                 "--trace-ab: rank {} recorded {} operations in blocks with tracing on and {} with \
                  it paused (expected at least {expected} and 0): the switch does not act as it \
@@ -861,7 +866,7 @@ fn run_trace_ab(b: &Bench<'_>, p: &Printer, block: u32) -> Result<ExitCode> {
     p.line("#");
     p.line(format!(
         "# trace-ab: {} {} B {} {}, {} blocks of {block} iterations ({} groups: off on on off, \
-         on off off on), time of the slowest rank",
+         on off off on), time of the slowest rank{}",
         op.name(),
         lay.bytes,
         dtype.name(),
@@ -871,7 +876,12 @@ fn run_trace_ab(b: &Bench<'_>, p: &Printer, block: u32) -> Result<ExitCode> {
             "none"
         },
         times.len(),
-        sum.groups
+        sum.groups,
+        if s.ab_control {
+            "; control run: recording paused in both settings"
+        } else {
+            ""
+        }
     ));
     p.line(format!(
         "#   tracing off: median of block means {:.3} us",

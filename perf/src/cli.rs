@@ -161,6 +161,11 @@ pub(crate) struct Args {
     #[arg(long, value_name = "ITERS", default_value_t = 1000,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) ab_block: u32,
+
+    /// With --trace-ab: keep recording paused in both settings (an A/A run), so that the
+    /// ratio it reports is the method's own bias and noise, the floor of what it can resolve.
+    #[arg(long, requires = "trace_ab")]
+    pub(crate) ab_control: bool,
 }
 
 /// `--print-cvars`: the effective configuration; an invalid value is an error naming it.
@@ -403,6 +408,8 @@ pub(crate) struct Settings {
     pub(crate) max_iter_bytes: Option<u64>,
     /// `--trace-ab`: iterations per block.
     pub(crate) trace_ab: Option<u32>,
+    /// `--ab-control`: recording paused in both settings of `--trace-ab`.
+    pub(crate) ab_control: bool,
 }
 
 /// Keeps the first occurrence of every element.
@@ -549,6 +556,7 @@ impl Settings {
             rounds: a.rounds,
             max_iter_bytes: a.max_iter_bytes,
             trace_ab,
+            ab_control: a.ab_control,
         })
     }
 

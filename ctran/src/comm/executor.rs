@@ -16,7 +16,7 @@ use crate::algos::{self, OpCtx};
 use crate::error::Error;
 use crate::kernels::Reducer;
 use crate::transport::mapper::Mapper;
-use crate::transport::shm::collectives::{self, ShmCtx, ShmFail};
+use crate::transport::shm::collectives::{self, ShmCtx, ShmFail, Waiting};
 use crate::transport::socket::Waker;
 use crate::transport::{ReqId, Transport};
 
@@ -57,6 +57,43 @@ impl Task {
             }
         }
     }
+
+    /// Like [`Task::complete`] for a task that completed over shared memory with its start
+    /// pinned and not recorded ([`colltrace::TraceWriter::end_pinned_after`]): tells the
+    /// caller, and returns what is needed to write its record later.
+    fn complete_deferred(self, log: &mut colltrace::TraceWriter) -> Option<Unwritten> {
+        let Task {
+            op,
+            timeout,
+            request,
+            mut trace,
+            _keepalive,
+            ..
+        } = self;
+        drop(_keepalive);
+        let ended = log.end_pinned_after(&mut trace, || request.finish(Ok(())))?;
+        Some(Unwritten { ended, op, timeout })
+    }
+}
+
+/// A completed shared-memory operation whose trace record is still to be written: the
+/// progress thread writes it when it would only wait anyway (see [`Executor::write_unwritten`]).
+/// It keeps the op for its sizes and types only; the buffers were released.
+#[derive(Debug)]
+struct Unwritten {
+    ended: colltrace::Ended,
+    op: Op,
+    timeout: Duration,
+}
+
+impl Unwritten {
+    /// Writes the record `pending` holds, if any.
+    fn write_pending(pending: &mut Option<Unwritten>, log: &mut colltrace::TraceWriter) {
+        if let Some(Unwritten { ended, op, timeout }) = pending.take() {
+            let info = || super::trace::op_info(&op, timeout, None);
+            log.write_ended(ended, info, Some("shm"), Some("shm"));
+        }
+    }
 }
 
 /// What the progress thread is asked to do.
@@ -84,6 +121,8 @@ pub(crate) struct Executor {
     inflight: Vec<InFlight>,
     /// The only writer of started and finished operations in the trace.
     tracer: colltrace::TraceWriter,
+    /// The last shared-memory operation's record, when it is still to be written.
+    unwritten: Option<Unwritten>,
 }
 
 impl Executor {
@@ -102,7 +141,14 @@ impl Executor {
             staging,
             rx,
             inflight: Vec::new(),
+            unwritten: None,
         }
+    }
+
+    /// Writes the record of the last shared-memory operation if it is still to be written:
+    /// called where the thread only waits, and before anything else is recorded or dumped.
+    fn write_unwritten(&mut self) {
+        Unwritten::write_pending(&mut self.unwritten, &mut self.tracer);
     }
 
     pub(crate) fn run(mut self) {
@@ -127,12 +173,14 @@ impl Executor {
             match cmd {
                 Command::Run(task) => self.execute(*task),
                 Command::Shutdown(reply) => {
+                    self.write_unwritten();
                     self.drain_inflight();
                     let _ = reply.send(());
                     break;
                 }
             }
         }
+        self.write_unwritten();
         if self.shared.failure().is_some() {
             self.net.abort("communicator shut down after a failure");
         } else {
@@ -152,12 +200,17 @@ impl Executor {
         if let Some(next) = poll() {
             return next;
         }
-        // Polling: the trace's anchor stays valid, refreshed every few polls.
-        let tracer = &mut self.tracer;
-        if let Some(next) = super::spin::spin_marking(self.shared.wait_spin, poll, || tracer.mark())
-        {
+        // Polling: the trace's anchor stays valid, refreshed every few polls, where the last
+        // operation's record is written too.
+        let (tracer, unwritten) = (&mut self.tracer, &mut self.unwritten);
+        let mark = || {
+            Unwritten::write_pending(unwritten, tracer);
+            tracer.mark();
+        };
+        if let Some(next) = super::spin::spin_marking(self.shared.wait_spin, poll, mark) {
             return next;
         }
+        self.write_unwritten();
         self.tracer.park(true);
         let next = self.rx.recv();
         self.tracer.park(false);
@@ -172,6 +225,7 @@ impl Executor {
             .map(|f| f.deadline)
             .min()
             .unwrap_or_else(Instant::now);
+        self.write_unwritten();
         self.tracer.park(true);
         self.waker.set_sleeping(true);
         if self.rx.is_empty() {
@@ -196,16 +250,19 @@ impl Executor {
 
     fn execute(&mut self, mut task: Task) {
         if let Some(err) = self.shared.failure() {
+            self.write_unwritten();
             task.complete(&mut self.tracer, Err(err));
             return;
         }
         task.request.start();
         let name = task.op.name();
         if moves_nothing_anywhere(&task.op) {
+            self.write_unwritten();
             task.complete(&mut self.tracer, Ok(()));
             return;
         }
         if task.op.is_p2p() {
+            self.write_unwritten();
             let transport = Some(self.net.describe());
             let info = || super::trace::op_info(&task.op, task.timeout, None);
             self.tracer.start(&mut task.trace, info, transport, None);
@@ -232,8 +289,16 @@ impl Executor {
             Choice::Fixed(_) => None,
         };
         let result = match shm {
+            Some(Ok(())) => {
+                let ended = task.complete_deferred(&mut self.tracer);
+                // The previous one's, if this operation never waited: after the signal too.
+                self.write_unwritten();
+                self.unwritten = ended;
+                return;
+            }
             Some(r) => r,
             None => {
+                self.write_unwritten();
                 let algo = self.shared.selector.resolve(&task.op, task.algo);
                 let transport = Some(self.net.describe());
                 let algo_name = algo.map(|a| a.name());
@@ -259,13 +324,15 @@ impl Executor {
             // Only cross-memory attach has an all_to_all of its own.
             return None;
         }
-        // It starts now; its record is written at its first wait, after this rank announced
-        // itself to the peers (or after the op, when it never waits).
+        // It starts now. Trace records are written where this rank waits for its peers: the
+        // last operation's when a wait begins, this one's start when a wait lasts; else after
+        // the caller was told ([`Task::complete_deferred`]).
         self.tracer.pin_start(&task.trace);
-        let (op, timeout, trace, tracer) =
-            (&task.op, task.timeout, &mut task.trace, &mut self.tracer);
-        let mut record_start = || {
-            if !trace.is_started() {
+        let (op, timeout, trace) = (&task.op, task.timeout, &mut task.trace);
+        let (tracer, unwritten) = (&mut self.tracer, &mut self.unwritten);
+        let mut waiting = |w: Waiting| {
+            Unwritten::write_pending(unwritten, tracer);
+            if w == Waiting::Lasts && !trace.is_started() {
                 let info = || super::trace::op_info(op, timeout, None);
                 tracer.start(trace, info, Some("shm"), Some("shm"));
             }
@@ -275,7 +342,7 @@ impl Executor {
             deadline: Instant::now() + task.timeout,
             seq: task.seq,
             alive: &mut alive,
-            before_first_wait: Some(&mut record_start),
+            waiting: &mut waiting,
         };
         let reducer = |dtype, op| Reducer::new(dtype, op, size);
         // Err: the op's arguments were refused before it ran.
@@ -306,7 +373,11 @@ impl Executor {
             _ => return None,
         };
         drop(alive);
-        record_start();
+        if matches!(outcome, Ok(Ok(()))) {
+            return Some(Ok(()));
+        }
+        // A failure is recorded (started, then failed) before the error reaches the caller.
+        waiting(Waiting::Lasts);
         let outcome = match outcome {
             Ok(outcome) => outcome,
             Err(refused) => return Some(Err(refused)),
@@ -434,6 +505,7 @@ impl Executor {
     /// Marks the communicator failed, closes its connections (peers notice at once), fails
     /// everything in flight, and dumps the trace (`TORCHCOMMS_TRACE_DUMP_ON`).
     fn fail(&mut self, err: Error) {
+        self.write_unwritten();
         let wrapped = self.shared.set_failed(err.clone());
         self.net.abort(&err.to_string());
         for f in self.inflight.drain(..) {

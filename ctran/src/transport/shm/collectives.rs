@@ -21,7 +21,7 @@
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::node::WaitEnd;
 use super::{cma, ShmTransport};
@@ -105,9 +105,62 @@ pub struct ShmCtx<'a> {
     pub seq: u64,
     /// Reports dead peers while waiting.
     pub alive: &'a mut dyn FnMut() -> Result<(), TransportError>,
-    /// Runs once, at the first wait, after this rank announced its arrival: the progress
-    /// thread records the operation's start there, off the path to the peers.
-    pub before_first_wait: Option<&'a mut dyn FnMut()>,
+    /// Told when this rank starts to wait for its peers ([`Waiting::Begins`], at the first
+    /// poll that finds them not ready) and when a wait lasts ([`Waiting::Lasts`], after
+    /// [`LONG_WAIT`]), in every wait. The progress thread does its trace's writing there,
+    /// where it only waits anyway: the previous operation's record at the first, this
+    /// operation's start at the second (a hang always waits that long, so a live dump shows
+    /// it started; an operation whose peers are on time never does, and its record is
+    /// written whole after it completed).
+    pub waiting: &'a mut dyn FnMut(Waiting),
+}
+
+/// How far a wait of a shared-memory collective has gone (see [`ShmCtx::waiting`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Waiting {
+    /// The first poll found the peers not ready.
+    Begins,
+    /// The peers were not ready for [`LONG_WAIT`].
+    Lasts,
+}
+
+/// How long a wait goes on before it counts as [`Waiting::Lasts`]: several times the whole
+/// of a small operation whose peers are on time (3 to 8 us with 2 to 8 ranks on one host).
+pub const LONG_WAIT: Duration = Duration::from_micros(50);
+
+/// Polls of a wait before it reads the clock to see whether it lasts: a poll costs tens of
+/// nanoseconds, a clock read as much.
+const POLLS_BEFORE_CLOCK: u32 = 16;
+
+/// [`Node::wait_for`](super::node::Node::wait_for) that tells `waiting` how far it has gone.
+fn wait_telling(
+    node: &super::node::Node,
+    waiting: &mut dyn FnMut(Waiting),
+    mut done: impl FnMut(&super::node::Node) -> bool,
+    deadline: Instant,
+    alive: &mut dyn FnMut() -> Result<(), TransportError>,
+) -> Result<(), WaitEnd> {
+    let mut misses = 0u32;
+    // When the wait counts as lasting (the clock is read from the 16th poll on).
+    let mut lasts_at: Option<Instant> = None;
+    let mut told_lasts = false;
+    let telling = |n: &super::node::Node| {
+        if done(n) {
+            return true;
+        }
+        misses += 1;
+        if misses == 1 {
+            waiting(Waiting::Begins);
+        } else if !told_lasts && misses >= POLLS_BEFORE_CLOCK {
+            let at = *lasts_at.get_or_insert_with(|| Instant::now() + LONG_WAIT);
+            if Instant::now() >= at {
+                told_lasts = true;
+                waiting(Waiting::Lasts);
+            }
+        }
+        false
+    };
+    node.wait_for(telling, deadline, alive)
 }
 
 impl std::fmt::Debug for ShmCtx<'_> {
@@ -251,13 +304,10 @@ impl ShmCtx<'_> {
             .arrived
             .store(target, Ordering::Release);
         node.ring_others();
-        if let Some(f) = self.before_first_wait.take() {
-            f();
-        }
         let all_in = |n: &super::node::Node| {
             (0..n.nlocal()).all(|i| n.control(i).arrived.load(Ordering::Acquire) >= target)
         };
-        match node.wait_for(all_in, self.deadline, self.alive) {
+        match wait_telling(node, self.waiting, all_in, self.deadline, self.alive) {
             Ok(()) => Ok(()),
             Err(WaitEnd::Failed(e)) => Err(ShmFail::Peer(e)),
             Err(WaitEnd::Deadline) => {
@@ -421,7 +471,7 @@ fn all_reduce_cma(cx: &mut ShmCtx<'_>, buf: Span, red: &Reducer, d: Desc) -> Res
             })
         };
         let node = &cx.shm.node;
-        match node.wait_for(ready, cx.deadline, cx.alive) {
+        match wait_telling(node, cx.waiting, ready, cx.deadline, cx.alive) {
             Ok(()) => {}
             Err(WaitEnd::Failed(e)) => return Err(ShmFail::Peer(e)),
             Err(WaitEnd::Deadline) => {
@@ -682,4 +732,60 @@ pub fn all_to_all(cx: &mut ShmCtx<'_>, inputs: &[Span], outputs: &[Span]) -> Res
         cx.read(j, me, 0, *out)?;
     }
     cx.barrier()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::layout::Sizes;
+    use super::super::node::Node;
+    use super::*;
+
+    fn one_rank_node() -> Node {
+        let sizes = Sizes {
+            nlocal: 1,
+            fifo_slots: 2,
+            fifo_slot_bytes: 64,
+            coll_bytes: 64,
+        };
+        let name = format!("/tc-wait-test-{}-{}", std::process::id(), rand::random::<u32>());
+        let deadline = Instant::now() + Duration::from_secs(5);
+        Node::attach(&name, sizes, 0, Duration::from_millis(1), deadline).unwrap()
+    }
+
+    #[test]
+    fn a_wait_tells_when_it_begins_and_when_it_lasts() {
+        let node = one_rank_node();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let t0 = Instant::now();
+        let mut told = Vec::new();
+        let ready_after = |d: Duration| move |_: &Node| t0.elapsed() >= d;
+        wait_telling(
+            &node,
+            &mut |w| told.push((w, t0.elapsed())),
+            ready_after(LONG_WAIT * 4),
+            deadline,
+            &mut || Ok(()),
+        )
+        .unwrap();
+        let kinds: Vec<Waiting> = told.iter().map(|(w, _)| *w).collect();
+        assert_eq!(kinds, [Waiting::Begins, Waiting::Lasts], "once each");
+        assert!(told[1].1 >= LONG_WAIT, "{told:?}");
+
+        // Ready at once: nothing to tell (the trace writes nothing on the path).
+        told.clear();
+        let t0 = Instant::now();
+        let mut polls = 0;
+        wait_telling(
+            &node,
+            &mut |w| told.push((w, t0.elapsed())),
+            |_| {
+                polls += 1;
+                true
+            },
+            deadline,
+            &mut || Ok(()),
+        )
+        .unwrap();
+        assert_eq!((told.len(), polls), (0, 1));
+    }
 }
