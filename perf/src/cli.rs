@@ -760,6 +760,11 @@ mod tests {
         }
         let s = Settings::from_args(Args::try_parse_from(["p"]).unwrap()).unwrap();
         assert_eq!(s.trace_ab, None);
+        // The A/A control is a setting of --trace-ab only.
+        let s = parse(&["-e", "8", "--ab-block", "100", "-i", "800", "--ab-control"]).unwrap();
+        assert!(s.ab_control);
+        let e = Args::try_parse_from(["p", "--ab-control"]).unwrap_err();
+        assert!(e.to_string().contains("--trace-ab"), "{e}");
     }
 
     #[test]

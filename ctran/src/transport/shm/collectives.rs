@@ -747,7 +747,11 @@ mod tests {
             fifo_slot_bytes: 64,
             coll_bytes: 64,
         };
-        let name = format!("/tc-wait-test-{}-{}", std::process::id(), rand::random::<u32>());
+        let name = format!(
+            "/tc-wait-test-{}-{}",
+            std::process::id(),
+            rand::random::<u32>()
+        );
         let deadline = Instant::now() + Duration::from_secs(5);
         Node::attach(&name, sizes, 0, Duration::from_millis(1), deadline).unwrap()
     }
