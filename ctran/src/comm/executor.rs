@@ -2,6 +2,7 @@
 //! point-to-point transfers in flight across later operations, and turns the first fatal error
 //! into the communicator's permanent state.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -86,12 +87,29 @@ struct Unwritten {
     timeout: Duration,
 }
 
+/// Records kept unwritten at most: operations that never wait leave theirs to one that does
+/// (or to the idle spin), up to this many; beyond, the oldest is written after the signal.
+const UNWRITTEN_MAX: usize = 4;
+
 impl Unwritten {
-    /// Writes the record `pending` holds, if any.
-    fn write_pending(pending: &mut Option<Unwritten>, log: &mut colltrace::TraceWriter) {
-        if let Some(Unwritten { ended, op, timeout }) = pending.take() {
-            let info = || super::trace::op_info(&op, timeout, None);
-            log.write_ended(ended, info, Some("shm"), Some("shm"));
+    fn write(self, log: &mut colltrace::TraceWriter) {
+        let Unwritten { ended, op, timeout } = self;
+        let info = || super::trace::op_info(&op, timeout, None);
+        log.write_ended(ended, info, Some("shm"), Some("shm"));
+    }
+
+    /// Writes the oldest record `pending` holds, if any: one per chance to wait, so that a
+    /// wait that ends soon is not kept long.
+    fn write_oldest(pending: &mut VecDeque<Unwritten>, log: &mut colltrace::TraceWriter) {
+        if let Some(u) = pending.pop_front() {
+            u.write(log);
+        }
+    }
+
+    /// Writes every record `pending` holds, oldest first.
+    fn write_all(pending: &mut VecDeque<Unwritten>, log: &mut colltrace::TraceWriter) {
+        while let Some(u) = pending.pop_front() {
+            u.write(log);
         }
     }
 }
@@ -121,8 +139,9 @@ pub(crate) struct Executor {
     inflight: Vec<InFlight>,
     /// The only writer of started and finished operations in the trace.
     tracer: colltrace::TraceWriter,
-    /// The last shared-memory operation's record, when it is still to be written.
-    unwritten: Option<Unwritten>,
+    /// The last shared-memory operations' records still to be written (at most
+    /// [`UNWRITTEN_MAX`]).
+    unwritten: VecDeque<Unwritten>,
 }
 
 impl Executor {
@@ -141,14 +160,14 @@ impl Executor {
             staging,
             rx,
             inflight: Vec::new(),
-            unwritten: None,
+            unwritten: VecDeque::with_capacity(UNWRITTEN_MAX),
         }
     }
 
-    /// Writes the record of the last shared-memory operation if it is still to be written:
+    /// Writes the records of the last shared-memory operations that are still to be written:
     /// called where the thread only waits, and before anything else is recorded or dumped.
     fn write_unwritten(&mut self) {
-        Unwritten::write_pending(&mut self.unwritten, &mut self.tracer);
+        Unwritten::write_all(&mut self.unwritten, &mut self.tracer);
     }
 
     pub(crate) fn run(mut self) {
@@ -204,7 +223,7 @@ impl Executor {
         // operation's record is written too.
         let (tracer, unwritten) = (&mut self.tracer, &mut self.unwritten);
         let mark = || {
-            Unwritten::write_pending(unwritten, tracer);
+            Unwritten::write_oldest(unwritten, tracer);
             tracer.mark();
         };
         if let Some(next) = super::spin::spin_marking(self.shared.wait_spin, poll, mark) {
@@ -290,10 +309,15 @@ impl Executor {
         };
         let result = match shm {
             Some(Ok(())) => {
-                let ended = task.complete_deferred(&mut self.tracer);
-                // The previous one's, if this operation never waited: after the signal too.
-                self.write_unwritten();
-                self.unwritten = ended;
+                if let Some(u) = task.complete_deferred(&mut self.tracer) {
+                    if self.unwritten.len() == UNWRITTEN_MAX {
+                        // None of the last operations waited: the oldest, after the signal.
+                        if let Some(oldest) = self.unwritten.pop_front() {
+                            oldest.write(&mut self.tracer);
+                        }
+                    }
+                    self.unwritten.push_back(u);
+                }
                 return;
             }
             Some(r) => r,
@@ -325,14 +349,15 @@ impl Executor {
             return None;
         }
         // It starts now. Trace records are written where this rank waits for its peers: the
-        // last operation's when a wait begins, this one's start when a wait lasts; else after
-        // the caller was told ([`Task::complete_deferred`]).
+        // oldest unwritten one when a wait begins, all of them and this one's start when a
+        // wait lasts; else after the caller was told ([`Task::complete_deferred`]).
         self.tracer.pin_start(&task.trace);
         let (op, timeout, trace) = (&task.op, task.timeout, &mut task.trace);
         let (tracer, unwritten) = (&mut self.tracer, &mut self.unwritten);
         let mut waiting = |w: Waiting| {
-            Unwritten::write_pending(unwritten, tracer);
+            Unwritten::write_oldest(unwritten, tracer);
             if w == Waiting::Lasts && !trace.is_started() {
+                Unwritten::write_all(unwritten, tracer);
                 let info = || super::trace::op_info(op, timeout, None);
                 tracer.start(trace, info, Some("shm"), Some("shm"));
             }
