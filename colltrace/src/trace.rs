@@ -482,8 +482,9 @@ struct ExecSide {
 /// writer of the execution side ([`TraceWriter`]), writes eleven words and a counter at the
 /// start of an operation and two words and a counter at its end (after its caller was told),
 /// with no lock and no read-modify-write; or, for an operation whose start it only pinned, the
-/// whole record once, later, where it would only wait ([`TraceWriter::end_pinned_after`]). The two sides are on cache lines of their own. A dump merges
-/// both sides by id: an operation the progress thread has not taken yet shows as `queued`.
+/// whole record once, later, where it would only wait ([`TraceWriter::end_pinned_after`]). The
+/// two sides are on cache lines of their own. A dump merges both sides by id: an operation the
+/// progress thread has not taken yet shows as `queued`.
 #[derive(Debug)]
 pub struct CommTrace {
     meta: CommMeta,
