@@ -1658,14 +1658,21 @@ mod tests {
         assert_in_order(&r);
     }
 
-    #[test]
-    fn a_start_recorded_later_keeps_the_pinned_time() {
+    /// A trace, its writer, and an all_reduce whose start was pinned (after an idle, so by a
+    /// clock read) 2 ms ago and not recorded.
+    fn pinned_2_ms_ago() -> (Arc<CommTrace>, TraceWriter, OpRecord) {
         let t = CommTrace::new(meta(), 10);
         let mut w = t.writer();
-        let mut a = t.submit(false, 1, "all_reduce", None, Duration::from_secs(1));
+        let a = t.submit(false, 1, "all_reduce", None, Duration::from_secs(1));
         w.idle();
         w.pin_start(&a);
         std::thread::sleep(Duration::from_millis(2));
+        (t, w, a)
+    }
+
+    #[test]
+    fn a_start_recorded_later_keeps_the_pinned_time() {
+        let (t, mut w, mut a) = pinned_2_ms_ago();
         assert!(!a.is_started());
         w.start(&mut a, || info("all_reduce"), None, None);
         assert!(a.is_started());
@@ -1677,12 +1684,7 @@ mod tests {
 
     #[test]
     fn a_pinned_start_is_written_whole_later_and_dumps_wait_for_it() {
-        let t = CommTrace::new(meta(), 10);
-        let mut w = t.writer();
-        let mut a = t.submit(false, 1, "all_reduce", None, Duration::from_secs(1));
-        w.idle();
-        w.pin_start(&a);
-        std::thread::sleep(Duration::from_millis(2));
+        let (t, mut w, mut a) = pinned_2_ms_ago();
         let details = || OpInfo {
             dtype: Some("float32"),
             count: Some(2),

@@ -219,8 +219,8 @@ impl Executor {
         if let Some(next) = poll() {
             return next;
         }
-        // Polling: the trace's anchor stays valid, refreshed every few polls, where the last
-        // operation's record is written too.
+        // Polling: the trace's anchor stays valid, refreshed every few polls, where the oldest
+        // unwritten record is written too.
         let (tracer, unwritten) = (&mut self.tracer, &mut self.unwritten);
         let mark = || {
             Unwritten::write_oldest(unwritten, tracer);
@@ -312,9 +312,7 @@ impl Executor {
                 if let Some(u) = task.complete_deferred(&mut self.tracer) {
                     if self.unwritten.len() == UNWRITTEN_MAX {
                         // None of the last operations waited: the oldest, after the signal.
-                        if let Some(oldest) = self.unwritten.pop_front() {
-                            oldest.write(&mut self.tracer);
-                        }
+                        Unwritten::write_oldest(&mut self.unwritten, &mut self.tracer);
                     }
                     self.unwritten.push_back(u);
                 }

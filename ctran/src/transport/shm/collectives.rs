@@ -108,8 +108,8 @@ pub struct ShmCtx<'a> {
     /// Told when this rank starts to wait for its peers ([`Waiting::Begins`], at the first
     /// poll that finds them not ready) and when a wait lasts ([`Waiting::Lasts`], after
     /// [`LONG_WAIT`]), in every wait. The progress thread does its trace's writing there,
-    /// where it only waits anyway: the previous operation's record at the first, this
-    /// operation's start at the second (a hang always waits that long, so a live dump shows
+    /// where it only waits anyway: the oldest of the earlier operations' unwritten records at
+    /// the first, all of them and this operation's start at the second (a hang always waits that long, so a live dump shows
     /// it started; an operation whose peers are on time never does, and its record is
     /// written whole after it completed).
     pub waiting: &'a mut dyn FnMut(Waiting),
@@ -762,11 +762,10 @@ mod tests {
         let deadline = Instant::now() + Duration::from_secs(5);
         let t0 = Instant::now();
         let mut told = Vec::new();
-        let ready_after = |d: Duration| move |_: &Node| t0.elapsed() >= d;
         wait_telling(
             &node,
             &mut |w| told.push((w, t0.elapsed())),
-            ready_after(LONG_WAIT * 4),
+            |_| t0.elapsed() >= LONG_WAIT * 4,
             deadline,
             &mut || Ok(()),
         )
