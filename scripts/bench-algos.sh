@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Every algorithm of every collective against `auto`, over TCP between local ranks: the tables of
 # docs/perf/algorithms.md. For 2, 4 and 8 ranks, 8 B to 64 MB (x2 steps), it runs
-# `torchcomms-perf --algo all` (each size timed with every algorithm in turn, the best of
-# several rounds kept) and writes one markdown table per (ranks, op) with the time of every
-# algorithm and of auto, then a summary of where auto is within 10% of the best algorithm.
+# `torchcomms-perf --algo all` (each size timed with every algorithm in turn, several rounds,
+# every round's time kept) and writes one markdown table per (ranks, op) with the best round of
+# every algorithm and of auto, then a summary of where auto is within 10% of the best algorithm
+# by the median of same-round ratios (scripts/bench/algos_report.py).
 #
 #   scripts/bench-algos.sh [--out FILE]
 #
 # Environment: NS (rank counts, default "2 4 8"), OPS (comma-separated, default every
 # collective), MAX (largest size, default 64M), ROUNDS_SMALL / ROUNDS_LARGE (rounds below and from
-# 1 MiB, default 5 and 3), PERF (the binary; default: built here). Shared memory is off
+# 1 MiB, default 15 and 5), PERF (the binary; default: built here). Shared memory is off
 # (CTRAN_BACKENDS=socket), so every algorithm and auto run over TCP on loopback. About 10 minutes
 # on a 2-core machine. The raw tables and JSON rows stay in $KEEP when it is set.
 set -euo pipefail
@@ -24,8 +25,8 @@ done
 NS=${NS:-2 4 8}
 OPS=${OPS:-all_reduce,all_gather,reduce_scatter,broadcast,all_to_all,reduce,scatter,gather}
 MAX=${MAX:-64M}
-ROUNDS_SMALL=${ROUNDS_SMALL:-5}
-ROUNDS_LARGE=${ROUNDS_LARGE:-3}
+ROUNDS_SMALL=${ROUNDS_SMALL:-15}
+ROUNDS_LARGE=${ROUNDS_LARGE:-5}
 PYTHON=${PYTHON:-python3}
 if [ -z "${PERF:-}" ]; then
     cargo build --release -q -p torchcomms-perf

@@ -43,6 +43,35 @@ pub(crate) struct Row {
     /// Mismatching elements summed over ranks; `None` when not checked.
     wrong: Option<u64>,
     nranks: usize,
+    /// With `--rounds`: the time of every round, in order (`time_us` is the best). Rounds time
+    /// every algorithm in turn, so round `k` of two algorithms saw about the same background
+    /// load: their paired ratios cancel what drifts between rounds.
+    #[serde(skip_serializing_if = "one_round")]
+    rounds_us: Vec<f64>,
+}
+
+fn one_round(rounds: &[f64]) -> bool {
+    rounds.len() < 2
+}
+
+/// How much slower `a` is than `b`: the median over rounds of their paired ratios (see
+/// [`Row::rounds_us`]); with one round, the ratio of the two times.
+fn paired_ratio(a: &Row, b: &Row) -> f64 {
+    let ratios: Vec<f64> = a
+        .rounds_us
+        .iter()
+        .zip(&b.rounds_us)
+        .filter(|&(_, &y)| y > 0.0)
+        .map(|(x, y)| x / y)
+        .collect();
+    if ratios.is_empty() {
+        return if b.time_us > 0.0 {
+            a.time_us / b.time_us
+        } else {
+            1.0
+        };
+    }
+    crate::ab::median(&ratios)
 }
 
 /// Bytes and element count of the operation's largest buffer for a requested size.
@@ -384,11 +413,12 @@ impl Bench<'_> {
             busbw_gbps: algbw * op.bus_factor(self.n),
             wrong,
             nranks: self.n,
+            rounds_us: Vec::new(),
         }))
     }
 
     /// Times one (op, dtype, redop, size) with each of `algos`, `--rounds` times in turn, and
-    /// keeps the best round of each; checks the first round.
+    /// keeps the best round of each, with every round's time; checks the first round.
     fn measure_all(
         &self,
         op: CollOp,
@@ -425,14 +455,20 @@ impl Bench<'_> {
                         "n/a",
                         short_reason(&why)
                     )),
-                    (Ok(row), Some(Entry::Row(old))) if old.time_us <= row.time_us => {
+                    (Ok(row), Some(Entry::Row(mut old))) if old.time_us <= row.time_us => {
+                        old.rounds_us.push(row.time_us);
                         Entry::Row(old)
                     }
                     (Ok(mut row), Some(Entry::Row(old))) => {
                         row.wrong = old.wrong;
+                        row.rounds_us = old.rounds_us;
+                        row.rounds_us.push(row.time_us);
                         Entry::Row(row)
                     }
-                    (Ok(row), _) => Entry::Row(row),
+                    (Ok(mut row), _) => {
+                        row.rounds_us.push(row.time_us);
+                        Entry::Row(row)
+                    }
                 });
             }
         }
@@ -569,7 +605,9 @@ impl Printer {
     ) -> (usize, usize) {
         self.line("#");
         self.line(format!(
-            "# {}: auto against the best algorithm (time of the best round)",
+            "# {}: auto against the best algorithm: best round of each; auto/best is the median over \
+             rounds of auto's time over the algorithm's in the same round, for the algorithm it is \
+             largest for",
             op.name()
         ));
         self.line(format!(
@@ -586,17 +624,12 @@ impl Printer {
                 .enumerate()
                 .filter(|&(k, _)| k != auto)
                 .filter_map(|(k, e)| match e {
-                    Entry::Row(r) => Some((k, r)),
+                    Entry::Row(r) => Some((k, r, paired_ratio(a, r))),
                     Entry::Na(_) => None,
                 })
-                .min_by(|x, y| x.1.time_us.total_cmp(&y.1.time_us));
-            let Some((k, b)) = best else {
+                .max_by(|x, y| x.2.total_cmp(&y.2));
+            let Some((k, b, ratio)) = best else {
                 continue;
-            };
-            let ratio = if b.time_us > 0.0 {
-                a.time_us / b.time_us
-            } else {
-                1.0
             };
             of += 1;
             let ok = ratio <= AUTO_TOLERANCE;
@@ -958,6 +991,39 @@ fn peak_rss_kib() -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn timed(rounds: &[f64]) -> Row {
+        Row {
+            op: "all_reduce",
+            algo: None,
+            dtype: "f32",
+            redop: "sum",
+            root: None,
+            bytes: 8,
+            count: 2,
+            time_us: rounds.iter().copied().fold(f64::INFINITY, f64::min),
+            issue_us: 0.0,
+            algbw_gbps: 0.0,
+            busbw_gbps: 0.0,
+            wrong: None,
+            nranks: 2,
+            rounds_us: rounds.to_vec(),
+        }
+    }
+
+    #[test]
+    fn the_paired_ratio_is_the_median_of_same_round_ratios() {
+        // The best rounds alone (10 against 5) would say 2; one disturbed round of `b` (200)
+        // neither helps nor hurts the median of the pairs.
+        let (a, b) = (timed(&[10.0, 100.0, 30.0]), timed(&[20.0, 200.0, 5.0]));
+        assert_eq!(paired_ratio(&a, &b), 0.5);
+        assert_eq!(paired_ratio(&b, &a), 2.0);
+        // One round each: the plain ratio.
+        assert_eq!(paired_ratio(&timed(&[3.0]), &timed(&[2.0])), 1.5);
+        assert!(!serde_json::to_string(&timed(&[3.0]))
+            .unwrap()
+            .contains("rounds_us"));
+    }
 
     #[test]
     fn layouts_follow_nccl_tests() {

@@ -8,6 +8,11 @@ auto choices, DIR/*-N.err) and prints, per (ranks, op), the time of every algori
 every size, then where auto is within 10% of the best single algorithm: as measured, and by the
 algorithm it picked (that algorithm's own measurement, which takes the noise of the auto run
 itself out of the comparison).
+
+Rounds time every algorithm in turn, so round k of two algorithms saw about the same background
+load. "A within 10% of the best" means: for every algorithm B, the median over rounds of A's
+time over B's in the same round is at most 1.10 (rows without `rounds_us`, from one round,
+compare their single times).
 """
 
 import json
@@ -23,6 +28,24 @@ def size(b):
         if b >= 1 << shift and b % (1 << shift) == 0:
             return f"{b >> shift} {unit}"
     return f"{b} B"
+
+
+def median(v):
+    v = sorted(v)
+    m = len(v) // 2
+    return v[m] if len(v) % 2 else (v[m - 1] + v[m]) / 2
+
+
+def paired(a, b):
+    """How much slower row a is than row b: the median of their per-round ratios."""
+    ra, rb = a.get("rounds_us") or [a["time_us"]], b.get("rounds_us") or [b["time_us"]]
+    ratios = [x / y for x, y in zip(ra, rb) if y > 0]
+    return median(ratios) if ratios else 1.0
+
+
+def worst(a, others):
+    """(name, ratio) of the algorithm row a trails most, by paired ratio."""
+    return max(((k, paired(a, r)) for k, r in others.items()), key=lambda x: x[1], default=(None, None))
 
 
 def fmt(t):
@@ -77,6 +100,7 @@ def main():
                     algos.append(r["algo"])
             algos = [a for a in algos if a != "auto"]
             by = {(r["bytes"], r["algo"]): r["time_us"] for r in mine}
+            row = {(r["bytes"], r["algo"]): r for r in mine}
             sizes = sorted({r["bytes"] for r in mine})
             t = [f"#### {op}, {n} ranks", "",
                  "| size | " + " | ".join(algos) + " | auto | auto picks | auto/best | pick/best |",
@@ -94,14 +118,15 @@ def main():
                 ratio = pratio = ""
                 pick = chosen.get((op, s))
                 if best is not None and auto is not None and have[best] > 0:
-                    q = auto / have[best]
+                    others = {a: row[(s, a)] for a in have}
+                    best, q = worst(row[(s, "auto")], others)
                     ratio = f"{q:.2f}"
                     cnt_op += 1
                     if q <= TOLERANCE:
                         ok_op += 1
                     else:
                         ratio += " ✗"
-                    pq = have[pick] / have[best] if pick in have else None
+                    pq = worst(others[pick], others)[1] if pick in have else None
                     if pq is not None:
                         pcnt_op += 1
                         pratio = f"{pq:.2f}"
@@ -153,9 +178,11 @@ def main():
                   f"| {pick or '?'} | {pq} |")
         print()
     print("Times in microseconds (the best round; each round the average over the iterations "
-          "of the slowest rank); **bold**: the best single algorithm; n/a: the algorithm cannot "
-          "run that call; auto picks: the algorithm auto ran (from the engine's log); pick/best: "
-          "that algorithm's own time over the best.")
+          "of the slowest rank); **bold**: the algorithm with the best round; n/a: the algorithm "
+          "cannot run that call; auto picks: the algorithm auto ran (from the engine's log); "
+          "auto/best: the median over rounds of auto's time over another algorithm's in the same "
+          "round, for the algorithm where it is largest; pick/best: the same for the picked "
+          "algorithm's own runs.")
     print()
     print("\n\n".join(tables))
 
