@@ -30,11 +30,6 @@ use crate::algos::select::{Algo, Shape};
 /// 2 cores (`docs/perf/algorithms.md`).
 pub const HOP: f64 = 0.5;
 
-/// Extra cost per byte of algorithms that move whole halves step by step (recursive halving):
-/// a step's bytes must all arrive before they are reduced and passed on, where a ring overlaps
-/// pieces of consecutive steps. Fitted like [`HOP`].
-pub const STORE_FORWARD: f64 = 0.2;
-
 /// Parameters of the model, agreed by all ranks of a communicator.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CostModel {
@@ -127,8 +122,8 @@ pub fn profile(algo: Algo, shape: &Shape, n: usize, chunk: usize) -> Profile {
         AllReduceHalvingDoubling => {
             f.hops = 2.0 * lp + 2.0 * folded + (pcs(s / 2.0, c) - 1.0).max(0.0);
             f.messages = pf * 2.0 * halvings(s) + rem * 2.0 * pcs(s, c);
-            f.busiest = (1.0 + STORE_FORWARD) * 2.0 * (pf - 1.0) / pf * s + folded * s;
-            f.total = (1.0 + STORE_FORWARD) * 2.0 * (pf - 1.0) * s + rem * 2.0 * s;
+            f.busiest = 2.0 * (pf - 1.0) / pf * s + folded * s;
+            f.total = 2.0 * (pf - 1.0) * s + rem * 2.0 * s;
             f.reduced = (pf - 1.0) / pf * s + folded * s;
         }
         AllReduceDirect => {
@@ -196,8 +191,8 @@ pub fn profile(algo: Algo, shape: &Shape, n: usize, chunk: usize) -> Profile {
             let rounds = (shape.max_block as f64 / round).ceil().max(1.0);
             f.hops = rounds * (lp + 2.0 * folded);
             f.messages = rounds * (pf * lp + 2.0 * rem);
-            f.busiest = (1.0 + STORE_FORWARD) * (pf - 1.0) / pf * s + folded * s;
-            f.total = (1.0 + STORE_FORWARD) * (pf - 1.0) * s + rem * (s + b);
+            f.busiest = (pf - 1.0) / pf * s + folded * s;
+            f.total = (pf - 1.0) * s + rem * (s + b);
             f.reduced = (pf - 1.0) / pf * s + folded * s;
             f.copied = s;
         }
@@ -461,5 +456,14 @@ mod tests {
             let a = pick(&m, Collective::Broadcast, 8, n);
             assert_ne!(a, Algo::BroadcastChain, "8 B broadcast on {n} ranks");
         }
+        // Mid sizes on 4 oversubscribed ranks: halving-doubling, which measured fastest from
+        // 256 KiB to 8 MiB (docs/perf/algorithms.md, eleventh session): its halves move no
+        // more bytes than the ring's pieces, in fewer steps.
+        let a = pick(&model(4), Collective::AllReduce, 2 << 20, 4);
+        assert_eq!(
+            a,
+            Algo::AllReduceHalvingDoubling,
+            "2 MiB all_reduce on 4 ranks"
+        );
     }
 }
