@@ -16,7 +16,9 @@
 //!   cores is `kappa = ranks per host / cores` times slower than a rank alone: a rank that works
 //!   while others wait goes `kappa` times faster, but never faster than the host's cores allow
 //!   for everyone's bytes;
-//! - `R`: bytes reduced on the critical path, `P`: bytes copied through staging.
+//! - `R`: bytes reduced on the critical path, `P`: bytes copied through staging;
+//! - the bytes term of a ring or chain costs [`RING_STALL`] more on a host with more ranks than
+//!   cores.
 //!
 //! alpha, mu, beta and gamma are measured on the communicator's own transport at creation
 //! ([`calibrate`](super::calibrate)) or configured; the per-algorithm counts are below.
@@ -29,6 +31,12 @@ use crate::algos::select::{Algo, Shape};
 /// a collective the receiver is often awake already. Fitted on TCP loopback with 2 to 8 ranks on
 /// 2 cores (`docs/perf/algorithms.md`).
 pub const HOP: f64 = 0.5;
+
+/// Extra cost per byte of algorithms whose bytes pass every rank in turn (ring, chain) on a
+/// host with more ranks than cores: a stage waits whenever its neighbour is descheduled, where
+/// algorithms with fewer stages or all transfers in flight keep the cores busy. Fitted like
+/// [`HOP`] (ring against direct reduce_scatter and chain against tree broadcast on 4 ranks).
+pub const RING_STALL: f64 = 0.2;
 
 /// Parameters of the model, agreed by all ranks of a communicator.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -80,6 +88,8 @@ pub struct Profile {
     pub reduced: f64,
     /// Bytes copied through staging on the critical path.
     pub copied: f64,
+    /// Bytes pass every rank in turn (ring, chain): see [`RING_STALL`].
+    pub chained: bool,
 }
 
 fn log2_ceil(n: usize) -> f64 {
@@ -112,6 +122,7 @@ pub fn profile(algo: Algo, shape: &Shape, n: usize, chunk: usize) -> Profile {
     let mut f = Profile::default();
     match algo {
         AllReduceRing => {
+            f.chained = true;
             let k = pcs(b, c);
             f.hops = 2.0 * (nf - 1.0) + (k - 1.0).max(0.0);
             f.messages = nf * 2.0 * (nf - 1.0) * k;
@@ -145,6 +156,7 @@ pub fn profile(algo: Algo, shape: &Shape, n: usize, chunk: usize) -> Profile {
             f.copied = s;
         }
         AllGatherRing => {
+            f.chained = true;
             let k = pcs(b, c);
             f.hops = nf - 1.0 + (k - 1.0).max(0.0);
             f.messages = nf * (nf - 1.0) * k;
@@ -179,6 +191,7 @@ pub fn profile(algo: Algo, shape: &Shape, n: usize, chunk: usize) -> Profile {
             f.total = nf * (nf - 1.0) * b;
         }
         ReduceScatterRing => {
+            f.chained = true;
             let k = pcs(b, c);
             f.hops = nf - 1.0 + (k - 1.0).max(0.0);
             f.messages = nf * (nf - 1.0) * k;
@@ -213,6 +226,7 @@ pub fn profile(algo: Algo, shape: &Shape, n: usize, chunk: usize) -> Profile {
             f.total = (nf - 1.0) * s;
         }
         BroadcastChain => {
+            f.chained = true;
             let k = pcs(s, c);
             f.hops = nf - 1.0 + (k - 1.0).max(0.0);
             f.messages = (nf - 1.0) * k;
@@ -294,7 +308,12 @@ impl CostModel {
         let cores = (self.cores_per_host.max(1) as f64).min(q);
         let nf = n.max(1) as f64;
         let messages_host = f.messages * q / nf;
-        let bytes = (f.busiest / self.kappa(n)).max(f.total / nf);
+        let stall = if f.chained && self.kappa(n) > 1.0 {
+            1.0 + RING_STALL
+        } else {
+            1.0
+        };
+        let bytes = stall * (f.busiest / self.kappa(n)).max(f.total / nf);
         f.hops * HOP * self.alpha
             + messages_host / cores * self.mu
             + bytes * self.beta
@@ -464,6 +483,20 @@ mod tests {
             a,
             Algo::AllReduceHalvingDoubling,
             "2 MiB all_reduce on 4 ranks"
+        );
+        // Large reduce_scatter: the ring where every rank has a core, not where 4 ranks share
+        // 2 cores (direct measured 10-25% faster there from 2 MiB on).
+        let a = pick(&model(2), Collective::ReduceScatter, 16 << 20, 2);
+        assert_eq!(
+            a,
+            Algo::ReduceScatterRing,
+            "16 MiB reduce_scatter on 2 ranks"
+        );
+        let a = pick(&model(4), Collective::ReduceScatter, 16 << 20, 4);
+        assert_ne!(
+            a,
+            Algo::ReduceScatterRing,
+            "16 MiB reduce_scatter on 4 ranks"
         );
     }
 }
