@@ -1616,7 +1616,6 @@ mod tests {
         waited.note();
         let mut b = sub(2);
         assert_eq!(b.q.enqueued, ENQUEUED_AT_START, "no clock read");
-        // Shown queued with a real time until it starts.
         // Not shown queued (picked up within a poll), but counted as submitted.
         t.publish(b.queued());
         let d = t.snapshot();

@@ -605,9 +605,9 @@ impl Printer {
     ) -> (usize, usize) {
         self.line("#");
         self.line(format!(
-            "# {}: auto against the best algorithm: best round of each; auto/best is the median over \
-             rounds of auto's time over the algorithm's in the same round, for the algorithm it is \
-             largest for",
+            "# {}: auto against the best algorithm: the one auto trails most by the median over \
+             rounds of auto's time over its time in the same round (auto/best); times of the best \
+             round",
             op.name()
         ));
         self.line(format!(
@@ -1013,8 +1013,8 @@ mod tests {
 
     #[test]
     fn the_paired_ratio_is_the_median_of_same_round_ratios() {
-        // The best rounds alone (10 against 5) would say 2; one disturbed round of `b` (200)
-        // neither helps nor hurts the median of the pairs.
+        // The best rounds alone (10 against 5) would call `a` twice as slow; round by round it
+        // is twice as fast in two rounds of three.
         let (a, b) = (timed(&[10.0, 100.0, 30.0]), timed(&[20.0, 200.0, 5.0]));
         assert_eq!(paired_ratio(&a, &b), 0.5);
         assert_eq!(paired_ratio(&b, &a), 2.0);
