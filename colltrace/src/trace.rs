@@ -1125,12 +1125,13 @@ impl TraceWriter {
     }
 
     fn bump_started(&mut self, kind: RecordKind, seq: u64) {
-        let (k, ex) = (seq_index(kind), &self.trace.exec);
-        if kind != RecordKind::Comm && seq > self.started[k] {
-            self.started[k] = seq;
-            let c = [&ex.coll_started, &ex.p2p_started][k];
-            c.store(seq, Ordering::Release);
-        }
+        let ex = &self.trace.exec;
+        raise(
+            &mut self.started,
+            [&ex.coll_started, &ex.p2p_started],
+            kind,
+            seq,
+        );
     }
 
     /// The progress thread finished `rec` (also when it never started it). The first end
@@ -1170,12 +1171,13 @@ impl TraceWriter {
     }
 
     fn bump_completed(&mut self, kind: RecordKind, seq: u64) {
-        let (k, ex) = (seq_index(kind), &self.trace.exec);
-        if kind != RecordKind::Comm && seq > self.completed[k] {
-            self.completed[k] = seq;
-            let c = [&ex.coll_completed, &ex.p2p_completed][k];
-            c.store(seq, Ordering::Release);
-        }
+        let ex = &self.trace.exec;
+        raise(
+            &mut self.completed,
+            [&ex.coll_completed, &ex.p2p_completed],
+            kind,
+            seq,
+        );
     }
 
     /// Like [`TraceWriter::finish`], after `signal` told the caller that the operation is
@@ -1264,6 +1266,16 @@ impl TraceWriter {
             .exec
             .unwritten
             .store(self.unwritten, Ordering::Release);
+    }
+}
+
+/// Raises the sequence counter of `kind` (collective or p2p; communicator steps have none) to
+/// `seq`: the writer's own copy in `mine`, and the shared one in `shared` that dumps read.
+fn raise(mine: &mut [u64; 2], shared: [&AtomicU64; 2], kind: RecordKind, seq: u64) {
+    let k = seq_index(kind);
+    if kind != RecordKind::Comm && seq > mine[k] {
+        mine[k] = seq;
+        shared[k].store(seq, Ordering::Release);
     }
 }
 

@@ -18,6 +18,7 @@ compare their single times).
 import json
 import os
 import re
+import statistics
 import sys
 
 TOLERANCE = 1.10
@@ -30,17 +31,11 @@ def size(b):
     return f"{b} B"
 
 
-def median(v):
-    v = sorted(v)
-    m = len(v) // 2
-    return v[m] if len(v) % 2 else (v[m - 1] + v[m]) / 2
-
-
 def paired(a, b):
     """How much slower row a is than row b: the median of their per-round ratios."""
     ra, rb = a.get("rounds_us") or [a["time_us"]], b.get("rounds_us") or [b["time_us"]]
     ratios = [x / y for x, y in zip(ra, rb) if y > 0]
-    return median(ratios) if ratios else 1.0
+    return statistics.median(ratios) if ratios else 1.0
 
 
 def worst(a, others):

@@ -109,9 +109,9 @@ pub struct ShmCtx<'a> {
     /// poll that finds them not ready) and when a wait lasts ([`Waiting::Lasts`], after
     /// [`LONG_WAIT`]), in every wait. The progress thread does its trace's writing there,
     /// where it only waits anyway: the oldest of the earlier operations' unwritten records at
-    /// the first, all of them and this operation's start at the second (a hang always waits that long, so a live dump shows
-    /// it started; an operation whose peers are on time never does, and its record is
-    /// written whole after it completed).
+    /// the first, all of them and this operation's start at the second (a hang always waits
+    /// that long, so a live dump shows it started; an operation whose peers are on time never
+    /// does, and its record is written whole after it completed).
     pub waiting: &'a mut dyn FnMut(Waiting),
 }
 
