@@ -418,7 +418,9 @@ impl Bench<'_> {
     }
 
     /// Times one (op, dtype, redop, size) with each of `algos`, `--rounds` times in turn, and
-    /// keeps the best round of each, with every round's time; checks the first round.
+    /// keeps the best round of each, with every round's time; checks the first round. Each
+    /// round starts one algorithm later than the one before, so that no algorithm always runs
+    /// first (after the previous size's run) or always after the same one.
     fn measure_all(
         &self,
         op: CollOp,
@@ -429,7 +431,9 @@ impl Bench<'_> {
     ) -> Result<Vec<Entry>> {
         let mut best: Vec<Option<Entry>> = vec![None; algos.len()];
         for round in 0..self.s.rounds {
-            for (k, algo) in algos.iter().enumerate() {
+            for turn in 0..algos.len() {
+                let k = (turn + round as usize) % algos.len();
+                let algo = &algos[k];
                 if matches!(best[k], Some(Entry::Na(_))) {
                     continue;
                 }
