@@ -402,15 +402,7 @@ mod tests {
     }
 
     fn pick(m: &CostModel, c: Collective, bytes: usize, n: usize) -> Algo {
-        let sh = shape(c, bytes, n);
-        c.algos()
-            .iter()
-            .copied()
-            .filter(|&a| crate::algos::select::inapplicable(a, &sh, n, CHUNK).is_none())
-            .min_by(|&a, &b| {
-                m.cost(a, &sh, n, CHUNK)
-                    .total_cmp(&m.cost(b, &sh, n, CHUNK))
-            })
+        crate::algos::select::cheapest(m, &shape(c, bytes, n), n, CHUNK)
             .expect("some algorithm applies")
     }
 

@@ -443,6 +443,25 @@ pub fn inapplicable(algo: Algo, shape: &Shape, n: usize, chunk_bytes: usize) -> 
     }
 }
 
+/// The algorithm that `model` predicts fastest for a call of `shape` on `n` ranks with staging
+/// chunks of `chunk_bytes`, among those that can run it (the first of equals, in
+/// [`Collective::algos`] order); `None` when none can.
+pub fn cheapest(model: &CostModel, shape: &Shape, n: usize, chunk_bytes: usize) -> Option<Algo> {
+    // Ranks of an all_to_all_v may see different sizes: unless the caller declared uniform
+    // blocks, Bruck is inapplicable and the rest send the same messages.
+    let mut best: Option<(f64, Algo)> = None;
+    for &a in shape.collective.algos() {
+        if inapplicable(a, shape, n, chunk_bytes).is_some() {
+            continue;
+        }
+        let t = model.cost(a, shape, n, chunk_bytes);
+        if best.is_none_or(|(bt, _)| t < bt) {
+            best = Some((t, a));
+        }
+    }
+    best.map(|(_, a)| a)
+}
+
 /// Cost-model parameters given by configuration instead of measured.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct CostOverrides {
@@ -626,20 +645,7 @@ impl Selector {
     /// The cost model's pick for `shape` (the default model before calibration).
     fn auto(&self, shape: &Shape) -> Algo {
         let model = self.model().unwrap_or_default();
-        let c = shape.collective;
-        let candidates = c.algos().iter().copied().filter(|&a| {
-            // Ranks of an all_to_all_v may see different sizes: unless the caller declared
-            // uniform blocks, Bruck is inapplicable and the rest send the same messages.
-            inapplicable(a, shape, self.n, self.chunk_bytes).is_none()
-        });
-        let mut best: Option<(f64, Algo)> = None;
-        for a in candidates {
-            let t = model.cost(a, shape, self.n, self.chunk_bytes);
-            if best.is_none_or(|(bt, _)| t < bt) {
-                best = Some((t, a));
-            }
-        }
-        best.map_or(c.algos()[0], |(_, a)| a)
+        cheapest(&model, shape, self.n, self.chunk_bytes).unwrap_or(shape.collective.algos()[0])
     }
 }
 

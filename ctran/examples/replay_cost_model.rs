@@ -1,0 +1,188 @@
+//! Replays recorded benchmark runs through the cost model: where would auto's pick be within
+//! 10% of the best algorithm? Tunes the model without running the benchmark again.
+//!
+//! Reads the directories that `KEEP=DIR scripts/bench-algos.sh` leaves: per rank count `N`,
+//! `small-N.json` and `large-N.json` (every algorithm's time in every round) and `small-N.err`
+//! and `large-N.err` (the engine's log: the model calibrated in that run, and the shape of each
+//! call). For every (ranks, op, size) it asks this build's model for its pick, with the run's own
+//! parameters, and compares the pick's rounds with every other algorithm's, round by round, as
+//! `scripts/bench/algos_report.py` does (the median of same-round ratios). Prints the points
+//! beyond 10% (with `--all`, every point) and a count per directory.
+//!
+//! ```text
+//! cargo run --release -p ctran --example replay_cost_model -- /tmp/run1 /tmp/run2
+//! ```
+
+use std::collections::BTreeMap;
+
+use ctran::algos::select::{cheapest, Collective, CostModel, Shape};
+
+/// Staging chunk of the recorded runs (`CTRAN_CHUNK_BYTES`, default).
+const CHUNK: usize = 1 << 20;
+/// "Within 10%".
+const WITHIN: f64 = 1.10;
+
+/// Times of every round, per algorithm, per (op, bytes).
+type Rounds = BTreeMap<(String, usize), BTreeMap<String, Vec<f64>>>;
+
+/// The text after `key` up to the next separator.
+fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    let rest = &line[line.find(key)? + key.len()..];
+    let end = rest.find([',', ' ', '}', ']']).unwrap_or(rest.len());
+    Some(&rest[..end])
+}
+
+fn number<T: std::str::FromStr>(line: &str, key: &str) -> Result<T, String> {
+    field(line, key)
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| format!("no {key:?} in {line:?}"))
+}
+
+/// The model rank 0 agreed on, from the engine's log.
+fn model_of(log: &str) -> Result<CostModel, String> {
+    let line = log
+        .lines()
+        .find(|l| l.contains("cost model agreed") && l.contains("rank=0 "))
+        .ok_or("no \"cost model agreed\" line of rank 0 (RUST_LOG must include debug)")?;
+    Ok(CostModel {
+        alpha: number(line, "alpha: ")?,
+        mu: number(line, "mu: ")?,
+        beta: number(line, "beta: ")?,
+        gamma: number(line, "gamma: ")?,
+        ranks_per_host: number(line, "ranks_per_host: ")?,
+        cores_per_host: number(line, "cores_per_host: ")?,
+        measured: true,
+    })
+}
+
+/// The shape of every call auto chose for, by (op name, bytes).
+fn shapes_of(log: &str) -> Result<BTreeMap<(String, usize), Shape>, String> {
+    let mut shapes = BTreeMap::new();
+    for line in log.lines().filter(|l| l.contains("auto choice shape=")) {
+        let name = field(line, "collective: ").unwrap_or_default();
+        let Some(collective) = Collective::ALL
+            .into_iter()
+            .find(|c| format!("{c:?}") == name)
+        else {
+            return Err(format!("unknown collective in {line:?}"));
+        };
+        let shape = Shape {
+            collective,
+            bytes: number(line, "bytes: ")?,
+            max_block: number(line, "max_block: ")?,
+            equal: number(line, "equal: ")?,
+            elem: number(line, "elem: ")?,
+            uniform: number(line, "uniform: ")?,
+        };
+        shapes.insert((collective.name().to_string(), shape.bytes), shape);
+    }
+    Ok(shapes)
+}
+
+fn rounds_of(json: &str) -> Result<Rounds, String> {
+    let rows: Vec<serde_json::Value> = serde_json::from_str(json).map_err(|e| e.to_string())?;
+    let mut out = Rounds::new();
+    for r in &rows {
+        let (Some(op), Some(algo), Some(bytes)) =
+            (r["op"].as_str(), r["algo"].as_str(), r["bytes"].as_u64())
+        else {
+            continue;
+        };
+        let rounds: Vec<f64> = match r["rounds_us"].as_array() {
+            Some(a) => a.iter().filter_map(|x| x.as_f64()).collect(),
+            None => r["time_us"].as_f64().into_iter().collect(),
+        };
+        out.entry((op.to_string(), bytes as usize))
+            .or_default()
+            .insert(algo.to_string(), rounds);
+    }
+    Ok(out)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let m = v.len() / 2;
+    if v.len() % 2 == 1 {
+        v[m]
+    } else {
+        (v[m - 1] + v[m]) / 2.0
+    }
+}
+
+/// How much slower `a` is than `b`: the median of their same-round ratios.
+fn paired(a: &[f64], b: &[f64]) -> f64 {
+    median(a.iter().zip(b).map(|(x, y)| x / y).collect())
+}
+
+/// Points of one directory: (within 10%, replayed).
+fn replay(dir: &str, all: bool) -> Result<(usize, usize), String> {
+    let (mut within, mut total) = (0, 0);
+    for n in 1..=64 {
+        for part in ["small", "large"] {
+            let Ok(log) = std::fs::read_to_string(format!("{dir}/{part}-{n}.err")) else {
+                continue;
+            };
+            let json = std::fs::read_to_string(format!("{dir}/{part}-{n}.json"))
+                .map_err(|e| format!("{dir}/{part}-{n}.json: {e}"))?;
+            let model = model_of(&log)?;
+            let shapes = shapes_of(&log)?;
+            for (key, algos) in rounds_of(&json)? {
+                let Some(shape) = shapes.get(&key) else {
+                    continue; // never reached the selector (an empty call)
+                };
+                let Some(pick) = cheapest(&model, shape, n, CHUNK) else {
+                    continue;
+                };
+                let Some(mine) = algos.get(pick.name()) else {
+                    continue;
+                };
+                let (worst, against) = algos
+                    .iter()
+                    .filter(|(name, _)| *name != "auto")
+                    .map(|(name, r)| (paired(mine, r), name.as_str()))
+                    .fold((1.0, ""), |w, x| if x.0 > w.0 { x } else { w });
+                total += 1;
+                let ok = worst <= WITHIN;
+                within += usize::from(ok);
+                if all || !ok {
+                    println!(
+                        "{} {n} ranks {:>14} {:>10} B: picks {:<18} {worst:.2}x {against}",
+                        if ok { " " } else { "X" },
+                        key.0,
+                        key.1,
+                        pick.name()
+                    );
+                }
+            }
+        }
+    }
+    Ok((within, total))
+}
+
+fn main() {
+    let mut all = false;
+    let mut dirs = Vec::new();
+    for a in std::env::args().skip(1) {
+        match a.as_str() {
+            "--all" => all = true,
+            "-h" | "--help" => {
+                eprintln!("usage: replay_cost_model [--all] DIR...  (KEEP directories of scripts/bench-algos.sh)");
+                return;
+            }
+            _ => dirs.push(a),
+        }
+    }
+    if dirs.is_empty() {
+        eprintln!("usage: replay_cost_model [--all] DIR...");
+        std::process::exit(2);
+    }
+    for dir in dirs {
+        match replay(&dir, all) {
+            Ok((within, total)) => println!("{dir}: the pick is within 10% at {within} of {total}"),
+            Err(e) => {
+                eprintln!("{dir}: {e}");
+                std::process::exit(1);
+            }
+        }
+    }
+}
