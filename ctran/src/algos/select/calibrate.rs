@@ -12,9 +12,10 @@
 //!    round (page faults, socket buffers growing); the median round trip, robust to a round that
 //!    lost the CPU, and the mean of the exchanges, whose rounds overlap; and a local reduction of
 //!    `BETA_BYTES` (about 10 ms in all with 8 ranks on 2 loaded cores, well under 50 ms);
-//! 3. a ring all_reduce(max) of the parameters (configured values where given), so every rank
-//!    holds bitwise the same model and auto picks the same algorithm everywhere. The maximum
-//!    also makes the slowest link (and the slowest transport) set the parameters.
+//! 3. ring all_reduces of the parameters (configured values where given), so every rank holds
+//!    bitwise the same model and auto picks the same algorithm everywhere: the maximum of alpha,
+//!    mu and gamma, so that the slowest link (and the slowest transport) sets them, and the mean
+//!    of beta (see [`agree`]).
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::time::Instant;
@@ -174,6 +175,22 @@ fn reduce_rate() -> f64 {
     best / BETA_BYTES as f64
 }
 
+/// The parameters every rank uses, from each rank's `[alpha, mu, beta, gamma]`: the maximum of
+/// alpha, mu and gamma, and the mean of beta. The ring exchanges that beta comes from overlap,
+/// so a rank's own time depends on when it left the barrier: one that leaves late finds its data
+/// waiting, one that leaves early waits for its neighbour. With 8 ranks on 2 cores one
+/// calibration measured between -0.2 and 5.6 ns/B on different ranks, a mean of 2.1, while large
+/// collectives move about 2.6 ns/B per rank there: the maximum took the unluckiest phase. A slow
+/// link still shows in the mean, since it holds up the whole ring.
+fn agree(cx: &mut OpCtx<'_>, local: [f64; 4]) -> Result<[f64; 4]> {
+    let [alpha, mu, beta, gamma] = local;
+    let mut most = [alpha, mu, gamma];
+    all_reduce::ring::run(cx, span_of(&mut most), DataType::F64, ReduceOp::Max)?;
+    let mut mean = [beta];
+    all_reduce::ring::run(cx, span_of(&mut mean), DataType::F64, ReduceOp::Avg)?;
+    Ok([most[0], most[1], mean[0], most[2]])
+}
+
 /// Measures (where not configured) and agrees on the cost model; every rank of the
 /// communicator must call it at the same point of its operation stream.
 pub fn run(cx: &mut OpCtx<'_>, given: &CostOverrides) -> Result<CostModel> {
@@ -239,13 +256,13 @@ pub fn run(cx: &mut OpCtx<'_>, given: &CostOverrides) -> Result<CostModel> {
     if let Some(gbps) = given.gamma_gbps {
         gamma = 1.0 / (gbps * 1e9);
     }
-    let mut agreed = [alpha, mu, beta, gamma];
-    all_reduce::ring::run(cx, span_of(&mut agreed), DataType::F64, ReduceOp::Max)?;
+    let local = [alpha, mu, beta, gamma];
+    let [alpha, mu, beta, gamma] = agree(cx, local)?;
     let model = CostModel {
-        alpha: agreed[0],
-        mu: agreed[1],
-        beta: agreed[2],
-        gamma: agreed[3],
+        alpha,
+        mu,
+        beta,
+        gamma,
         ranks_per_host,
         cores_per_host: cores_per_host.max(1),
         measured: measure,
@@ -253,6 +270,7 @@ pub fn run(cx: &mut OpCtx<'_>, given: &CostOverrides) -> Result<CostModel> {
     tracing::debug!(
         rank = cx.rank,
         ?model,
+        ?local,
         took_ms = start.elapsed().as_secs_f64() * 1e3,
         "cost model agreed"
     );
