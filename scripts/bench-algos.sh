@@ -12,7 +12,9 @@
 # collective), MAX (largest size, default 64M), ROUNDS_SMALL / ROUNDS_LARGE (rounds below and from
 # 1 MiB, default 15 and 5), PERF (the binary; default: built here). Shared memory is off
 # (CTRAN_BACKENDS=socket), so every algorithm and auto run over TCP on loopback. About 10 minutes
-# on a 2-core machine. The raw tables and JSON rows stay in $KEEP when it is set.
+# on a 2-core machine. The raw tables and JSON rows stay in $KEEP when it is set; then
+# `cargo run --release -p ctran --example replay_cost_model -- $KEEP` replays them through the
+# cost model of the build at hand (where would its picks be within 10%?).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=/dev/stdout

@@ -38,7 +38,7 @@ pub const HOP: f64 = 0.5;
 /// algorithms in which every rank works in every step (halving-doubling, recursive doubling) or
 /// all transfers are in flight (direct) keep the cores busy. Fitted like [`HOP`] (ring against
 /// direct reduce_scatter on 4 ranks; tree against halving-doubling all_reduce at 256 KiB-1 MiB
-/// on 4 and 8 ranks, where their bytes are equal and the tree measured 1.15-1.4x slower).
+/// on 4 and 8 ranks, where their bytes are equal and the tree measured up to 1.4x slower).
 pub const RING_STALL: f64 = 0.1;
 
 /// Parameters of the model, agreed by all ranks of a communicator.
@@ -524,7 +524,7 @@ mod tests {
         // Small: the tree's 14 messages against halving-doubling's 48.
         assert_eq!(ar(64 << 10), Algo::AllReduceTree, "64 KiB all_reduce");
         // Below one chunk the tree moves the same bytes as halving-doubling along 6 levels in
-        // turn, and measured 1.15-1.4x slower at 512 KiB and 1 MiB.
+        // turn, and measured 1.02-1.43x slower at 512 KiB and 1 MiB.
         for bytes in [512 << 10, 1 << 20] {
             assert_eq!(
                 ar(bytes),
