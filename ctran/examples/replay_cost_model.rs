@@ -15,7 +15,7 @@
 
 use std::collections::BTreeMap;
 
-use ctran::algos::select::{cheapest, Collective, CostModel, Shape};
+use ctran::algos::select::{calibrate, cheapest, Collective, CostModel, Shape};
 
 /// Staging chunk of the recorded runs (`CTRAN_CHUNK_BYTES`, default).
 const CHUNK: usize = 1 << 20;
@@ -99,19 +99,10 @@ fn rounds_of(json: &str) -> Result<Rounds, String> {
     Ok(out)
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let m = v.len() / 2;
-    if v.len() % 2 == 1 {
-        v[m]
-    } else {
-        (v[m - 1] + v[m]) / 2.0
-    }
-}
-
 /// How much slower `a` is than `b`: the median of their same-round ratios.
 fn paired(a: &[f64], b: &[f64]) -> f64 {
-    median(a.iter().zip(b).map(|(x, y)| x / y).collect())
+    let mut ratios: Vec<f64> = a.iter().zip(b).map(|(x, y)| x / y).collect();
+    calibrate::median(&mut ratios)
 }
 
 /// Points of one directory: (within 10%, replayed).

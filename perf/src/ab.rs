@@ -31,14 +31,7 @@ pub(crate) fn median(v: &[f64]) -> f64 {
     if v.is_empty() {
         return f64::NAN;
     }
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    let m = s.len() / 2;
-    if s.len() % 2 == 1 {
-        s[m]
-    } else {
-        (s[m - 1] + s[m]) / 2.0
-    }
+    ctran::algos::select::calibrate::median(&mut v.to_vec())
 }
 
 /// Resamples drawn for the bootstrap interval.

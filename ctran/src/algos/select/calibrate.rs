@@ -91,8 +91,9 @@ fn median_of(rounds: usize, mut round: impl FnMut() -> Result<()>) -> Result<f64
     Ok(median(&mut times))
 }
 
-/// The median of `v` (the mean of the middle two for an even count; 0 when empty).
-fn median(v: &mut [f64]) -> f64 {
+/// The median of `v` (the mean of the middle two for an even count; 0 when empty), sorting `v`
+/// in place.
+pub fn median(v: &mut [f64]) -> f64 {
     if v.is_empty() {
         return 0.0;
     }
