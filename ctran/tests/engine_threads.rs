@@ -298,7 +298,8 @@ fn gathers_scatters_and_all_to_all_with_uneven_blocks() {
 fn async_p2p_exchange_in_both_directions_does_not_deadlock() {
     with_ranks(2, "p2p", |c| {
         let peer = 1 - c.rank();
-        let count = 300_000; // larger than socket buffers
+        // 2.4 MB: larger than socket buffers and than the 1 MiB that one system call moves
+        let count = 300_000;
         let mut send: Vec<i64> = (0..count).map(|i| val(c.rank(), i)).collect();
         let mut recv = vec![0i64; count];
         let s = c.submit(

@@ -20,6 +20,13 @@ const FLAG_BYE: u32 = 2;
 /// Longest abort reason sent.
 const MAX_REASON: usize = 1024;
 
+/// Most payload bytes one system call sends or receives. Calls that copy many megabytes at once
+/// measured slower on TCP loopback (likely because the socket stays locked for the whole copy,
+/// so the segments that the other end moves meanwhile wait in a backlog): with 2 ranks a 64 MiB
+/// direct broadcast took 10-15.5 ms in 1 MiB calls against 18-19 ms in single calls, all_gather
+/// 8% less (`docs/perf/algorithms.md`, thirteenth session).
+const MAX_IO_BYTES: usize = 1 << 20;
+
 fn encode_header(len: usize, flags: u32) -> [u8; HEADER_LEN] {
     let mut h = [0u8; HEADER_LEN];
     h[0..4].copy_from_slice(&MAGIC.to_le_bytes());
@@ -261,7 +268,10 @@ impl Conn {
             while s.written < total {
                 let header_left = &s.header[s.written.min(HEADER_LEN)..];
                 let payload_from = s.written.saturating_sub(HEADER_LEN);
-                let payload = s.data.sub(payload_from, s.data.len() - payload_from);
+                let payload = s.data.sub(
+                    payload_from,
+                    (s.data.len() - payload_from).min(MAX_IO_BYTES),
+                );
                 // SAFETY: the span's owner keeps it valid and unmodified while the send is
                 // pending (Transport::post_send contract); the slice lives only for this call.
                 let r = unsafe {
@@ -303,7 +313,10 @@ impl Conn {
             while r.read < total {
                 let header_done = r.read >= HEADER_LEN;
                 let payload_from = r.read.saturating_sub(HEADER_LEN);
-                let payload = r.data.sub(payload_from, r.data.len() - payload_from);
+                let payload = r.data.sub(
+                    payload_from,
+                    (r.data.len() - payload_from).min(MAX_IO_BYTES),
+                );
                 let header_from = r.read.min(HEADER_LEN);
                 let header_buf = &mut self.recv_header[header_from..];
                 // SAFETY: the receive buffer is reserved for this request until it finishes
