@@ -38,14 +38,21 @@ fn number<T: std::str::FromStr>(line: &str, key: &str) -> Result<T, String> {
         .ok_or_else(|| format!("no {key:?} in {line:?}"))
 }
 
-/// The model rank 0 agreed on, from the engine's log.
+/// The model rank 0 agreed on, from the engine's log. Runs recorded before alpha was fitted to
+/// probes (their log line has no `probe_secs`) measured alpha as a one-way latency, of which a
+/// hop cost half.
 fn model_of(log: &str) -> Result<CostModel, String> {
     let line = log
         .lines()
         .find(|l| l.contains("cost model agreed") && l.contains("rank=0 "))
         .ok_or("no \"cost model agreed\" line of rank 0 (RUST_LOG must include debug)")?;
+    let per_hop = if line.contains("probe_secs=") {
+        1.0
+    } else {
+        0.5
+    };
     Ok(CostModel {
-        alpha: number(line, "alpha: ")?,
+        alpha: per_hop * number::<f64>(line, "alpha: ")?,
         mu: number(line, "mu: ")?,
         beta: number(line, "beta: ")?,
         gamma: number(line, "gamma: ")?,

@@ -4,18 +4,20 @@
 //! transport, in three parts:
 //! 1. a ring all_gather of a small record per rank (host, cores, whether it wants a
 //!    measurement), from which every rank derives the same ranks-per-host and cores-per-host;
-//! 2. unless every parameter is configured on every rank, a short measurement in which all ranks
-//!    at once exchange messages with their ring neighbours, after two barriers so that they start
-//!    together: `PING_ROUNDS` empty round trips between rank pairs (alpha, the hop latency),
-//!    `FAN_ROUNDS` rounds of an empty message to each of the next `FAN` ranks (mu, the CPU cost
-//!    of a message), `BETA_ROUNDS` ring exchanges of `BETA_BYTES` (beta), each after an untimed
-//!    round (page faults, socket buffers growing); the median round trip, robust to a round that
-//!    lost the CPU, and the mean of the exchanges, whose rounds overlap; and a local reduction of
-//!    `BETA_BYTES` (about 10 ms in all with 8 ranks on 2 loaded cores, well under 50 ms);
+//! 2. unless every parameter is configured on every rank, a short measurement, after two
+//!    barriers so that all ranks start together:
+//!    - alpha (per hop) and mu (per message) are fitted to three tiny collectives, each timed
+//!      `PROBE_ROUNDS` times (the median, robust to a round that lost the CPU) and agreed as the
+//!      slowest rank's time: a tree all_reduce (a chain of `2 log n` hops), the dissemination
+//!      barrier and a direct all_gather (one hop, `n(n-1)` messages). Every rank fits the same
+//!      agreed times ([`fit_latency`]), so it holds the same alpha and mu;
+//!    - beta from `BETA_ROUNDS` ring exchanges of `BETA_BYTES` after an untimed one (page faults,
+//!      socket buffers growing), less the cost of an empty exchange;
+//!    - gamma from a local reduction of `BETA_BYTES`;
+//!
+//!    about 7 ms in all with 4 ranks on 2 cores, 15-20 ms with 8, under 50 ms;
 //! 3. ring all_reduces of the parameters (configured values where given), so every rank holds
-//!    bitwise the same model and auto picks the same algorithm everywhere: the maximum of alpha,
-//!    mu and gamma, so that the slowest link (and the slowest transport) sets them, and the mean
-//!    of beta (see [`agree`]).
+//!    bitwise the same model and auto picks the same algorithm everywhere (see [`agree`]).
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::time::Instant;
@@ -24,18 +26,14 @@ use crate::algos::all_gather;
 use crate::algos::all_reduce;
 use crate::algos::barrier;
 use crate::algos::ctx::OpCtx;
-use crate::algos::select::{CostModel, CostOverrides};
+use crate::algos::select::{cost, Algo, Collective, CostModel, CostOverrides, Shape};
 use crate::error::Result;
 use crate::kernels::Reducer;
 use crate::span::Span;
 use crate::types::{DataType, ReduceOp};
 
-/// Round trips timed for alpha.
-const PING_ROUNDS: usize = 8;
-/// Most peers of the fan-out round timed for mu.
-const FAN: usize = 4;
-/// Fan-out rounds timed for mu.
-const FAN_ROUNDS: usize = 5;
+/// Rounds timed of each tiny collective that alpha and mu are fitted to.
+const PROBE_ROUNDS: usize = 21;
 /// Exchanges of `BETA_BYTES` timed for beta.
 const BETA_ROUNDS: usize = 3;
 /// Message size of the bandwidth measurement.
@@ -117,45 +115,115 @@ fn ring_exchange(cx: &mut OpCtx<'_>, bytes: usize, rounds: usize) -> Result<f64>
     mean_of(rounds, || cx.sendrecv(right, o, left, i))
 }
 
-/// Median seconds of one empty-message round trip between partners `r` and `r ^ 1`, all pairs
-/// at once; `None` on a rank without a partner (the last of an odd count).
-fn ping_pong(cx: &mut OpCtx<'_>, rounds: usize) -> Result<Option<f64>> {
-    let peer = cx.rank ^ 1;
-    if peer >= cx.size {
-        return Ok(None);
+/// The tiny collectives that alpha and mu are fitted to. Between them they span the mix of hops
+/// and messages of the algorithms: a tree all_reduce is a chain of `2 log n` hops with `2(n-1)`
+/// messages, in which most ranks wait at any time; the dissemination barrier has `log n` hops in
+/// which every rank sends; a direct all_gather has one hop and `n(n-1)` messages. On a host with
+/// more ranks than cores a hop that wakes a waiting rank costs far more than half an isolated
+/// round trip (10-40 us against 3-4 us on 4 ranks of 2 cores, docs/perf/algorithms.md), which
+/// only collectives like these show.
+const PROBES: [Algo; 3] = [
+    Algo::AllReduceTree,
+    Algo::BarrierDissemination,
+    Algo::AllGatherDirect,
+];
+
+/// The call of `probe` that is timed: 8 bytes for the all_reduce, one byte per rank for the
+/// all_gather.
+fn probe_shape(probe: Algo, n: usize) -> Shape {
+    let (bytes, max_block, elem) = match probe.collective() {
+        Collective::AllReduce => (8, 8, 4),
+        Collective::AllGather => (n, 1, 1),
+        _ => (0, 0, 1),
+    };
+    Shape {
+        collective: probe.collective(),
+        bytes,
+        max_block,
+        equal: true,
+        elem,
+        uniform: true,
     }
-    let first = cx.rank < peer;
-    median_of(rounds, || {
-        if first {
-            let s = cx.send(peer, Span::EMPTY)?;
-            let r = cx.recv(peer, Span::EMPTY)?;
-            cx.wait(r)?;
-            cx.wait(s)?;
-        } else {
-            let r = cx.recv(peer, Span::EMPTY)?;
-            cx.wait(r)?;
-            let s = cx.send(peer, Span::EMPTY)?;
-            cx.wait(s)?;
-        }
-        Ok(())
-    })
-    .map(Some)
 }
 
-/// Mean seconds of one round in which every rank sends an empty message to each of the next
-/// `k` ranks and receives one from each of the previous `k`.
-fn fan_exchange(cx: &mut OpCtx<'_>, k: usize, rounds: usize) -> Result<f64> {
-    let (n, r) = (cx.size, cx.rank);
-    mean_of(rounds, || {
-        let mut reqs = Vec::with_capacity(2 * k);
-        for d in 1..=k {
-            reqs.push(cx.recv((r + n - d) % n, Span::EMPTY)?);
+/// Median seconds of one run of `probe` on this rank.
+fn time_probe(cx: &mut OpCtx<'_>, probe: Algo) -> Result<f64> {
+    let n = cx.size;
+    let mut sum = [1f32; 2];
+    let mut mine = [0u8; 1];
+    let mut all = vec![0u8; n];
+    let out = span_of(&mut all);
+    let outputs: Vec<Span> = (0..n).map(|i| out.sub(i, 1)).collect();
+    median_of(PROBE_ROUNDS, || match probe {
+        Algo::AllReduceTree => {
+            sum = [1.0; 2];
+            all_reduce::tree::run(cx, span_of(&mut sum), DataType::F32, ReduceOp::Sum)
         }
-        for d in 1..=k {
-            reqs.push(cx.send((r + d) % n, Span::EMPTY)?);
-        }
-        cx.wait_all(&mut reqs)
+        Algo::AllGatherDirect => all_gather::direct::run(cx, span_of(&mut mine), &outputs),
+        _ => barrier::dissemination::run(cx),
     })
+}
+
+/// A timed probe as the model sees it: the seconds that one unit of alpha and one unit of mu
+/// add to it ([`CostModel::time`]), and the seconds it took.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Probe {
+    /// Seconds per second of alpha: the probe's hops.
+    pub per_alpha: f64,
+    /// Seconds per second of mu: its messages per core.
+    pub per_mu: f64,
+    /// Measured seconds.
+    pub secs: f64,
+}
+
+/// Least alpha and mu, in seconds.
+const LATENCY_FLOOR: f64 = 1e-7;
+
+/// Alpha and mu (seconds per hop and per message) that best explain `probes`, by least
+/// squares; a parameter given in `alpha` or `mu` is kept and only the other fitted. Neither goes
+/// below [`LATENCY_FLOOR`] (a host where messages cost nothing measurable could fit a negative
+/// one); then the other is fitted alone.
+pub fn fit_latency(probes: &[Probe], alpha: Option<f64>, mu: Option<f64>) -> (f64, f64) {
+    let per_alpha = |p: &Probe| p.per_alpha;
+    let per_mu = |p: &Probe| p.per_mu;
+    // The coefficient of `x` that fits the probes with the other one's `fixed` part removed.
+    let alone = |x: fn(&Probe) -> f64, other: fn(&Probe) -> f64, fixed: f64| {
+        let (xt, xx) = probes.iter().fold((0.0, 0.0), |(xt, xx), p| {
+            (xt + x(p) * (p.secs - other(p) * fixed), xx + x(p) * x(p))
+        });
+        if xx > 0.0 {
+            (xt / xx).max(LATENCY_FLOOR)
+        } else {
+            LATENCY_FLOOR
+        }
+    };
+    match (alpha, mu) {
+        (Some(a), Some(m)) => (a, m),
+        (Some(a), None) => (a, alone(per_mu, per_alpha, a)),
+        (None, Some(m)) => (alone(per_alpha, per_mu, m), m),
+        (None, None) => match least_squares(probes) {
+            Some((a, m)) if a >= LATENCY_FLOOR && m >= LATENCY_FLOOR => (a, m),
+            Some((a, _)) if a >= LATENCY_FLOOR => {
+                (alone(per_alpha, per_mu, LATENCY_FLOOR), LATENCY_FLOOR)
+            }
+            _ => (LATENCY_FLOOR, alone(per_mu, per_alpha, LATENCY_FLOOR)),
+        },
+    }
+}
+
+/// The unconstrained least-squares (alpha, mu) of `probes`; `None` when the probes cannot tell
+/// the two apart.
+fn least_squares(probes: &[Probe]) -> Option<(f64, f64)> {
+    let (mut aa, mut am, mut mm, mut at, mut mt) = (0.0, 0.0, 0.0, 0.0, 0.0);
+    for p in probes {
+        aa += p.per_alpha * p.per_alpha;
+        am += p.per_alpha * p.per_mu;
+        mm += p.per_mu * p.per_mu;
+        at += p.per_alpha * p.secs;
+        mt += p.per_mu * p.secs;
+    }
+    let det = aa * mm - am * am;
+    (det > 1e-9 * aa * mm).then(|| ((at * mm - mt * am) / det, (mt * aa - at * am) / det))
 }
 
 /// Seconds per byte of an f32 sum on this core (best of three).
@@ -177,12 +245,14 @@ fn reduce_rate() -> f64 {
 }
 
 /// The parameters every rank uses, from each rank's `[alpha, mu, beta, gamma]`: the maximum of
-/// alpha, mu and gamma, and the mean of beta. The ring exchanges that beta comes from overlap,
-/// so a rank's own time depends on when it left the barrier: one that leaves late finds its data
-/// waiting, one that leaves early waits for its neighbour. With 8 ranks on 2 cores one
-/// calibration measured between -0.2 and 5.6 ns/B on different ranks, a mean of 2.1, while large
-/// collectives move about 2.6 ns/B per rank there: the maximum took the unluckiest phase. A slow
-/// link still shows in the mean, since it holds up the whole ring.
+/// alpha, mu and gamma, and the mean of beta. Measured alpha and mu are equal on every rank
+/// already (fitted to agreed probe times); the maximum matters where some ranks configured them.
+/// The ring exchanges that beta comes from overlap, so a rank's own time depends on when it left
+/// the barrier: one that leaves late finds its data waiting, one that leaves early waits for its
+/// neighbour. With 8 ranks on 2 cores one calibration measured between -0.2 and 5.6 ns/B on
+/// different ranks, a mean of 2.1, while large collectives move about 2.6 ns/B per rank there:
+/// the maximum took the unluckiest phase. A slow link still shows in the mean, since it holds up
+/// the whole ring.
 fn agree(cx: &mut OpCtx<'_>, local: [f64; 4]) -> Result<[f64; 4]> {
     let [alpha, mu, beta, gamma] = local;
     let mut most = [alpha, mu, gamma];
@@ -190,6 +260,18 @@ fn agree(cx: &mut OpCtx<'_>, local: [f64; 4]) -> Result<[f64; 4]> {
     let mut mean = [beta];
     all_reduce::ring::run(cx, span_of(&mut mean), DataType::F64, ReduceOp::Avg)?;
     Ok([most[0], most[1], mean[0], most[2]])
+}
+
+/// Times the [`PROBES`] and agrees on each one's time: the slowest rank's, which is how long the
+/// collective took.
+fn measure_probes(cx: &mut OpCtx<'_>) -> Result<[f64; PROBES.len()]> {
+    let mut secs = [0.0; PROBES.len()];
+    for (t, &probe) in secs.iter_mut().zip(&PROBES) {
+        barrier::dissemination::run(cx)?;
+        *t = time_probe(cx, probe)?;
+    }
+    all_reduce::ring::run(cx, span_of(&mut secs), DataType::F64, ReduceOp::Max)?;
+    Ok(secs)
 }
 
 /// Measures (where not configured) and agrees on the cost model; every rank of the
@@ -220,36 +302,51 @@ pub fn run(cx: &mut OpCtx<'_>, given: &CostOverrides) -> Result<CostModel> {
     let measure = n > 1 && records.iter().any(|rec| word(rec, 16) != 0);
 
     let defaults = CostModel::default();
-    let (mut alpha, mut mu, mut beta, mut gamma) =
-        (defaults.alpha, defaults.mu, defaults.beta, defaults.gamma);
+    let given_alpha = given.alpha_us.map(|us| us * 1e-6);
+    let given_mu = given.mu_us.map(|us| us * 1e-6);
+    let (mut alpha, mut mu) = (
+        given_alpha.unwrap_or(defaults.alpha),
+        given_mu.unwrap_or(defaults.mu),
+    );
+    let (mut beta, mut gamma) = (defaults.beta, defaults.gamma);
+    let mut probe_secs = [0.0; PROBES.len()];
     if measure {
         // Everyone in step first, so the timings do not include a late rank's start.
         barrier::dissemination::run(cx)?;
         barrier::dissemination::run(cx)?;
-        // Hop latency: half a round trip, every pair at once (a rank without a partner has no
-        // say; the agreement below takes the maximum).
-        let rtt = ping_pong(cx, PING_ROUNDS)?;
-        alpha = rtt.map_or(0.0, |t| t / 2.0);
-        // CPU per message: a round in which every rank sends `fan` messages costs about alpha
-        // plus the host's messages shared by its cores.
-        let fan = (n - 1).min(FAN);
+        probe_secs = measure_probes(cx)?;
+        // What one second of alpha or of mu adds to a probe, in the model of these hosts.
+        let unit = |alpha: f64, mu: f64| CostModel {
+            alpha,
+            mu,
+            beta: 0.0,
+            gamma: 0.0,
+            ranks_per_host,
+            cores_per_host: cores_per_host.max(1),
+            measured: true,
+        };
+        let probes: Vec<Probe> = PROBES
+            .iter()
+            .zip(probe_secs)
+            .map(|(&algo, secs)| {
+                let f = cost::profile(algo, &probe_shape(algo, n), n, usize::MAX);
+                Probe {
+                    per_alpha: unit(1.0, 0.0).time(&f, n),
+                    per_mu: unit(0.0, 1.0).time(&f, n),
+                    secs,
+                }
+            })
+            .collect();
+        (alpha, mu) = fit_latency(&probes, given_alpha, given_mu);
+        // Bandwidth with every rank moving data, beyond the cost of an empty exchange (one hop,
+        // one message per rank).
         let q = ranks_per_host.clamp(1, n) as f64;
         let cores = (cores_per_host.max(1) as f64).min(q);
-        barrier::dissemination::run(cx)?;
-        let wide = fan_exchange(cx, fan, FAN_ROUNDS)?;
-        mu = ((wide - alpha) * cores / (q * fan as f64)).max(wide / 20.0);
-        // Bandwidth with every rank moving data, beyond the cost of an empty round.
-        let ring = alpha + q * mu / cores;
+        let empty = alpha + q * mu / cores;
         barrier::dissemination::run(cx)?;
         let big = ring_exchange(cx, BETA_BYTES, BETA_ROUNDS)?;
-        beta = (big - ring).max(big / 4.0) / BETA_BYTES as f64;
+        beta = (big - empty).max(big / 4.0) / BETA_BYTES as f64;
         gamma = reduce_rate();
-    }
-    if let Some(us) = given.alpha_us {
-        alpha = us * 1e-6;
-    }
-    if let Some(us) = given.mu_us {
-        mu = us * 1e-6;
     }
     if let Some(gbps) = given.beta_gbps {
         beta = 1.0 / (gbps * 1e9);
@@ -272,8 +369,77 @@ pub fn run(cx: &mut OpCtx<'_>, given: &CostOverrides) -> Result<CostModel> {
         rank = cx.rank,
         ?model,
         ?local,
+        ?probe_secs,
         took_ms = start.elapsed().as_secs_f64() * 1e3,
         "cost model agreed"
     );
     Ok(model)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The probes' counts on `n` ranks of one host of 2 cores, with the seconds that a model of
+    /// `alpha` and `mu` (and `noise` added to the last probe) predicts.
+    fn probes(n: usize, alpha: f64, mu: f64, noise: f64) -> Vec<Probe> {
+        let unit = |a: f64, m: f64| CostModel {
+            alpha: a,
+            mu: m,
+            beta: 0.0,
+            gamma: 0.0,
+            ranks_per_host: n,
+            cores_per_host: 2,
+            measured: true,
+        };
+        let mut out: Vec<Probe> = PROBES
+            .iter()
+            .map(|&algo| {
+                let f = cost::profile(algo, &probe_shape(algo, n), n, usize::MAX);
+                let (per_alpha, per_mu) = (unit(1.0, 0.0).time(&f, n), unit(0.0, 1.0).time(&f, n));
+                Probe {
+                    per_alpha,
+                    per_mu,
+                    secs: per_alpha * alpha + per_mu * mu,
+                }
+            })
+            .collect();
+        out.last_mut().expect("probes").secs += noise;
+        out
+    }
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() <= 1e-9 * b.abs().max(1e-12)
+    }
+
+    #[test]
+    fn the_probes_tell_hops_from_messages() {
+        for n in [2, 3, 4, 5, 8, 9, 16] {
+            let (a, m) = fit_latency(&probes(n, 20e-6, 5e-6, 0.0), None, None);
+            assert!(close(a, 20e-6) && close(m, 5e-6), "{n} ranks: {a} {m}");
+        }
+    }
+
+    #[test]
+    fn a_configured_parameter_stays_and_the_other_is_fitted() {
+        let p = probes(4, 20e-6, 5e-6, 0.0);
+        let (a, m) = fit_latency(&p, Some(20e-6), None);
+        assert!(a == 20e-6 && close(m, 5e-6), "{a} {m}");
+        let (a, m) = fit_latency(&p, None, Some(5e-6));
+        assert!(close(a, 20e-6) && m == 5e-6, "{a} {m}");
+        assert_eq!(fit_latency(&p, Some(1.0), Some(2.0)), (1.0, 2.0));
+    }
+
+    #[test]
+    fn a_fit_below_the_floor_refits_the_other_alone() {
+        // Messages free, hops only: a noisy direct all_gather pushes mu below zero.
+        let p = probes(8, 30e-6, 0.0, -20e-6);
+        assert!(least_squares(&p).is_some_and(|(_, m)| m < 0.0));
+        let (a, m) = fit_latency(&p, None, None);
+        assert_eq!(m, LATENCY_FLOOR);
+        assert!(a > 20e-6 && a < 40e-6, "{a}");
+        // Nothing measurable at all.
+        let (a, m) = fit_latency(&probes(4, 0.0, 0.0, 0.0), None, None);
+        assert_eq!((a, m), (LATENCY_FLOOR, LATENCY_FLOOR));
+    }
 }

@@ -3,11 +3,10 @@
 //! An algorithm's time on `n` ranks is predicted as
 //!
 //! ```text
-//! T = H HOP alpha + (M_host / C) mu + max(B_busiest / kappa, B_average) beta + (R + P) gamma
+//! T = H alpha + (M_host / C) mu + max(B_busiest / kappa, B_average) beta + (R + P) gamma
 //! ```
 //!
-//! - `H`: hops on the critical path (message latencies that follow one another), each costing
-//!   a fraction [`HOP`] of the measured one-way latency alpha;
+//! - `H`: hops on the critical path (message latencies that follow one another);
 //! - `M_host`: messages that the ranks of one host send, `C = min(cores, ranks per host)`: every
 //!   message costs CPU time (system calls, a wake-up), and ranks of one host share its cores;
 //! - `B`: bytes a rank moves (the larger of sent and received), for the busiest rank and on
@@ -27,24 +26,21 @@ use crate::algos::pipe::pow2_floor;
 use crate::algos::reduce_scatter::recursive_halving;
 use crate::algos::select::{Algo, Shape};
 
-/// Cost of a hop as a fraction of alpha, the one-way latency of an isolated round trip: inside
-/// a collective the receiver is often awake already. Fitted on TCP loopback with 2 to 8 ranks on
-/// 2 cores (`docs/perf/algorithms.md`).
-pub const HOP: f64 = 0.5;
-
 /// Extra cost per byte of pipelines, algorithms whose pieces pass from rank to rank one stage
 /// after another (ring, chain, the trees of all_reduce, broadcast and reduce), on a host with
 /// more ranks than cores: a stage waits whenever the rank before it is descheduled, where
 /// algorithms in which every rank works in every step (halving-doubling, recursive doubling) or
-/// all transfers are in flight (direct) keep the cores busy. Fitted like [`HOP`] (ring against
-/// direct reduce_scatter on 4 ranks; tree against halving-doubling all_reduce at 256 KiB-1 MiB
-/// on 4 and 8 ranks, where their bytes are equal and the tree measured up to 1.4x slower).
+/// all transfers are in flight (direct) keep the cores busy. Fitted on TCP loopback with 2 to 8
+/// ranks on 2 cores (`docs/perf/algorithms.md`): ring against direct reduce_scatter on 4 ranks;
+/// tree against halving-doubling all_reduce at 256 KiB-1 MiB on 4 and 8 ranks, where their bytes
+/// are equal and the tree measured up to 1.4x slower.
 pub const RING_STALL: f64 = 0.1;
 
 /// Parameters of the model, agreed by all ranks of a communicator.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CostModel {
-    /// Seconds per hop: the latency of one message while every rank exchanges one.
+    /// Seconds per hop: one message latency on the critical path of a collective, waking the
+    /// receiver included.
     pub alpha: f64,
     /// Seconds of CPU per message (posting, system calls, waking the receiver).
     pub mu: f64,
@@ -64,7 +60,7 @@ impl Default for CostModel {
     /// Rough TCP-on-loopback values, used before calibration.
     fn default() -> Self {
         CostModel {
-            alpha: 20e-6,
+            alpha: 10e-6,
             mu: 5e-6,
             beta: 1.0 / 2e9,
             gamma: 1.0 / 4e9,
@@ -321,7 +317,7 @@ impl CostModel {
             1.0
         };
         let bytes = stall * (f.busiest / self.kappa(n)).max(f.total / nf);
-        f.hops * HOP * self.alpha
+        f.hops * self.alpha
             + messages_host / cores * self.mu
             + bytes * self.beta
             + (f.reduced + f.copied) * self.gamma
@@ -372,7 +368,7 @@ mod tests {
     /// Values of the order measured on TCP loopback, `q` ranks on a host of 2 cores.
     fn model(q: usize) -> CostModel {
         CostModel {
-            alpha: 30e-6,
+            alpha: 15e-6,
             mu: 4e-6,
             beta: 1.0 / 1.5e9,
             gamma: 1.0 / 8e9,
@@ -383,13 +379,13 @@ mod tests {
     }
 
     /// The models that one run of `scripts/bench-algos.sh` measured on this 2-core machine
-    /// (eleventh session), for 4 and 8 ranks. Beta was then the maximum over ranks; the mean,
-    /// agreed since, is lower (1.4-2.6 ns/B on 8 ranks), and the picks tested here stay the
-    /// same with it.
+    /// (eleventh session), for 4 and 8 ranks, alpha halved: it was then a one-way latency of which
+    /// a hop cost half. Beta was then the maximum over ranks; the mean, agreed since, is lower
+    /// (1.4-2.6 ns/B on 8 ranks), and the picks tested here stay the same with it.
     fn measured(q: usize) -> CostModel {
         let (alpha, mu, beta, gamma) = match q {
-            4 => (9.6e-6, 10.9e-6, 1.71e-9, 4.94e-11),
-            8 => (28e-6, 10.6e-6, 5.45e-9, 4.96e-11),
+            4 => (4.8e-6, 10.9e-6, 1.71e-9, 4.94e-11),
+            8 => (14e-6, 10.6e-6, 5.45e-9, 4.96e-11),
             _ => unreachable!("measured for 4 and 8 ranks"),
         };
         CostModel {

@@ -465,7 +465,7 @@ pub fn cheapest(model: &CostModel, shape: &Shape, n: usize, chunk_bytes: usize) 
 /// Cost-model parameters given by configuration instead of measured.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct CostOverrides {
-    /// `CTRAN_COST_ALPHA_US`: latency of one message, in microseconds.
+    /// `CTRAN_COST_ALPHA_US`: latency of one hop of a collective, in microseconds.
     pub alpha_us: Option<f64>,
     /// `CTRAN_COST_MU_US`: CPU time of one message, in microseconds.
     pub mu_us: Option<f64>,
