@@ -27,13 +27,15 @@ use crate::algos::reduce_scatter::recursive_halving;
 use crate::algos::select::{Algo, Shape};
 
 /// Extra cost per byte of pipelines, algorithms whose pieces pass from rank to rank one stage
-/// after another (ring, chain, the trees of all_reduce, broadcast and reduce), on a host with
-/// more ranks than cores: a stage waits whenever the rank before it is descheduled, where
-/// algorithms in which every rank works in every step (halving-doubling, recursive doubling) or
-/// all transfers are in flight (direct) keep the cores busy. Fitted on TCP loopback with 2 to 8
-/// ranks on 2 cores (`docs/perf/algorithms.md`): ring against direct reduce_scatter on 4 ranks;
-/// tree against halving-doubling all_reduce at 256 KiB-1 MiB on 4 and 8 ranks, where their bytes
-/// are equal and the tree measured up to 1.4x slower.
+/// after another (ring, chain, the trees of all_reduce, broadcast and reduce, the rounds of
+/// recursive halving), on a host with more ranks than cores: a stage waits whenever the rank
+/// before it is descheduled, where algorithms in which every rank works in every step
+/// (halving-doubling, recursive doubling) or all transfers are in flight (direct) keep the cores
+/// busy. Fitted on TCP loopback with 2 to 8 ranks on 2 cores (`docs/perf/algorithms.md`): ring
+/// against direct reduce_scatter on 4 ranks; tree against halving-doubling all_reduce at
+/// 256 KiB-1 MiB on 4 and 8 ranks, where their bytes are equal and the tree measured up to 1.4x
+/// slower; recursive halving against direct reduce_scatter at 1-16 MiB on 4 ranks, 1.1-1.4x
+/// slower with the same bytes.
 pub const RING_STALL: f64 = 0.1;
 
 /// Parameters of the model, agreed by all ranks of a communicator.
@@ -87,8 +89,8 @@ pub struct Profile {
     pub reduced: f64,
     /// Bytes copied through staging on the critical path.
     pub copied: f64,
-    /// A pipeline: pieces pass from rank to rank one stage after another (ring, chain, tree);
-    /// see [`RING_STALL`].
+    /// A pipeline: pieces pass from rank to rank one stage after another (ring, chain, tree,
+    /// recursive halving's rounds); see [`RING_STALL`].
     pub chained: bool,
 }
 
@@ -201,6 +203,9 @@ pub fn profile(algo: Algo, shape: &Shape, n: usize, chunk: usize) -> Profile {
             f.reduced = (nf - 1.0) * b;
         }
         ReduceScatterRecursiveHalving => {
+            // Rounds of `chunk / n` bytes one after another, each step of a round waiting for
+            // the partner's half: stages of a pipeline.
+            f.chained = true;
             let round = recursive_halving::round_bytes(chunk, n, shape.elem).max(1) as f64;
             let rounds = (shape.max_block as f64 / round).ceil().max(1.0);
             f.hops = rounds * (lp + 2.0 * folded);
