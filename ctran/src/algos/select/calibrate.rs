@@ -7,9 +7,8 @@
 //! 2. unless every parameter is configured on every rank, a short measurement, after two
 //!    barriers so that all ranks start together:
 //!    - alpha (per hop) and mu (per message) are fitted to three tiny collectives, each timed in
-//!      `PROBE_PASSES` passes of `PROBE_ROUNDS` rounds (the median of a pass, robust to a round
-//!      that lost the CPU; the fastest pass, robust to a pass disturbed throughout) and agreed as
-//!      the slowest rank's time: a tree all_reduce (a chain of `2 log n` hops), the dissemination
+//!      `PROBE_PASSES` passes of `PROBE_ROUNDS` rounds (the median of all rounds, robust to rounds
+//!      that lost the CPU) and agreed as the slowest rank's time: a tree all_reduce (a chain of `2 log n` hops), the dissemination
 //!      barrier and a direct all_gather (one hop, `n(n-1)` messages). Every rank fits the same
 //!      agreed times ([`fit_latency`]), so it holds the same alpha and mu;
 //!    - beta from `BETA_ROUNDS` ring exchanges of `BETA_BYTES` after an untimed one (page faults,
@@ -77,11 +76,11 @@ fn mean_of(rounds: usize, mut round: impl FnMut() -> Result<()>) -> Result<f64> 
     Ok(t0.elapsed().as_secs_f64() / rounds.max(1) as f64)
 }
 
-/// The median of `rounds` timings of `round`, after one untimed run; for rounds that are
-/// synchronous by themselves (round trips). On a shared host a round now and then loses the CPU
-/// for a scheduler tick (milliseconds, against microseconds for a message), which would drag a
-/// mean of a few rounds far from the typical round.
-fn median_of(rounds: usize, mut round: impl FnMut() -> Result<()>) -> Result<f64> {
+/// Seconds of each of `rounds` runs of `round`, after one untimed run; for rounds that are
+/// synchronous by themselves (collectives of a few bytes), whose median is the typical round:
+/// on a shared host a round now and then loses the CPU for a scheduler tick (milliseconds,
+/// against microseconds for a message), which would drag a mean of a few rounds far from it.
+fn times_of(rounds: usize, mut round: impl FnMut() -> Result<()>) -> Result<Vec<f64>> {
     round()?;
     let mut times = Vec::with_capacity(rounds);
     for _ in 0..rounds {
@@ -89,7 +88,7 @@ fn median_of(rounds: usize, mut round: impl FnMut() -> Result<()>) -> Result<f64
         round()?;
         times.push(t0.elapsed().as_secs_f64());
     }
-    Ok(median(&mut times))
+    Ok(times)
 }
 
 /// The median of `v` (the mean of the middle two for an even count; 0 when empty), sorting `v`
@@ -149,15 +148,15 @@ fn probe_shape(probe: Algo, n: usize) -> Shape {
     }
 }
 
-/// Median seconds of one run of `probe` on this rank.
-fn time_probe(cx: &mut OpCtx<'_>, probe: Algo) -> Result<f64> {
+/// Seconds of `PROBE_ROUNDS` runs of `probe` on this rank.
+fn time_probe(cx: &mut OpCtx<'_>, probe: Algo) -> Result<Vec<f64>> {
     let n = cx.size;
     let mut sum = [1f32; 2];
     let mut mine = [0u8; 1];
     let mut all = vec![0u8; n];
     let out = span_of(&mut all);
     let outputs: Vec<Span> = (0..n).map(|i| out.sub(i, 1)).collect();
-    median_of(PROBE_ROUNDS, || match probe {
+    times_of(PROBE_ROUNDS, || match probe {
         Algo::AllReduceTree => {
             sum = [1.0; 2];
             all_reduce::tree::run(cx, span_of(&mut sum), DataType::F32, ReduceOp::Sum)
@@ -266,19 +265,21 @@ fn agree(cx: &mut OpCtx<'_>, local: [f64; 4]) -> Result<[f64; 4]> {
 }
 
 /// Times the [`PROBES`] and agrees on each one's time: the slowest rank's, which is how long the
-/// collective took. A rank's time is its fastest pass: with 2 ranks a pass of a probe lasts only
-/// tens of microseconds, and one disturbance of a few hundred can cover all its rounds (seen: a
-/// tree all_reduce at 410 us instead of 6-7 us, while the probes after it took 3 us). Passes
-/// cannot help against a slow state that lasts the whole run (every probe about 110 us instead
-/// of 3-7, in 3 of 30 creations with 2 ranks; `docs/perf/algorithms.md`).
+/// collective took. A rank's time is the median of its rounds of all passes: with 2 ranks one
+/// pass of a probe lasts only tens of microseconds, and one disturbance of a few hundred could
+/// cover all its rounds (seen with a single pass: a tree all_reduce at 410 us instead of 6-7 us,
+/// while the probes after it took 3 us); spread over passes, it covers a third of them. Not the
+/// fastest pass: the tree's passes vary most (40-160 us on 4 ranks of 2 cores), so its fastest
+/// would understate hops against the others.
 fn measure_probes(cx: &mut OpCtx<'_>) -> Result<[f64; PROBES.len()]> {
-    let mut secs = [f64::INFINITY; PROBES.len()];
+    let mut rounds: [Vec<f64>; PROBES.len()] = Default::default();
     for _ in 0..PROBE_PASSES {
-        for (t, &probe) in secs.iter_mut().zip(&PROBES) {
+        for (times, &probe) in rounds.iter_mut().zip(&PROBES) {
             barrier::dissemination::run(cx)?;
-            *t = t.min(time_probe(cx, probe)?);
+            times.extend(time_probe(cx, probe)?);
         }
     }
+    let mut secs = rounds.map(|mut times| median(&mut times));
     all_reduce::ring::run(cx, span_of(&mut secs), DataType::F64, ReduceOp::Max)?;
     Ok(secs)
 }
