@@ -170,8 +170,11 @@ impl Executor {
         Unwritten::write_all(&mut self.unwritten, &mut self.tracer);
     }
 
-    pub(crate) fn run(mut self) {
+    /// Calibrates (then says so on `calibrated`) and runs the operations until the communicator
+    /// ends.
+    pub(crate) fn run(mut self, calibrated: crossbeam_channel::Sender<()>) {
         self.calibrate();
+        let _ = calibrated.send(());
         loop {
             self.reap_inflight();
             let cmd = if self.inflight.is_empty() {

@@ -1,7 +1,8 @@
 //! Measuring the cost model at communicator creation, and agreeing on it.
 //!
-//! Runs on the progress thread before the first operation, over the communicator's own
-//! transport, in three parts:
+//! Runs on the progress thread before the first operation, while `Comm::init` waits (so the
+//! caller's start-up work does not compete with it), over the communicator's own transport, in
+//! three parts:
 //! 1. a ring all_gather of a small record per rank (host, cores, whether it wants a
 //!    measurement), from which every rank derives the same ranks-per-host and cores-per-host;
 //! 2. unless every parameter is configured on every rank, a short measurement, after two
@@ -122,7 +123,7 @@ fn ring_exchange(cx: &mut OpCtx<'_>, bytes: usize, rounds: usize) -> Result<f64>
 /// messages, in which most ranks wait at any time; the dissemination barrier has `log n` hops in
 /// which every rank sends; a direct all_gather has one hop and `n(n-1)` messages. On a host with
 /// more ranks than cores a hop that wakes a waiting rank costs far more than half an isolated
-/// round trip (10-40 us against 3-4 us on 4 ranks of 2 cores, docs/perf/algorithms.md), which
+/// round trip (6-30 us against 3-4 us on 4 ranks of 2 cores, docs/perf/algorithms.md), which
 /// only collectives like these show.
 const PROBES: [Algo; 3] = [
     Algo::AllReduceTree,
