@@ -141,7 +141,7 @@ impl Comm {
             .map_err(|e| Error::io("spawning the progress thread", e))?;
         // The cost model is measured before the caller goes on with its own start-up work
         // (allocating and filling buffers), which competes for the cores: measured alongside
-        // it, every probe of a 2-rank calibration took about 110 us instead of 3-7 in 6 of 90
+        // it, a probe of a 2-rank calibration took 30-100 times its usual 3-7 us in 9 of 90
         // creations, against 1 of 60 with this wait. Calibration has its own deadline, and a
         // failure there fails the first operation; this wait only keeps the two apart.
         let _ = calibrated.recv_timeout(shared.selector.timeout + Duration::from_secs(1));
