@@ -7,11 +7,12 @@
 //!    measurement), from which every rank derives the same ranks-per-host and cores-per-host;
 //! 2. unless every parameter is configured on every rank, a short measurement, after two
 //!    barriers so that all ranks start together:
-//!    - alpha (per hop) and mu (per message) are fitted to three tiny collectives, each timed in
-//!      `PROBE_PASSES` passes of `PROBE_ROUNDS` rounds (the median of all rounds, robust to rounds
-//!      that lost the CPU) and agreed as the slowest rank's time: a tree all_reduce (a chain of `2 log n` hops), the dissemination
-//!      barrier and a direct all_gather (one hop, `n(n-1)` messages). Every rank fits the same
-//!      agreed times ([`fit_latency`]), so it holds the same alpha and mu;
+//!    - alpha (per hop) and mu (per message) are fitted to three tiny collectives: a tree
+//!      all_reduce (a chain of `2 log n` hops), the dissemination barrier and a direct all_gather
+//!      (one hop, `n(n-1)` messages). Each is timed in `PROBE_PASSES` passes of `PROBE_ROUNDS`
+//!      rounds (the median of all rounds, robust to rounds that lost the CPU) and agreed as the
+//!      slowest rank's time. Every rank fits the same agreed times ([`fit_latency`]), so it
+//!      holds the same alpha and mu;
 //!    - beta from `BETA_ROUNDS` ring exchanges of `BETA_BYTES` after an untimed one (page faults,
 //!      socket buffers growing), less the cost of an empty exchange;
 //!    - gamma from a local reduction of `BETA_BYTES`;
@@ -179,6 +180,37 @@ pub struct Probe {
     pub secs: f64,
 }
 
+impl Probe {
+    /// `probe` on `n` ranks, at most `ranks_per_host` of them on a host of `cores_per_host`
+    /// cores, measured at `secs`: its coefficients come from the model's own accounting.
+    fn new(
+        probe: Algo,
+        n: usize,
+        ranks_per_host: usize,
+        cores_per_host: usize,
+        secs: f64,
+    ) -> Probe {
+        let f = cost::profile(probe, &probe_shape(probe, n), n, usize::MAX);
+        let unit = |alpha: f64, mu: f64| {
+            CostModel {
+                alpha,
+                mu,
+                beta: 0.0,
+                gamma: 0.0,
+                ranks_per_host,
+                cores_per_host: cores_per_host.max(1),
+                measured: true,
+            }
+            .time(&f, n)
+        };
+        Probe {
+            per_alpha: unit(1.0, 0.0),
+            per_mu: unit(0.0, 1.0),
+            secs,
+        }
+    }
+}
+
 /// Least alpha and mu, in seconds.
 const LATENCY_FLOOR: f64 = 1e-7;
 
@@ -326,27 +358,10 @@ pub fn run(cx: &mut OpCtx<'_>, given: &CostOverrides) -> Result<CostModel> {
         barrier::dissemination::run(cx)?;
         barrier::dissemination::run(cx)?;
         probe_secs = measure_probes(cx)?;
-        // What one second of alpha or of mu adds to a probe, in the model of these hosts.
-        let unit = |alpha: f64, mu: f64| CostModel {
-            alpha,
-            mu,
-            beta: 0.0,
-            gamma: 0.0,
-            ranks_per_host,
-            cores_per_host: cores_per_host.max(1),
-            measured: true,
-        };
         let probes: Vec<Probe> = PROBES
             .iter()
             .zip(probe_secs)
-            .map(|(&algo, secs)| {
-                let f = cost::profile(algo, &probe_shape(algo, n), n, usize::MAX);
-                Probe {
-                    per_alpha: unit(1.0, 0.0).time(&f, n),
-                    per_mu: unit(0.0, 1.0).time(&f, n),
-                    secs,
-                }
-            })
+            .map(|(&algo, secs)| Probe::new(algo, n, ranks_per_host, cores_per_host, secs))
             .collect();
         (alpha, mu) = fit_latency(&probes, given_alpha, given_mu);
         // Bandwidth with every rank moving data, beyond the cost of an empty exchange (one hop,
@@ -394,24 +409,13 @@ mod tests {
     /// The probes' counts on `n` ranks of one host of 2 cores, with the seconds that a model of
     /// `alpha` and `mu` (and `noise` added to the last probe) predicts.
     fn probes(n: usize, alpha: f64, mu: f64, noise: f64) -> Vec<Probe> {
-        let unit = |a: f64, m: f64| CostModel {
-            alpha: a,
-            mu: m,
-            beta: 0.0,
-            gamma: 0.0,
-            ranks_per_host: n,
-            cores_per_host: 2,
-            measured: true,
-        };
         let mut out: Vec<Probe> = PROBES
             .iter()
             .map(|&algo| {
-                let f = cost::profile(algo, &probe_shape(algo, n), n, usize::MAX);
-                let (per_alpha, per_mu) = (unit(1.0, 0.0).time(&f, n), unit(0.0, 1.0).time(&f, n));
+                let p = Probe::new(algo, n, n, 2, 0.0);
                 Probe {
-                    per_alpha,
-                    per_mu,
-                    secs: per_alpha * alpha + per_mu * mu,
+                    secs: p.per_alpha * alpha + p.per_mu * mu,
+                    ..p
                 }
             })
             .collect();
