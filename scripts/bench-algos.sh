@@ -10,9 +10,10 @@
 #
 # Environment: NS (rank counts, default "2 4 8"), OPS (comma-separated, default every
 # collective), MAX (largest size, default 64M), ROUNDS_SMALL / ROUNDS_LARGE (rounds below and from
-# 1 MiB, default 15 and 5), PERF (the binary; default: built here). Shared memory is off
-# (CTRAN_BACKENDS=socket), so every algorithm and auto run over TCP on loopback. About 10 minutes
-# on a 2-core machine. The raw tables and JSON rows stay in $KEEP when it is set; then
+# 1 MiB, default 15 and 5), ITER_BYTES (data timed per size and round from 1 MiB, default 128M),
+# PERF (the binary; default: built here). Shared memory is off (CTRAN_BACKENDS=socket), so every
+# algorithm and auto run over TCP on loopback. About 10 minutes on a 2-core machine. The raw
+# tables and JSON rows stay in $KEEP when it is set; then
 # `cargo run --release -p ctran --example replay_cost_model -- $KEEP` replays them through the
 # cost model of the build at hand (where would its picks be within 10%?).
 set -euo pipefail
@@ -29,6 +30,7 @@ OPS=${OPS:-all_reduce,all_gather,reduce_scatter,broadcast,all_to_all,reduce,scat
 MAX=${MAX:-64M}
 ROUNDS_SMALL=${ROUNDS_SMALL:-15}
 ROUNDS_LARGE=${ROUNDS_LARGE:-5}
+ITER_BYTES=${ITER_BYTES:-128M}
 PYTHON=${PYTHON:-python3}
 if [ -z "${PERF:-}" ]; then
     cargo build --release -q -p torchcomms-perf
@@ -44,12 +46,14 @@ START=$(date +%s)
 
 for n in $NS; do
     # Small sizes: many iterations, many rounds, results checked in the first round. Large
-    # sizes: iterations capped at 32 MiB of data per size (one at 32 and 64 MiB, after the
-    # warm-up one), fewer rounds, no check (ctran/tests/algorithms.rs checks every algorithm).
+    # sizes: iterations capped at ITER_BYTES of data per size (at 128M: four at 32 MiB, two at
+    # 64 MiB, after one warm-up), fewer rounds, no check (ctran/tests/algorithms.rs checks every
+    # algorithm). One 64 MiB transfer varies by 20-30% on 2 cores, so a round of one iteration
+    # hardly tells algorithms 10% apart.
     "$PERF" -n "$n" --op "$OPS" -b 8 -e 512K --algo all -w 5 -i 20 --rounds "$ROUNDS_SMALL" \
         --json "$TMP/small-$n.json" >"$TMP/small-$n.txt" 2>"$TMP/small-$n.err" \
         || { cat "$TMP/small-$n.txt" "$TMP/small-$n.err" >&2; exit 1; }
-    "$PERF" -n "$n" --op "$OPS" -b 1M -e "$MAX" --algo all -w 1 -i 8 --max-iter-bytes 32M -c 0 \
+    "$PERF" -n "$n" --op "$OPS" -b 1M -e "$MAX" --algo all -w 1 -i 8 --max-iter-bytes "$ITER_BYTES" -c 0 \
         --rounds "$ROUNDS_LARGE" --json "$TMP/large-$n.json" >"$TMP/large-$n.txt" 2>"$TMP/large-$n.err" \
         || { cat "$TMP/large-$n.txt" "$TMP/large-$n.err" >&2; exit 1; }
 done
@@ -58,11 +62,11 @@ SECS=$(($(date +%s) - START))
 {
     echo "- date: $(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
     echo "- machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(free -g | awk '/Mem:/{print $2}') GiB, load average $(cut -d' ' -f1-3 /proc/loadavg) at the end"
-    echo "- command: \`scripts/bench-algos.sh\` (NS=\"$NS\", ROUNDS_SMALL=$ROUNDS_SMALL, ROUNDS_LARGE=$ROUNDS_LARGE), ${SECS} s; per rank count:"
+    echo "- command: \`scripts/bench-algos.sh\` (NS=\"$NS\", ROUNDS_SMALL=$ROUNDS_SMALL, ROUNDS_LARGE=$ROUNDS_LARGE, ITER_BYTES=$ITER_BYTES), ${SECS} s; per rank count:"
     echo
     echo '  ```text'
     echo "  CTRAN_BACKENDS=socket torchcomms-perf -n N --op $OPS -b 8 -e 512K --algo all -w 5 -i 20 --rounds $ROUNDS_SMALL"
-    echo "  CTRAN_BACKENDS=socket torchcomms-perf -n N --op $OPS -b 1M -e $MAX --algo all -w 1 -i 8 --max-iter-bytes 32M -c 0 --rounds $ROUNDS_LARGE"
+    echo "  CTRAN_BACKENDS=socket torchcomms-perf -n N --op $OPS -b 1M -e $MAX --algo all -w 1 -i 8 --max-iter-bytes $ITER_BYTES -c 0 --rounds $ROUNDS_LARGE"
     echo '  ```'
     echo
     "$PYTHON" scripts/bench/algos_report.py "$TMP" $NS
