@@ -956,6 +956,36 @@ fn auto_agrees_on_every_rank() {
     }
 }
 
+/// Ranks bound to one CPU each (as `mpirun --bind-to core` places them) count their host's
+/// cores as the union of their CPU sets, not the one CPU each sees.
+#[test]
+fn ranks_bound_to_one_cpu_each_count_the_hosts_cores() {
+    use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
+    use nix::unistd::Pid;
+    let mine = sched_getaffinity(Pid::from_raw(0)).unwrap();
+    let allowed: Vec<usize> = (0..CpuSet::count())
+        .filter(|&c| mine.is_set(c).unwrap())
+        .collect();
+    let n = 2;
+    let cores = with_ranks(
+        n,
+        "bound",
+        |cfg| {
+            // The rank's thread, before init: the progress thread inherits the mask.
+            let mut one = CpuSet::new();
+            one.set(allowed[cfg.rank % allowed.len()]).unwrap();
+            sched_setaffinity(Pid::from_raw(0), &one).unwrap();
+        },
+        |c| c.cost_model().expect("calibrated at init").cores_per_host,
+    );
+    let expected = n.min(allowed.len());
+    assert!(
+        cores.iter().all(|&k| k == expected),
+        "cores per host {cores:?}, expected {expected} ({} CPUs allowed)",
+        allowed.len()
+    );
+}
+
 /// Blocks far larger than what the transport buffers between two ranks (shared-memory FIFOs of
 /// two chunk-sized slots, while ring algorithms keep up to eight staging slots in flight): a
 /// pipelined algorithm that made a rank wait for a send to finish before posting a receive its

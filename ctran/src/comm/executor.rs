@@ -442,9 +442,10 @@ impl Executor {
     /// any operation); a failure fails the communicator.
     fn calibrate(&mut self) {
         let sel = Arc::clone(&self.shared.selector);
+        let host_cores = self.shared.host_cores;
         let result = {
             let mut cx = self.ctx("calibrate", 0, sel.timeout);
-            select::calibrate::run(&mut cx, &sel.config().cost)
+            select::calibrate::run(&mut cx, &sel.config().cost, host_cores)
         };
         match result {
             Ok(model) => sel.set_model(model),

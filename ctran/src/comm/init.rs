@@ -8,6 +8,7 @@ use std::net::{IpAddr, Ipv6Addr, SocketAddr, ToSocketAddrs};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use super::cpus::{host_cores, RankCpus, RANK_CPUS_BYTES};
 use super::{Comm, CommConfig, Op};
 use crate::bootstrap::{PrefixStore, Store};
 use crate::error::{Error, Result};
@@ -82,27 +83,40 @@ pub(crate) fn host_id() -> u64 {
     h.finish()
 }
 
+/// The transports of a communicator, the cores of this rank's host and the waker of its
+/// progress thread.
+struct Transports {
+    mapper: Mapper,
+    host_cores: usize,
+    waker: Arc<Waker>,
+}
+
 /// Sets up shared memory with the ranks of `hosts` (host id per rank) that share this rank's
-/// host, when enabled, and returns the transports of the communicator.
+/// host, when enabled, and returns the transports of the communicator. `cpus` holds every
+/// rank's CPUs: the host's cores are the union of its ranks' (see [`cpus`](super::cpus)).
 fn transports(
     config: &mut CommConfig,
     socket: SocketTransport,
     hosts: &[u64],
+    cpus: &[RankCpus],
     secret: &[u8; 16],
     deadline: Instant,
-) -> Result<(Mapper, Arc<Waker>)> {
+) -> Result<Transports> {
     let mut socket = socket;
     let waker = Arc::clone(socket.waker());
     let me = hosts[config.rank];
     let local: Vec<usize> = (0..hosts.len()).filter(|&r| hosts[r] == me).collect();
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cores = host_cores(local.iter().map(|&r| &cpus[r]));
     // A rank runs two threads that wait on each other (the caller and the progress thread):
-    // spinning only pays when each has a core.
-    config.wait_spin.get_or_insert(if 2 * local.len() <= cores {
-        DEFAULT_WAIT_SPIN
-    } else {
-        Duration::ZERO
-    });
+    // spinning only pays when each has a core, on the host and within this rank's own CPUs.
+    let own = cpus[config.rank].set.count();
+    config
+        .wait_spin
+        .get_or_insert(if 2 * local.len() <= cores && own >= 2 {
+            DEFAULT_WAIT_SPIN
+        } else {
+            Duration::ZERO
+        });
     if config.socket.spin.is_none() {
         socket.set_spin(if local.len() <= cores {
             DEFAULT_SPIN
@@ -119,6 +133,7 @@ fn transports(
             config.rank,
             config.size,
             &local,
+            cores,
             &config.shm,
             deadline,
         )
@@ -130,7 +145,11 @@ fn transports(
     } else {
         None
     };
-    Ok((Mapper::new(socket, shm), waker))
+    Ok(Transports {
+        mapper: Mapper::new(socket, shm),
+        host_cores: cores,
+        waker,
+    })
 }
 
 /// How long a waiting caller or idle progress thread spins when cores allow (`CTRAN_WAIT_SPIN_US`
@@ -173,7 +192,9 @@ fn connect_with_store(
         store.set("secret", &random_secret())?;
     }
     store.set(&format!("addr/{rank}"), advertised.to_string().as_bytes())?;
-    store.set(&format!("host/{rank}"), &host_id().to_le_bytes())?;
+    let mut host = host_id().to_le_bytes().to_vec();
+    host.extend_from_slice(&RankCpus::of_this_thread().to_bytes());
+    store.set(&format!("host/{rank}"), &host)?;
     let left = || deadline.saturating_duration_since(Instant::now());
     let secret: [u8; 16] = store
         .get("secret", left())?
@@ -189,12 +210,17 @@ fn connect_with_store(
         );
     }
     let mut hosts = Vec::with_capacity(size);
+    let mut cpus = Vec::with_capacity(size);
     for r in 0..size {
         let raw = store.get(&format!("host/{r}"), left())?;
-        let id: [u8; 8] = raw
-            .try_into()
-            .map_err(|_| fail(format!("rank {r} published a bad host id")))?;
-        hosts.push(u64::from_le_bytes(id));
+        let (id, rank_cpus) = raw.split_at(8.min(raw.len()));
+        match (id.try_into(), RankCpus::from_bytes(rank_cpus)) {
+            (Ok(id), Some(c)) => {
+                hosts.push(u64::from_le_bytes(id));
+                cpus.push(c);
+            }
+            _ => return Err(fail(format!("rank {r} published a bad host record"))),
+        }
     }
     let plan = MeshPlan {
         comm: config.name.clone(),
@@ -203,8 +229,8 @@ fn connect_with_store(
         secret,
     };
     let socket = connect_mesh(listener, &plan, &config.socket, deadline)?;
-    let (mapper, waker) = transports(&mut config, socket, &hosts, &secret, deadline)?;
-    let comm = Comm::start(config, mapper, waker, Arc::clone(trace))?;
+    let t = transports(&mut config, socket, &hosts, &cpus, &secret, deadline)?;
+    let comm = Comm::start(config, t.mapper, t.host_cores, t.waker, Arc::clone(trace))?;
     super::trace::publish_endpoint(&*root, &store, comm.config(), advertised.ip());
     // Nobody leaves before everybody has read the store, so the store can go away right after.
     comm.run(Op::Barrier, Some(left().max(Duration::from_millis(1))))?;
@@ -213,7 +239,7 @@ fn connect_with_store(
 
 /// What each parent rank tells the others during a split (fixed size, so it rides one
 /// all_gather).
-const RECORD: usize = 72;
+const RECORD: usize = 72 + RANK_CPUS_BYTES;
 
 fn encode_record(
     color: Option<usize>,
@@ -236,6 +262,7 @@ fn encode_record(
         b[56..58].copy_from_slice(&a.port().to_le_bytes());
     }
     b[64..72].copy_from_slice(&host_id().to_le_bytes());
+    b[72..].copy_from_slice(&RankCpus::of_this_thread().to_bytes());
     b
 }
 
@@ -246,6 +273,7 @@ struct Record {
     secret: [u8; 16],
     addr: SocketAddr,
     host: u64,
+    cpus: RankCpus,
 }
 
 fn decode_record(b: &[u8]) -> Record {
@@ -258,6 +286,7 @@ fn decode_record(b: &[u8]) -> Record {
         list_hash: u64::from_le_bytes(b[16..24].try_into().expect("8 bytes")),
         secret: b[24..40].try_into().expect("16 bytes"),
         host: u64::from_le_bytes(b[64..72].try_into().expect("8 bytes")),
+        cpus: RankCpus::from_bytes(&b[72..]).expect("a record holds a CPU set"),
         addr: SocketAddr::new(
             ip,
             u16::from_le_bytes(b[56..58].try_into().expect("2 bytes")),
@@ -335,6 +364,7 @@ fn split_inner(
     let records: Vec<Record> = gathered.chunks_exact(RECORD).map(decode_record).collect();
     let mut addrs = Vec::with_capacity(ranks.len());
     let mut hosts = Vec::with_capacity(ranks.len());
+    let mut cpus = Vec::with_capacity(ranks.len());
     for (i, &r) in ranks.iter().enumerate() {
         let rec = &records[r];
         if rec.color != color || rec.list_hash != list_hash || rec.index != i {
@@ -348,6 +378,7 @@ fn split_inner(
         }
         addrs.push(rec.addr);
         hosts.push(rec.host);
+        cpus.push(rec.cpus);
     }
     let plan = MeshPlan {
         comm: name.to_string(),
@@ -369,8 +400,8 @@ fn split_inner(
     let child = (|| {
         let socket = connect_mesh(listener, &plan, &config.socket, deadline)?;
         let child_secret = plan.secret;
-        let (mapper, waker) = transports(&mut config, socket, &hosts, &child_secret, deadline)?;
-        let child = Comm::start(config, mapper, waker, Arc::clone(&trace))?;
+        let t = transports(&mut config, socket, &hosts, &cpus, &child_secret, deadline)?;
+        let child = Comm::start(config, t.mapper, t.host_cores, t.waker, Arc::clone(&trace))?;
         child.run(
             Op::Barrier,
             Some(

@@ -2,6 +2,7 @@
 //! order on its own progress thread.
 
 pub mod config;
+mod cpus;
 mod executor;
 mod init;
 pub mod op;
@@ -45,6 +46,8 @@ pub(crate) struct Shared {
     pub(crate) trace: Arc<colltrace::CommTrace>,
     /// How long a waiting caller and the idle progress thread spin before they sleep.
     pub(crate) wait_spin: Duration,
+    /// Cores of this rank's host: the union of its ranks' CPU sets (see [`cpus`]).
+    pub(crate) host_cores: usize,
     failed: Mutex<Option<Error>>,
 }
 
@@ -107,6 +110,7 @@ impl Comm {
     fn start(
         config: CommConfig,
         transport: Mapper,
+        host_cores: usize,
         waker: Arc<Waker>,
         trace: Arc<colltrace::CommTrace>,
     ) -> Result<Comm> {
@@ -125,6 +129,7 @@ impl Comm {
             failed: Mutex::new(None),
             trace,
             wait_spin: config.wait_spin.unwrap_or(Duration::ZERO),
+            host_cores,
         });
         let (tx, rx) = crossbeam_channel::unbounded();
         let exec = Executor::new(

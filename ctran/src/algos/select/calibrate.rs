@@ -318,11 +318,12 @@ fn measure_probes(cx: &mut OpCtx<'_>) -> Result<[f64; PROBES.len()]> {
 }
 
 /// Measures (where not configured) and agrees on the cost model; every rank of the
-/// communicator must call it at the same point of its operation stream.
-pub fn run(cx: &mut OpCtx<'_>, given: &CostOverrides) -> Result<CostModel> {
+/// communicator must call it at the same point of its operation stream. `host_cores`: the cores
+/// this rank's host gives the communicator's ranks on it (the union of their CPU sets).
+pub fn run(cx: &mut OpCtx<'_>, given: &CostOverrides, host_cores: usize) -> Result<CostModel> {
     let start = Instant::now();
     let n = cx.size;
-    let cores = std::thread::available_parallelism().map_or(1, |c| c.get()) as u64;
+    let cores = host_cores.max(1) as u64;
     let mut mine = [0u8; RECORD];
     mine[0..8].copy_from_slice(&host_id().to_le_bytes());
     mine[8..16].copy_from_slice(&cores.to_le_bytes());

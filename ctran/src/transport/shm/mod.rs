@@ -165,12 +165,14 @@ pub struct ShmTransport {
 
 impl ShmTransport {
     /// Joins the host's segment `name`. `local_ranks` are the global ranks on this host in
-    /// increasing order, `size` the communicator size, `rank` this rank.
+    /// increasing order, `size` the communicator size, `rank` this rank, `cores` the cores the
+    /// local ranks share.
     pub(crate) fn attach(
         name: &str,
         rank: usize,
         size: usize,
         local_ranks: &[usize],
+        cores: usize,
         cfg: &ShmConfig,
         deadline: Instant,
     ) -> Result<ShmTransport> {
@@ -179,7 +181,6 @@ impl ShmTransport {
             .iter()
             .position(|&r| r == rank)
             .expect("this rank is local to itself");
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         // Spinning only pays when every local rank has a core of its own.
         let spin = cfg.spin.unwrap_or(if nlocal <= cores {
             Duration::from_micros(30)
