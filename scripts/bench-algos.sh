@@ -11,7 +11,9 @@
 # Environment: NS (rank counts, default "2 4 8"), OPS (comma-separated, default every
 # collective), MAX (largest size, default 64M), ROUNDS_SMALL / ROUNDS_LARGE (rounds below and from
 # 1 MiB, default 15 and 5), ITER_BYTES (data timed per size and round from 1 MiB, default 128M),
-# PERF (the binary; default: built here). Shared memory is off (CTRAN_BACKENDS=socket), so every
+# BIND (1, default: rank counts up to the number of cores run with `--bind`, one core per rank,
+# as `mpirun --bind-to core` places them; 0: the scheduler places every rank), PERF (the binary;
+# default: built here). Shared memory is off (CTRAN_BACKENDS=socket), so every
 # algorithm and auto run over TCP on loopback. About 10 minutes on a 2-core machine. The raw
 # tables and JSON rows stay in $KEEP when it is set; then
 # `cargo run --release -p ctran --example replay_cost_model -- $KEEP` replays them through the
@@ -44,16 +46,24 @@ export CTRAN_BACKENDS=socket
 export RUST_LOG=warn,ctran::algos::select=debug NO_COLOR=1
 START=$(date +%s)
 
+CORES=$(nproc)
+BIND=${BIND:-1}
 for n in $NS; do
+    # Ranks that each have a core are bound to it: unbound, 2 ranks on 2 cores spent whole runs
+    # at 3-10x their small-message latency in about 3 of 10 runs (two ranks' threads sharing a
+    # core). More ranks than cores stay unbound: the cost model is fitted to the scheduler
+    # placing them.
+    bind=()
+    if [ "$BIND" = 1 ] && [ "$n" -le "$CORES" ]; then bind=(--bind); fi
     # Small sizes: many iterations, many rounds, results checked in the first round. Large
     # sizes: iterations capped at ITER_BYTES of data per size (at 128M: four at 32 MiB, two at
     # 64 MiB, after one warm-up), fewer rounds, no check (ctran/tests/algorithms.rs checks every
     # algorithm). One 64 MiB transfer varies by 20-30% on 2 cores, so a round of one iteration
     # hardly tells algorithms 10% apart.
-    "$PERF" -n "$n" --op "$OPS" -b 8 -e 512K --algo all -w 5 -i 20 --rounds "$ROUNDS_SMALL" \
+    "$PERF" -n "$n" ${bind[@]+"${bind[@]}"} --op "$OPS" -b 8 -e 512K --algo all -w 5 -i 20 --rounds "$ROUNDS_SMALL" \
         --json "$TMP/small-$n.json" >"$TMP/small-$n.txt" 2>"$TMP/small-$n.err" \
         || { cat "$TMP/small-$n.txt" "$TMP/small-$n.err" >&2; exit 1; }
-    "$PERF" -n "$n" --op "$OPS" -b 1M -e "$MAX" --algo all -w 1 -i 8 --max-iter-bytes "$ITER_BYTES" -c 0 \
+    "$PERF" -n "$n" ${bind[@]+"${bind[@]}"} --op "$OPS" -b 1M -e "$MAX" --algo all -w 1 -i 8 --max-iter-bytes "$ITER_BYTES" -c 0 \
         --rounds "$ROUNDS_LARGE" --json "$TMP/large-$n.json" >"$TMP/large-$n.txt" 2>"$TMP/large-$n.err" \
         || { cat "$TMP/large-$n.txt" "$TMP/large-$n.err" >&2; exit 1; }
 done
@@ -62,11 +72,11 @@ SECS=$(($(date +%s) - START))
 {
     echo "- date: $(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
     echo "- machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(free -g | awk '/Mem:/{print $2}') GiB, load average $(cut -d' ' -f1-3 /proc/loadavg) at the end"
-    echo "- command: \`scripts/bench-algos.sh\` (NS=\"$NS\", ROUNDS_SMALL=$ROUNDS_SMALL, ROUNDS_LARGE=$ROUNDS_LARGE, ITER_BYTES=$ITER_BYTES), ${SECS} s; per rank count:"
+    echo "- command: \`scripts/bench-algos.sh\` (NS=\"$NS\", ROUNDS_SMALL=$ROUNDS_SMALL, ROUNDS_LARGE=$ROUNDS_LARGE, ITER_BYTES=$ITER_BYTES, BIND=$BIND), ${SECS} s; per rank count N$([ "$BIND" = 1 ] && echo " (\`[--bind]\`: where N is at most the $CORES cores)"):"
     echo
     echo '  ```text'
-    echo "  CTRAN_BACKENDS=socket torchcomms-perf -n N --op $OPS -b 8 -e 512K --algo all -w 5 -i 20 --rounds $ROUNDS_SMALL"
-    echo "  CTRAN_BACKENDS=socket torchcomms-perf -n N --op $OPS -b 1M -e $MAX --algo all -w 1 -i 8 --max-iter-bytes $ITER_BYTES -c 0 --rounds $ROUNDS_LARGE"
+    echo "  CTRAN_BACKENDS=socket torchcomms-perf -n N$([ "$BIND" = 1 ] && echo ' [--bind]') --op $OPS -b 8 -e 512K --algo all -w 5 -i 20 --rounds $ROUNDS_SMALL"
+    echo "  CTRAN_BACKENDS=socket torchcomms-perf -n N$([ "$BIND" = 1 ] && echo ' [--bind]') --op $OPS -b 1M -e $MAX --algo all -w 1 -i 8 --max-iter-bytes $ITER_BYTES -c 0 --rounds $ROUNDS_LARGE"
     echo '  ```'
     echo
     "$PYTHON" scripts/bench/algos_report.py "$TMP" $NS

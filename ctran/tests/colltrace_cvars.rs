@@ -69,7 +69,8 @@ fn every_variable_the_code_reads_is_declared() {
     }
     assert!(files.len() > 20, "found only {} source files", files.len());
     // Launcher variables describe the job, they are not tunables (docs/cvars.md says so).
-    let launcher = ["TORCHCOMM_RANK", "TORCHCOMM_SIZE"];
+    // torchcomms-perf's launcher names each rank's CPUs with `--bind`.
+    let launcher = ["TORCHCOMM_RANK", "TORCHCOMM_SIZE", "TORCHCOMMS_PERF_CPUS"];
     let mut missing = Vec::new();
     for f in files
         .iter()
@@ -131,6 +132,8 @@ fn only_launcher_and_system_inputs_are_read_directly() {
         "WORLD_SIZE",
         "MASTER_ADDR",
         "LOCAL_RANK",
+        // torchcomms-perf's launcher: a rank's CPUs under `--bind`.
+        "TORCHCOMMS_PERF_CPUS",
         // The machine and the user's environment.
         "LD_LIBRARY_PATH",
         "CUDA_HOME",

@@ -119,6 +119,12 @@ pub(crate) struct Args {
     #[arg(long, value_name = "SECONDS", default_value = "3600", value_parser = parse_seconds)]
     pub(crate) launch_timeout: Duration,
 
+    /// Bind each rank this process launches to its own CPUs, as `mpirun --bind-to core` does:
+    /// rank r to the r-th of -n equal parts of the CPUs this process may use, or with fewer
+    /// CPUs than ranks to CPU r mod their count. Off by default (the scheduler places ranks).
+    #[arg(long)]
+    pub(crate) bind: bool,
+
     /// Write the rows as a JSON array to FILE (rank 0).
     #[arg(long, value_name = "FILE")]
     pub(crate) json: Option<PathBuf>,
@@ -401,6 +407,7 @@ pub(crate) struct Settings {
     pub(crate) device: Device,
     pub(crate) timeout: Option<Duration>,
     pub(crate) launch_timeout: Duration,
+    pub(crate) bind: bool,
     pub(crate) json: Option<PathBuf>,
     pub(crate) async_op: bool,
     pub(crate) algo: Option<String>,
@@ -550,6 +557,7 @@ impl Settings {
             device: a.device,
             timeout: a.timeout,
             launch_timeout: a.launch_timeout,
+            bind: a.bind,
             json: a.json,
             async_op: a.async_op,
             algo,

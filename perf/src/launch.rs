@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 
 use crate::bench::WRONG_EXIT;
+use crate::bind;
 use crate::cli::Settings;
 
 /// Variables of launchers that a child must not see: `TORCHCOMM_RANK`/`SIZE` name its rank,
@@ -35,6 +36,11 @@ pub(crate) fn launch(s: &Settings) -> Result<ExitCode> {
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
     let port = free_port()?;
     tracing::debug!(n, port, exe = %exe.display(), "launching local ranks");
+    let cpus = if s.bind {
+        Some(bind::plan(&bind::allowed_cpus()?, n))
+    } else {
+        None
+    };
     let mut ranks: Vec<Rank> = Vec::with_capacity(n);
     for r in 0..n {
         let mut cmd = Command::new(&exe);
@@ -48,6 +54,10 @@ pub(crate) fn launch(s: &Settings) -> Result<ExitCode> {
         for v in CLEARED_VARS {
             cmd.env_remove(v);
         }
+        match &cpus {
+            Some(plan) => cmd.env(bind::BIND_VAR, bind::encode(&plan[r])),
+            None => cmd.env_remove(bind::BIND_VAR),
+        };
         match cmd.spawn() {
             Ok(child) => ranks.push(Rank {
                 rank: r,

@@ -18,6 +18,7 @@
 
 mod ab;
 mod bench;
+mod bind;
 mod check;
 mod cli;
 mod device;
@@ -50,6 +51,7 @@ fn main() -> ExitCode {
             .context("reading the launcher's rank and size from the environment")?;
         match info {
             Some(info) => {
+                bind::apply_from_env()?;
                 let rank = info.rank;
                 bench::run_rank(&s, &info).with_context(|| format!("rank {rank}"))
             }

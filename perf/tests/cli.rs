@@ -209,6 +209,58 @@ fn algo_all_prints_one_table_per_algorithm_and_the_auto_summary() {
     assert!(rows.iter().all(|r| r["wrong"] == 0), "{rows:?}");
 }
 
+/// `--bind`: each launched rank runs on its own CPU, and the engine counts the host's cores as
+/// the union of the ranks' CPUs (each rank alone sees one).
+#[test]
+fn bind_gives_each_rank_its_own_cpu_and_the_engine_counts_them_all() {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let out = perf()
+        .args([
+            "-n",
+            "2",
+            "--bind",
+            "--op",
+            "all_reduce",
+            "-b",
+            "8",
+            "-e",
+            "8",
+        ])
+        .args(["-w", "1", "-i", "2"])
+        .env("CTRAN_BACKENDS", "socket")
+        .env(
+            "RUST_LOG",
+            "torchcomms_perf=info,ctran::algos::select::calibrate=debug",
+        )
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("run torchcomms-perf");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "exit {}\n{stderr}", out.status);
+    let bound: Vec<&str> = stderr.lines().filter(|l| l.contains("bound")).collect();
+    assert_eq!(bound.len(), 2, "one line per rank:\n{stderr}");
+    for line in &bound {
+        let list = line
+            .split("cpus=[")
+            .nth(1)
+            .and_then(|r| r.split(']').next());
+        assert_eq!(
+            list.map(|l| l.split(',').count()),
+            Some(1),
+            "one CPU per rank: {line}"
+        );
+    }
+    let expected = format!("cores_per_host: {}", cpus.min(2));
+    assert!(
+        stderr
+            .lines()
+            .filter(|l| l.contains("cost model agreed"))
+            .all(|l| l.contains(&expected)),
+        "{expected} on every rank:\n{stderr}"
+    );
+    assert!(stderr.contains("cost model agreed"), "{stderr}");
+}
+
 #[test]
 fn a_bad_dtype_names_the_argument() {
     let out = perf()
