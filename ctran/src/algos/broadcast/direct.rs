@@ -1,20 +1,27 @@
 //! Direct broadcast: the root sends its whole buffer to every other rank, all transfers in
 //! flight at once: one latency step, for small messages (the root moves `n-1` buffers).
+//!
+//! Large buffers go in staging-chunk pieces, as the chain and the tree send them: one message of
+//! many megabytes was slower on TCP loopback. With 2 ranks at 64 MiB it took 1.02-1.25x the
+//! chain's time in three paired runs, in pieces 0.9-1.02x; with 4 and 8 ranks, 8-16% less time
+//! in pieces (`docs/perf/algorithms.md`, fourteenth session).
 
 use crate::algos::ctx::OpCtx;
+use crate::algos::pipe;
 use crate::error::Result;
 use crate::span::Span;
 
 /// Runs the direct broadcast of `buf` from `root`.
 pub fn run(cx: &mut OpCtx<'_>, buf: Span, root: usize) -> Result<()> {
     let (n, r) = (cx.size, cx.rank);
+    let chunk = cx.staging.chunk_for(1);
     if r != root {
-        let req = cx.recv(root, buf)?;
-        return cx.wait(req);
+        let mut reqs = pipe::post_recv_chunked(cx, root, buf, chunk)?;
+        return cx.wait_all(&mut reqs);
     }
     let mut reqs = Vec::with_capacity(n);
     for k in 1..n {
-        reqs.push(cx.send((root + k) % n, buf)?);
+        reqs.extend(pipe::post_send_chunked(cx, (root + k) % n, buf, chunk)?);
     }
     cx.wait_all(&mut reqs)
 }

@@ -242,7 +242,7 @@ pub fn profile(algo: Algo, shape: &Shape, n: usize, chunk: usize) -> Profile {
         }
         BroadcastDirect => {
             f.hops = 1.0;
-            f.messages = nf - 1.0;
+            f.messages = (nf - 1.0) * pcs(s, c).max(1.0);
             f.busiest = (nf - 1.0) * s;
             f.total = (nf - 1.0) * s;
         }
