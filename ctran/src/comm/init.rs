@@ -124,6 +124,10 @@ fn transports(
             Duration::ZERO
         });
     }
+    if config.socket.buf_bytes.is_none() && local.len() <= cores {
+        let peers = local.iter().copied().filter(|&r| r != config.rank);
+        socket.set_buffers(peers, LOCAL_BUF_BYTES);
+    }
     let shm = if config.use_shm && local.len() > 1 {
         let mut h = DefaultHasher::new();
         (secret, me).hash(&mut h);
@@ -151,6 +155,14 @@ fn transports(
         waker,
     })
 }
+
+/// Socket buffers between ranks of one host that each have a core (`CTRAN_SOCKET_BUF_BYTES`
+/// unset). The kernel starts a connection with small windows (16 KiB to send, 128 KiB to
+/// receive) and grows them slowly on loopback, so a message above about 64 KiB waits for the
+/// receiver's window updates. Measured with 2 ranks of 2 cores: auto at 128-512 KiB took 0.46-0.6
+/// of the time with 4 MiB buffers, broadcast at 8-64 MiB 0.63-0.77. With more ranks than cores
+/// (4 on 2) the larger buffers gained nothing (`docs/perf/algorithms.md`, fourteenth session).
+const LOCAL_BUF_BYTES: usize = 4 << 20;
 
 /// How long a waiting caller or idle progress thread spins when cores allow (`CTRAN_WAIT_SPIN_US`
 /// unset): longer than a small collective on one host takes, far shorter than a sleep costs.

@@ -90,6 +90,19 @@ impl Conn {
         self.sock.as_raw_fd()
     }
 
+    /// Sets the socket's send and receive buffers to `bytes` (the kernel caps them at
+    /// `wmem_max`/`rmem_max`), which ends its auto-tuning.
+    pub(super) fn set_buffers(&self, bytes: usize) -> io::Result<()> {
+        self.sock.set_send_buffer_size(bytes)?;
+        self.sock.set_recv_buffer_size(bytes)
+    }
+
+    /// The socket's (send, receive) buffer sizes as the kernel reports them.
+    #[cfg(test)]
+    pub(super) fn buffer_sizes(&self) -> io::Result<(usize, usize)> {
+        Ok((self.sock.send_buffer_size()?, self.sock.recv_buffer_size()?))
+    }
+
     pub(super) fn broken(&self) -> Option<&TransportError> {
         self.broken.as_ref()
     }

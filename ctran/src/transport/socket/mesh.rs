@@ -33,8 +33,9 @@ pub struct SocketConfig {
     /// How long a waiting rank spins before it sleeps in `poll`; `None` decides from the number
     /// of ranks sharing this host's cores (spinning only pays when each has a core).
     pub spin: Option<Duration>,
-    /// Socket send/receive buffer size in bytes; 0 keeps the kernel's auto-tuning.
-    pub buf_bytes: usize,
+    /// Socket send/receive buffer size in bytes; 0 keeps the kernel's auto-tuning. `None`
+    /// decides at creation (see `LOCAL_BUF_BYTES` in `comm::init`).
+    pub buf_bytes: Option<usize>,
 }
 
 /// A bound, listening socket whose address is published before the mesh is connected.
@@ -148,9 +149,9 @@ fn check_hello(
 
 fn tune(sock: &Socket, cfg: &SocketConfig) -> std::io::Result<()> {
     sock.set_tcp_nodelay(true)?;
-    if cfg.buf_bytes > 0 {
-        sock.set_send_buffer_size(cfg.buf_bytes)?;
-        sock.set_recv_buffer_size(cfg.buf_bytes)?;
+    if let Some(bytes) = cfg.buf_bytes.filter(|&b| b > 0) {
+        sock.set_send_buffer_size(bytes)?;
+        sock.set_recv_buffer_size(bytes)?;
     }
     Ok(())
 }

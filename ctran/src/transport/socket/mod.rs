@@ -67,6 +67,22 @@ impl SocketTransport {
         self.spin = spin;
     }
 
+    /// Sets the send and receive buffers of the connections to `peers` to `bytes`. Best effort:
+    /// a connection that refuses keeps the kernel's sizes (logged).
+    pub fn set_buffers(&mut self, peers: impl IntoIterator<Item = usize>, bytes: usize) {
+        for p in peers {
+            if let Some(conn) = self.conns.get(p).and_then(Option::as_ref) {
+                if let Err(e) = conn.set_buffers(bytes) {
+                    tracing::debug!(
+                        rank = self.rank,
+                        peer = p,
+                        "socket buffers of {bytes} B: {e}"
+                    );
+                }
+            }
+        }
+    }
+
     /// This rank.
     pub fn rank(&self) -> usize {
         self.rank
@@ -286,5 +302,67 @@ impl Transport for SocketTransport {
 impl AsFd for Waker {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use super::mesh::{connect_mesh, Listener, MeshPlan, SocketConfig};
+    use super::*;
+
+    /// Two ranks of one process, connected over loopback.
+    fn pair() -> [SocketTransport; 2] {
+        let listeners = [0, 1].map(|_| Listener::bind(Ipv4Addr::LOCALHOST.into()).unwrap());
+        let addrs: Vec<_> = listeners.iter().map(Listener::addr).collect();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut ends = std::thread::scope(|s| {
+            let joins: Vec<_> = listeners
+                .into_iter()
+                .enumerate()
+                .map(|(rank, l)| {
+                    let plan = MeshPlan {
+                        comm: "buffers".into(),
+                        rank,
+                        addrs: addrs.clone(),
+                        secret: [7; 16],
+                    };
+                    s.spawn(move || connect_mesh(l, &plan, &SocketConfig::default(), deadline))
+                })
+                .collect();
+            joins
+                .into_iter()
+                .map(|j| j.join().unwrap().unwrap())
+                .collect::<Vec<_>>()
+        });
+        let b = ends.pop().unwrap();
+        [ends.pop().unwrap(), b]
+    }
+
+    fn limit(path: &str) -> usize {
+        std::fs::read_to_string(path)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
+    #[test]
+    fn set_buffers_resizes_the_connections_to_the_peers_named() {
+        let [mut a, b] = pair();
+        let bytes = 1 << 20;
+        a.set_buffers([1], bytes);
+        let conn = |t: &SocketTransport| {
+            let c = t.conns[1 - t.rank].as_ref().unwrap();
+            c.buffer_sizes().unwrap()
+        };
+        // Linux doubles the request (bookkeeping) after capping it at the system's limit.
+        let expected = (
+            2 * bytes.min(limit("/proc/sys/net/core/wmem_max")),
+            2 * bytes.min(limit("/proc/sys/net/core/rmem_max")),
+        );
+        assert_eq!(conn(&a), expected);
+        assert_ne!(conn(&b), expected, "the other end keeps the kernel's sizes");
     }
 }
