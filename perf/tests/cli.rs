@@ -213,7 +213,11 @@ fn algo_all_prints_one_table_per_algorithm_and_the_auto_summary() {
 /// the union of the ranks' CPUs (each rank alone sees one).
 #[test]
 fn bind_gives_each_rank_its_own_cpu_and_the_engine_counts_them_all() {
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // The launcher splits the CPUs of its mask (a quota is not a mask).
+    let mask = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)).unwrap();
+    let cpus = (0..nix::sched::CpuSet::count())
+        .filter(|&c| mask.is_set(c).unwrap())
+        .count();
     let out = perf()
         .args([
             "-n",
