@@ -85,7 +85,7 @@ mod tests {
     }
 
     #[test]
-    fn the_variable_round_trips() {
+    fn the_variable_lists_cpus_by_comma() {
         assert_eq!(encode(&[0, 5, 12]), "0,5,12");
         assert_eq!(encode(&[3]), "3");
     }

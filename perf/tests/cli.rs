@@ -265,6 +265,24 @@ fn bind_gives_each_rank_its_own_cpu_and_the_engine_counts_them_all() {
     assert!(stderr.contains("cost model agreed"), "{stderr}");
 }
 
+/// A rank given a CPU list it cannot parse stops with an error naming the variable.
+#[test]
+fn a_bad_cpu_list_names_the_variable() {
+    let out = perf()
+        .args(["--op", "all_reduce", "-b", "8", "-e", "8"])
+        .env("TORCHCOMM_RANK", "0")
+        .env("TORCHCOMM_SIZE", "1")
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", "1")
+        .env("TORCHCOMMS_PERF_CPUS", "0,x")
+        .output()
+        .expect("run torchcomms-perf");
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("TORCHCOMMS_PERF_CPUS"), "{stderr}");
+    assert!(stderr.contains("\"x\" is not a CPU number"), "{stderr}");
+}
+
 #[test]
 fn a_bad_dtype_names_the_argument() {
     let out = perf()
