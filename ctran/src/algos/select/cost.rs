@@ -3,14 +3,16 @@
 //! An algorithm's time on `n` ranks is predicted as
 //!
 //! ```text
-//! T = H alpha + (M_host / C) mu + max(B_busiest / kappa, B_average) beta + (R + P) gamma
+//! T = H alpha + (M_host / C) mu + max(max(B_busiest, B_path) / kappa, B_average) beta
+//!     + (R + P) gamma
 //! ```
 //!
 //! - `H`: hops on the critical path (message latencies that follow one another);
 //! - `M_host`: messages that the ranks of one host send, `C = min(cores, ranks per host)`: every
 //!   message costs CPU time (system calls, a wake-up), and ranks of one host share its cores;
 //! - `B`: bytes a rank moves (the larger of sent and received), for the busiest rank and on
-//!   average;
+//!   average; `B_path`: bytes moved one transfer after another along a pipeline's critical path
+//!   (its hops times its piece);
 //!   beta is measured with every rank moving data at once, which on a host with more ranks than
 //!   cores is `kappa = ranks per host / cores` times slower than a rank alone: a rank that works
 //!   while others wait goes `kappa` times faster, but never faster than the host's cores allow
@@ -85,6 +87,10 @@ pub struct Profile {
     pub busiest: f64,
     /// Bytes sent by all ranks.
     pub total: f64,
+    /// Bytes moved one transfer after another along the critical path: a pipeline's hops times
+    /// its piece. Where a pipeline has few pieces (one below a chunk), its stages run in turn, and
+    /// a chain of `n` ranks moves the buffer `n - 1` times over, not once.
+    pub path: f64,
     /// Bytes reduced on the critical path.
     pub reduced: f64,
     /// Bytes copied through staging on the critical path.
@@ -113,6 +119,8 @@ pub fn profile(algo: Algo, shape: &Shape, n: usize, chunk: usize) -> Profile {
     let c = chunk.max(1) as f64;
     // Pieces of `x` bytes in chunks of `c` (none for nothing).
     let pcs = |x: f64, c: f64| if x <= 0.0 { 0.0 } else { (x / c).ceil() };
+    // One of `k` pieces of `x` bytes.
+    let piece = |x: f64, k: f64| if k > 0.0 { x / k } else { 0.0 };
     // Direct reductions cut pieces so that one from every peer fits a chunk.
     let direct_piece = (c / (nf - 1.0)).floor().max(shape.elem as f64);
     let b = s / nf;
@@ -127,6 +135,7 @@ pub fn profile(algo: Algo, shape: &Shape, n: usize, chunk: usize) -> Profile {
             f.chained = true;
             let k = pcs(b, c);
             f.hops = 2.0 * (nf - 1.0) + (k - 1.0).max(0.0);
+            f.path = f.hops * piece(b, k);
             f.messages = nf * 2.0 * (nf - 1.0) * k;
             f.busiest = 2.0 * (nf - 1.0) * b;
             f.total = nf * 2.0 * (nf - 1.0) * b;
@@ -152,6 +161,7 @@ pub fn profile(algo: Algo, shape: &Shape, n: usize, chunk: usize) -> Profile {
             f.chained = true;
             let k = pcs(s, c);
             f.hops = 2.0 * l + 2.0 * (k - 1.0).max(0.0);
+            f.path = f.hops * piece(s, k);
             f.messages = 2.0 * (nf - 1.0) * k;
             f.busiest = l * s;
             f.total = 2.0 * (nf - 1.0) * s;
@@ -162,6 +172,7 @@ pub fn profile(algo: Algo, shape: &Shape, n: usize, chunk: usize) -> Profile {
             f.chained = true;
             let k = pcs(b, c);
             f.hops = nf - 1.0 + (k - 1.0).max(0.0);
+            f.path = f.hops * piece(b, k);
             f.messages = nf * (nf - 1.0) * k;
             f.busiest = (nf - 1.0) * b;
             f.total = nf * (nf - 1.0) * b;
@@ -197,6 +208,7 @@ pub fn profile(algo: Algo, shape: &Shape, n: usize, chunk: usize) -> Profile {
             f.chained = true;
             let k = pcs(b, c);
             f.hops = nf - 1.0 + (k - 1.0).max(0.0);
+            f.path = f.hops * piece(b, k);
             f.messages = nf * (nf - 1.0) * k;
             f.busiest = (nf - 1.0) * b;
             f.total = nf * (nf - 1.0) * b;
@@ -228,6 +240,7 @@ pub fn profile(algo: Algo, shape: &Shape, n: usize, chunk: usize) -> Profile {
             f.chained = true;
             let k = pcs(s, c);
             f.hops = l + (k - 1.0).max(0.0);
+            f.path = f.hops * piece(s, k);
             f.messages = (nf - 1.0) * k;
             f.busiest = l * s;
             f.total = (nf - 1.0) * s;
@@ -236,6 +249,7 @@ pub fn profile(algo: Algo, shape: &Shape, n: usize, chunk: usize) -> Profile {
             f.chained = true;
             let k = pcs(s, c);
             f.hops = nf - 1.0 + (k - 1.0).max(0.0);
+            f.path = f.hops * piece(s, k);
             f.messages = (nf - 1.0) * k;
             f.busiest = s;
             f.total = (nf - 1.0) * s;
@@ -250,6 +264,7 @@ pub fn profile(algo: Algo, shape: &Shape, n: usize, chunk: usize) -> Profile {
             f.chained = true;
             let k = pcs(s, c);
             f.hops = l + (k - 1.0).max(0.0);
+            f.path = f.hops * piece(s, k);
             f.messages = (nf - 1.0) * k;
             f.busiest = l * s;
             f.total = (nf - 1.0) * s;
@@ -321,7 +336,7 @@ impl CostModel {
         } else {
             1.0
         };
-        let bytes = stall * (f.busiest / self.kappa(n)).max(f.total / nf);
+        let bytes = stall * (f.busiest.max(f.path) / self.kappa(n)).max(f.total / nf);
         f.hops * self.alpha
             + messages_host / cores * self.mu
             + bytes * self.beta
@@ -535,5 +550,20 @@ mod tests {
                 "{bytes} B all_reduce"
             );
         }
+    }
+
+    #[test]
+    fn a_chain_below_one_chunk_moves_the_buffer_once_per_hop() {
+        let bcast = |bytes| shape(Collective::Broadcast, bytes, 4);
+        // One piece: the 3 hops of 4 ranks run in turn.
+        let f = profile(Algo::BroadcastChain, &bcast(256 << 10), 4, CHUNK);
+        assert_eq!(f.path, 3.0 * f64::from(256u32 << 10));
+        // 64 pieces: the pipeline's fill adds 2 pieces to the buffer.
+        let f = profile(Algo::BroadcastChain, &bcast(64 << 20), 4, CHUNK);
+        assert_eq!(f.path, 66.0 * f64::from(1u32 << 20));
+        // Below a chunk the tree's 2 hops beat the chain's 3 (measured 1.1-1.35x apart at
+        // 128-256 KiB on 4 ranks, docs/perf/algorithms.md, fifteenth session).
+        let a = pick(&measured(4), Collective::Broadcast, 256 << 10, 4);
+        assert_ne!(a, Algo::BroadcastChain, "256 KiB broadcast on 4 ranks");
     }
 }
