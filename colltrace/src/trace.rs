@@ -769,6 +769,23 @@ impl CommTrace {
         self.push_misc(Misc { rec: r, extra });
     }
 
+    /// Records a submitted operation that completed on the submitting thread, never reaching
+    /// the progress thread: a collective that moves nothing, with nothing before it unfinished.
+    pub fn complete_inline(&self, rec: OpRecord) {
+        if rec.q.id == 0 {
+            return;
+        }
+        let now = self.clock.now();
+        let mut r = Rec::queued_until(&rec.q, now);
+        r.started = now;
+        r.ended = now;
+        r.state = State::Completed;
+        self.push_misc(Misc {
+            rec: r,
+            extra: Extra::default(),
+        });
+    }
+
     fn push_misc(&self, m: Misc) {
         let mut g = lock(&self.misc);
         if g.len() >= self.capacity {
@@ -887,6 +904,17 @@ impl CommTrace {
             .filter(|q| q.id > 0)
             .collect();
         let misc: Vec<Misc> = lock(&self.misc).iter().cloned().collect();
+        // Operations completed on the submitting thread count as started and completed too.
+        let inline = |kind: RecordKind| {
+            misc.iter()
+                .filter(|m| m.rec.kind == kind && m.rec.state == State::Completed)
+                .map(|m| m.rec.seq)
+                .max()
+                .unwrap_or(0)
+        };
+        let (ci, pi) = (inline(RecordKind::Collective), inline(RecordKind::P2p));
+        let coll = (coll.0.max(ci), coll.1.max(ci));
+        let p2p = (p2p.0.max(pi), p2p.1.max(pi));
         let next_id = self.next_id.load(Ordering::Relaxed);
         let enq = [
             self.enqueued[0].load(Ordering::Relaxed),

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ctran::bootstrap::HashStore;
-use ctran::{Comm, CommConfig, DataType, Op, P2p, ReduceOp, Span};
+use ctran::{Comm, CommConfig, DataType, Op, P2p, ReduceOp, RequestStatus, Span};
 
 /// Runs `f` on `n` thread-ranks, once over TCP alone and once with shared memory between them.
 fn with_ranks<R: Send>(n: usize, name: &str, f: impl Fn(&Comm) -> R + Sync) -> Vec<R> {
@@ -403,4 +403,61 @@ fn size_mismatch_is_reported_not_hung() {
     // Rank 0 finished its send; it learns of the failure when it next needs rank 1.
     let fin0 = results[0].1.as_ref().unwrap_err().to_string();
     assert!(fin0.contains("lost peer 1"), "{fin0}");
+}
+
+#[test]
+fn an_empty_collective_completes_at_submission_but_never_before_earlier_ones() {
+    with_ranks(2, "empty", |c| {
+        let mut none: Vec<f32> = Vec::new();
+        let empty = |none: &mut Vec<f32>| Op::AllReduce {
+            buf: span_of(none),
+            dtype: DataType::F32,
+            op: ReduceOp::Sum,
+        };
+        // Nothing before it: done when `submit` returns, and traced as completed.
+        let first = c.submit(empty(&mut none), None);
+        assert_eq!(first.status(), RequestStatus::Completed);
+        let dump = c.trace().snapshot();
+        assert_eq!(dump.collective.completed, first.seq());
+        let rec = dump
+            .records
+            .iter()
+            .find(|r| r.seq == first.seq() && r.op == "all_reduce");
+        assert_eq!(
+            rec.map(|r| r.state),
+            Some(colltrace::schema::State::Completed),
+            "{:?}",
+            dump.records
+        );
+        // Behind an all_reduce that rank 1 joins late: not before it.
+        let mut v = vec![1i64; 8];
+        if c.rank() == 1 {
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        let full = c.submit(
+            Op::AllReduce {
+                buf: span_of(&mut v),
+                dtype: DataType::I64,
+                op: ReduceOp::Sum,
+            },
+            None,
+        );
+        let second = c.submit(empty(&mut none), None);
+        let seen = (c.rank() == 0).then(|| {
+            std::thread::sleep(Duration::from_millis(100));
+            (full.status(), second.status())
+        });
+        let waited = second.wait_timeout(Duration::from_secs(30), c.rank());
+        let after = full.status();
+        // Checked once `full` finished with `v`.
+        full.wait_timeout(Duration::from_secs(30), c.rank())
+            .unwrap();
+        waited.unwrap();
+        if let Some((full_then, second_then)) = seen {
+            assert_eq!(full_then, RequestStatus::Started);
+            assert_ne!(second_then, RequestStatus::Completed);
+        }
+        assert_eq!(after, RequestStatus::Completed);
+        assert_eq!(v, vec![2i64; 8]);
+    });
 }

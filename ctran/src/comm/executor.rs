@@ -3,6 +3,7 @@
 //! into the communicator's permanent state.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -39,7 +40,13 @@ pub(crate) struct Task {
 impl Task {
     /// Releases the buffers' owners, then reports the result: a waiter that wakes up may rely
     /// on the operation holding nothing any more.
-    fn complete(self, log: &mut colltrace::TraceWriter, result: crate::error::Result<()>) {
+    /// Counts the task in `done` before the caller can see it finished.
+    fn complete(
+        self,
+        log: &mut colltrace::TraceWriter,
+        done: &AtomicU64,
+        result: crate::error::Result<()>,
+    ) {
         let Task {
             request,
             mut trace,
@@ -50,10 +57,12 @@ impl Task {
         match result {
             // The caller first: the trace's end overlaps its turnaround.
             Ok(()) => log.finish_after(&mut trace, colltrace::Outcome::Completed, || {
+                done.fetch_add(1, Ordering::Release);
                 request.finish(Ok(()))
             }),
             Err(_) => {
                 log.finish(&mut trace, super::trace::outcome(&result));
+                done.fetch_add(1, Ordering::Release);
                 request.finish(result);
             }
         }
@@ -62,7 +71,11 @@ impl Task {
     /// Like [`Task::complete`] for a task that completed over shared memory with its start
     /// pinned and not recorded ([`colltrace::TraceWriter::end_pinned_after`]): tells the
     /// caller, and returns what is needed to write its record later.
-    fn complete_deferred(self, log: &mut colltrace::TraceWriter) -> Option<Unwritten> {
+    fn complete_deferred(
+        self,
+        log: &mut colltrace::TraceWriter,
+        done: &AtomicU64,
+    ) -> Option<Unwritten> {
         let Task {
             op,
             timeout,
@@ -72,7 +85,10 @@ impl Task {
             ..
         } = self;
         drop(_keepalive);
-        let ended = log.end_pinned_after(&mut trace, || request.finish(Ok(())))?;
+        let ended = log.end_pinned_after(&mut trace, || {
+            done.fetch_add(1, Ordering::Release);
+            request.finish(Ok(()))
+        })?;
         Some(Unwritten { ended, op, timeout })
     }
 }
@@ -273,14 +289,14 @@ impl Executor {
     fn execute(&mut self, mut task: Task) {
         if let Some(err) = self.shared.failure() {
             self.write_unwritten();
-            task.complete(&mut self.tracer, Err(err));
+            task.complete(&mut self.tracer, &self.shared.tasks_done, Err(err));
             return;
         }
         task.request.start();
         let name = task.op.name();
-        if moves_nothing_anywhere(&task.op) {
+        if task.op.moves_nothing_anywhere(task.algo.uniform) {
             self.write_unwritten();
-            task.complete(&mut self.tracer, Ok(()));
+            task.complete(&mut self.tracer, &self.shared.tasks_done, Ok(()));
             return;
         }
         if task.op.is_p2p() {
@@ -312,7 +328,7 @@ impl Executor {
         };
         let result = match shm {
             Some(Ok(())) => {
-                if let Some(u) = task.complete_deferred(&mut self.tracer) {
+                if let Some(u) = task.complete_deferred(&mut self.tracer, &self.shared.tasks_done) {
                     if self.unwritten.len() == UNWRITTEN_MAX {
                         // None of the last operations waited: the oldest, after the signal.
                         Unwritten::write_oldest(&mut self.unwritten, &mut self.tracer);
@@ -335,7 +351,7 @@ impl Executor {
             }
         };
         match result {
-            Ok(()) => task.complete(&mut self.tracer, Ok(())),
+            Ok(()) => task.complete(&mut self.tracer, &self.shared.tasks_done, Ok(())),
             Err(e) => self.fail_task(task, e),
         }
     }
@@ -497,7 +513,8 @@ impl Executor {
             }
             if f.reqs.is_empty() {
                 let f = self.inflight.remove(i);
-                f.task.complete(&mut self.tracer, Ok(()));
+                f.task
+                    .complete(&mut self.tracer, &self.shared.tasks_done, Ok(()));
             } else {
                 i += 1;
             }
@@ -526,7 +543,7 @@ impl Executor {
         self.tracer
             .finish(&mut task.trace, super::trace::outcome(&result));
         self.fail(err);
-        task.complete(&mut self.tracer, result);
+        task.complete(&mut self.tracer, &self.shared.tasks_done, result);
     }
 
     /// Marks the communicator failed, closes its connections (peers notice at once), fails
@@ -536,7 +553,11 @@ impl Executor {
         let wrapped = self.shared.set_failed(err.clone());
         self.net.abort(&err.to_string());
         for f in self.inflight.drain(..) {
-            f.task.complete(&mut self.tracer, Err(wrapped.clone()));
+            f.task.complete(
+                &mut self.tracer,
+                &self.shared.tasks_done,
+                Err(wrapped.clone()),
+            );
         }
         super::trace::report_failure(&self.shared.trace, &err);
         if self.shared.abort_process_on_error {
@@ -547,21 +568,5 @@ impl Executor {
             );
             std::process::abort();
         }
-    }
-}
-
-/// True for collectives that move no byte on any rank, judged from sizes every rank agrees on
-/// (so every rank skips them alike, as NCCL does for a count of 0). all_to_all is excluded: a
-/// rank's own blocks being empty says nothing about the others'.
-fn moves_nothing_anywhere(op: &Op) -> bool {
-    match op {
-        Op::AllReduce { buf, .. } | Op::Reduce { buf, .. } | Op::Broadcast { buf, .. } => {
-            buf.is_empty()
-        }
-        Op::AllGather { outputs, .. } => outputs.iter().all(|o| o.is_empty()),
-        Op::ReduceScatter { inputs, .. } => inputs.iter().all(|i| i.is_empty()),
-        Op::Scatter { output, .. } => output.is_empty(),
-        Op::Gather { input, .. } => input.is_empty(),
-        _ => false,
     }
 }

@@ -48,6 +48,9 @@ pub(crate) struct Shared {
     pub(crate) wait_spin: Duration,
     /// Cores of this rank's host: the union of its ranks' CPU sets (see [`cpus`]).
     pub(crate) host_cores: usize,
+    /// Tasks the progress thread finished, counted before their callers are told: when it
+    /// equals [`Submitter::sent`], nothing submitted is unfinished.
+    pub(crate) tasks_done: AtomicU64,
     failed: Mutex<Option<Error>>,
 }
 
@@ -81,6 +84,8 @@ struct Submitter {
     tx: Sender<Command>,
     coll_seq: u64,
     p2p_seq: u64,
+    /// Tasks handed to the progress thread.
+    sent: u64,
 }
 
 /// A communicator of the ctran engine.
@@ -96,7 +101,6 @@ pub struct Comm {
     waker: Arc<Waker>,
     thread: Mutex<Option<JoinHandle<()>>>,
     finalized: AtomicBool,
-    ops_issued: AtomicU64,
 }
 
 impl Comm {
@@ -130,6 +134,7 @@ impl Comm {
             trace,
             wait_spin: config.wait_spin.unwrap_or(Duration::ZERO),
             host_cores,
+            tasks_done: AtomicU64::new(0),
         });
         let (tx, rx) = crossbeam_channel::unbounded();
         let exec = Executor::new(
@@ -157,11 +162,11 @@ impl Comm {
                 tx,
                 coll_seq: 0,
                 p2p_seq: 0,
+                sent: 0,
             }),
             waker,
             thread: Mutex::new(Some(thread)),
             finalized: AtomicBool::new(false),
-            ops_issued: AtomicU64::new(0),
         })
     }
 
@@ -259,6 +264,17 @@ impl Comm {
             self.shared.trace.refuse(traced, &err);
             return Request::failed(name, seq, err);
         }
+        // A collective that moves nothing completes here, in issue order (after everything
+        // submitted before it), as NCCL returns at once for a count of 0: handing it to the
+        // progress thread cost 6-75 us on 4 ranks of 2 cores.
+        if op.moves_nothing_anywhere(algo.uniform)
+            && self.shared.tasks_done.load(Ordering::Acquire) == sub.sent
+        {
+            drop(sub);
+            drop(keepalive);
+            self.shared.trace.complete_inline(traced);
+            return Request::completed(name, seq);
+        }
         // Shown as queued once the task is on its way: off the caller's critical path.
         let queued = traced.queued();
         let request = Request::new(name, seq, self.shared.wait_spin)
@@ -284,8 +300,8 @@ impl Comm {
             }
             return Request::failed(name, seq, err);
         }
+        sub.sent += 1;
         drop(sub);
-        self.ops_issued.fetch_add(1, Ordering::Relaxed);
         self.waker.wake();
         self.shared.trace.publish(queued);
         request

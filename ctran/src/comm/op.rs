@@ -146,6 +146,26 @@ impl Op {
     pub fn is_p2p(&self) -> bool {
         matches!(self, Op::Send { .. } | Op::Recv { .. } | Op::Batch { .. })
     }
+
+    /// True for collectives that move no byte on any rank, judged from sizes every rank agrees
+    /// on (so every rank skips them alike, as NCCL does for a count of 0). An all_to_all counts
+    /// only where the caller declared that every rank passes equal blocks (`uniform`): a rank's
+    /// own blocks being empty says nothing about the others' otherwise.
+    pub fn moves_nothing_anywhere(&self, uniform: bool) -> bool {
+        match self {
+            Op::AllToAll { inputs, outputs } => {
+                uniform && inputs.iter().chain(outputs).all(|b| b.is_empty())
+            }
+            Op::AllReduce { buf, .. } | Op::Reduce { buf, .. } | Op::Broadcast { buf, .. } => {
+                buf.is_empty()
+            }
+            Op::AllGather { outputs, .. } => outputs.iter().all(|o| o.is_empty()),
+            Op::ReduceScatter { inputs, .. } => inputs.iter().all(|i| i.is_empty()),
+            Op::Scatter { output, .. } => output.is_empty(),
+            Op::Gather { input, .. } => input.is_empty(),
+            _ => false,
+        }
+    }
 }
 
 impl fmt::Display for Op {

@@ -90,6 +90,13 @@ impl Request {
         r
     }
 
+    /// A request that already completed (an operation with nothing to do).
+    pub(crate) fn completed(op: &'static str, seq: u64) -> Request {
+        let r = Request::new(op, seq, Duration::ZERO);
+        r.finish(Ok(()));
+        r
+    }
+
     /// Name of the operation.
     pub fn op(&self) -> &'static str {
         self.op
