@@ -10,11 +10,13 @@
 #
 # Environment: NS (rank counts, default "2 4 8"), OPS (comma-separated, default every
 # collective), MAX (largest size, default 64M), ROUNDS_SMALL / ROUNDS_LARGE (rounds below and from
-# 1 MiB, default 15 and 5), ITER_BYTES (data timed per size and round from 1 MiB, default 128M),
+# 1 MiB, default 30 and 10: with 15 and 5, auto and its own pick, the same code, differed by more
+# than 10% at 13-21 of 563 points in a run, with 30 and 10 at 8), ITER_BYTES (data timed per size
+# and round from 1 MiB, default 128M),
 # BIND (1, default: rank counts up to the number of cores run with `--bind`, one core per rank,
 # as `mpirun --bind-to core` places them; 0: the scheduler places every rank), PERF (the binary;
 # default: built here). Shared memory is off (CTRAN_BACKENDS=socket), so every
-# algorithm and auto run over TCP on loopback. About 10 minutes on a 2-core machine. The raw
+# algorithm and auto run over TCP on loopback. About 16 minutes on a 2-core machine. The raw
 # tables and JSON rows stay in $KEEP when it is set; then
 # `cargo run --release -p ctran --example replay_cost_model -- $KEEP` replays them through the
 # cost model of the build at hand (where would its picks be within 10%?).
@@ -30,8 +32,8 @@ done
 NS=${NS:-2 4 8}
 OPS=${OPS:-all_reduce,all_gather,reduce_scatter,broadcast,all_to_all,reduce,scatter,gather}
 MAX=${MAX:-64M}
-ROUNDS_SMALL=${ROUNDS_SMALL:-15}
-ROUNDS_LARGE=${ROUNDS_LARGE:-5}
+ROUNDS_SMALL=${ROUNDS_SMALL:-30}
+ROUNDS_LARGE=${ROUNDS_LARGE:-10}
 ITER_BYTES=${ITER_BYTES:-128M}
 PYTHON=${PYTHON:-python3}
 if [ -z "${PERF:-}" ]; then
