@@ -561,8 +561,8 @@ mod tests {
         // 64 pieces: the pipeline's fill adds 2 pieces to the buffer.
         let f = profile(Algo::BroadcastChain, &bcast(64 << 20), 4, CHUNK);
         assert_eq!(f.path, 66.0 * f64::from(1u32 << 20));
-        // Below a chunk the tree's 2 hops beat the chain's 3 (measured 1.1-1.35x apart at
-        // 128-256 KiB on 4 ranks, docs/perf/algorithms.md, fifteenth session).
+        // Below a chunk the model now ranks the tree's 2 hops ahead of the chain's 3 (measured
+        // either way from run to run at 128-512 KiB on 4 ranks, docs/perf/algorithms.md).
         let a = pick(&measured(4), Collective::Broadcast, 256 << 10, 4);
         assert_ne!(a, Algo::BroadcastChain, "256 KiB broadcast on 4 ranks");
     }
