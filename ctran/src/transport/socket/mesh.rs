@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
-use super::conn::Conn;
+use super::conn::{self, Conn};
 use super::{SocketTransport, Waker};
 use crate::error::{Error, Result};
 
@@ -150,8 +150,7 @@ fn check_hello(
 fn tune(sock: &Socket, cfg: &SocketConfig) -> std::io::Result<()> {
     sock.set_tcp_nodelay(true)?;
     if let Some(bytes) = cfg.buf_bytes.filter(|&b| b > 0) {
-        sock.set_send_buffer_size(bytes)?;
-        sock.set_recv_buffer_size(bytes)?;
+        conn::set_buffers(sock, bytes)?;
     }
     Ok(())
 }
