@@ -60,7 +60,12 @@ def _to_tensor(obj: object, device: torch.device) -> torch.Tensor:
 
 
 def _from_tensor(t: torch.Tensor, size: int, weights_only: bool) -> object:
-    return _loads(t[:size].cpu().numpy().tobytes(), weights_only)
+    # Copied out through a tensor over a bytearray: `Tensor.numpy()` would need NumPy, which
+    # PyTorch does not require.
+    data = bytearray(size)
+    if size:
+        torch.frombuffer(data, dtype=torch.uint8).copy_(t[:size])
+    return _loads(bytes(data), weights_only)
 
 
 def _padded(t: torch.Tensor, size: int) -> torch.Tensor:
