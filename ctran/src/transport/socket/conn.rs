@@ -27,13 +27,6 @@ const MAX_REASON: usize = 1024;
 /// 8% less (`docs/perf/algorithms.md`, thirteenth session).
 const MAX_IO_BYTES: usize = 1 << 20;
 
-/// Sets `sock`'s send and receive buffers to `bytes`: before connecting (the mesh, so that the
-/// window scale agreed at the handshake fits them) or later (a communicator's own peers).
-pub(super) fn set_buffers(sock: &Socket, bytes: usize) -> io::Result<()> {
-    sock.set_send_buffer_size(bytes)?;
-    sock.set_recv_buffer_size(bytes)
-}
-
 fn encode_header(len: usize, flags: u32) -> [u8; HEADER_LEN] {
     let mut h = [0u8; HEADER_LEN];
     h[0..4].copy_from_slice(&MAGIC.to_le_bytes());
@@ -100,7 +93,8 @@ impl Conn {
     /// Sets the socket's send and receive buffers to `bytes` (the kernel caps them at
     /// `wmem_max`/`rmem_max`), which ends its auto-tuning.
     pub(super) fn set_buffers(&self, bytes: usize) -> io::Result<()> {
-        set_buffers(&self.sock, bytes)
+        self.sock.set_send_buffer_size(bytes)?;
+        self.sock.set_recv_buffer_size(bytes)
     }
 
     /// The socket's (send, receive) buffer sizes as the kernel reports them.

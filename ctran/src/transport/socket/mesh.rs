@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
-use super::conn::{self, Conn};
+use super::conn::Conn;
 use super::{SocketTransport, Waker};
 use crate::error::{Error, Result};
 
@@ -145,14 +145,6 @@ fn check_hello(
         return Err(format!("rank {from} is already connected"));
     }
     Ok(from)
-}
-
-fn tune(sock: &Socket, cfg: &SocketConfig) -> std::io::Result<()> {
-    sock.set_tcp_nodelay(true)?;
-    if let Some(bytes) = cfg.buf_bytes.filter(|&b| b > 0) {
-        conn::set_buffers(sock, bytes)?;
-    }
-    Ok(())
 }
 
 fn connect_with_retry(addr: SocketAddr, deadline: Instant) -> std::io::Result<TcpStream> {
@@ -291,10 +283,13 @@ pub fn connect_mesh(
     for (peer, sock) in socks.into_iter().enumerate() {
         match sock {
             Some(s) => {
-                tune(&s, cfg).map_err(|e| Error::io(format!("tuning socket to rank {peer}"), e))?;
-                conns.push(Some(
-                    Conn::new(peer, s).map_err(|e| Error::io("O_NONBLOCK", e))?,
-                ));
+                let tuning = |e| Error::io(format!("tuning socket to rank {peer}"), e);
+                s.set_tcp_nodelay(true).map_err(tuning)?;
+                let conn = Conn::new(peer, s).map_err(|e| Error::io("O_NONBLOCK", e))?;
+                if let Some(bytes) = cfg.buf_bytes.filter(|&b| b > 0) {
+                    conn.set_buffers(bytes).map_err(tuning)?;
+                }
+                conns.push(Some(conn));
             }
             None => conns.push(None),
         }
