@@ -12,7 +12,7 @@ use crossbeam_channel::{Receiver, TryRecvError};
 use super::op::Op;
 use super::request::Request;
 use super::Shared;
-use crate::algos::select::{self, Choice, Pick};
+use crate::algos::select::{Choice, Pick};
 use crate::algos::staging::Staging;
 use crate::algos::{self, OpCtx};
 use crate::error::Error;
@@ -131,12 +131,17 @@ impl Unwritten {
 }
 
 /// What the progress thread is asked to do.
-#[derive(Debug)]
 pub(crate) enum Command {
     Run(Box<Task>),
     /// Finish everything queued, then exit; reply on the channel.
     Shutdown(crossbeam_channel::Sender<()>),
+    /// Work of the communicator's own, run like an operation but not traced: the cost model's
+    /// calibration (see [`super::calibration`]).
+    Step(Step),
 }
+
+/// A step of the communicator's own work; an error fails the communicator.
+pub(crate) type Step = Box<dyn FnOnce(&mut OpCtx<'_>) -> crate::error::Result<()> + Send>;
 
 /// Point-to-point work posted to the transport and not yet finished.
 #[derive(Debug)]
@@ -186,11 +191,8 @@ impl Executor {
         Unwritten::write_all(&mut self.unwritten, &mut self.tracer);
     }
 
-    /// Calibrates (then says so on `calibrated`) and runs the operations until the communicator
-    /// ends.
-    pub(crate) fn run(mut self, calibrated: crossbeam_channel::Sender<()>) {
-        self.calibrate();
-        let _ = calibrated.send(());
+    /// Runs the operations until the communicator ends.
+    pub(crate) fn run(mut self) {
         loop {
             self.reap_inflight();
             let cmd = if self.inflight.is_empty() {
@@ -210,6 +212,7 @@ impl Executor {
             };
             match cmd {
                 Command::Run(task) => self.execute(*task),
+                Command::Step(step) => self.run_step(step),
                 Command::Shutdown(reply) => {
                     self.write_unwritten();
                     self.drain_inflight();
@@ -454,18 +457,14 @@ impl Executor {
         }))
     }
 
-    /// Measures and agrees on the cost model with every other rank (each runs this first, before
-    /// any operation); a failure fails the communicator.
-    fn calibrate(&mut self) {
-        let sel = Arc::clone(&self.shared.selector);
-        let host_cores = self.shared.host_cores;
-        let result = {
-            let mut cx = self.ctx("calibrate", 0, sel.timeout);
-            select::calibrate::run(&mut cx, &sel.config().cost, host_cores)
-        };
-        match result {
-            Ok(model) => sel.set_model(model),
-            Err(e) => self.fail(e),
+    /// Runs a step of the communicator's own work; its failure fails the communicator, as an
+    /// operation's does.
+    fn run_step(&mut self, step: Step) {
+        self.write_unwritten();
+        let timeout = self.shared.selector.timeout;
+        let result = step(&mut self.ctx("calibrate", 0, timeout));
+        if let Err(e) = result {
+            self.fail(e);
         }
     }
 

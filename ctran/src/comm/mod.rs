@@ -1,6 +1,7 @@
 //! The communicator: a group of ranks connected by transports, running operations in issue
 //! order on its own progress thread.
 
+mod calibration;
 pub mod config;
 mod cpus;
 mod executor;
@@ -40,7 +41,7 @@ pub(crate) struct Shared {
     pub(crate) rank: usize,
     pub(crate) size: usize,
     pub(crate) abort_process_on_error: bool,
-    /// Algorithm choices and the agreed cost model (set by the progress thread at start).
+    /// Algorithm choices and the agreed cost model (set at creation, see [`calibration`]).
     pub(crate) selector: Arc<Selector>,
     /// colltrace of this communicator.
     pub(crate) trace: Arc<colltrace::CommTrace>,
@@ -144,18 +145,11 @@ impl Comm {
             Staging::new(config.chunk_bytes),
             rx,
         );
-        let (calibrated_tx, calibrated) = crossbeam_channel::bounded(1);
         let thread = std::thread::Builder::new()
             .name(format!("ctran-{}-r{}", config.name, config.rank))
-            .spawn(move || exec.run(calibrated_tx))
+            .spawn(move || exec.run())
             .map_err(|e| Error::io("spawning the progress thread", e))?;
-        // The cost model is measured before the caller goes on with its own start-up work
-        // (allocating and filling buffers), which competes for the cores: measured alongside
-        // it, a probe of a 2-rank calibration took 30-100 times its usual 3-7 us in 9 of 90
-        // creations, against 1 of 60 with this wait. Calibration has its own deadline, and a
-        // failure there fails the first operation; this wait only keeps the two apart.
-        let _ = calibrated.recv_timeout(shared.selector.timeout + Duration::from_secs(1));
-        Ok(Comm {
+        let comm = Comm {
             shared,
             config,
             submitter: Mutex::new(Submitter {
@@ -167,7 +161,13 @@ impl Comm {
             waker,
             thread: Mutex::new(Some(thread)),
             finalized: AtomicBool::new(false),
-        })
+        };
+        // The cost model is measured before the caller goes on with its own start-up work
+        // (allocating and filling buffers), which competes for the cores: measured alongside
+        // it, a probe of a 2-rank calibration took 30-100 times its usual 3-7 us in 9 of 90
+        // creations, against 1 of 60 without. A failure there fails the first operation.
+        calibration::calibrate(&comm);
+        Ok(comm)
     }
 
     /// This rank.

@@ -1,23 +1,25 @@
 //! Measuring the cost model at communicator creation, and agreeing on it.
 //!
-//! Runs on the progress thread before the first operation, while `Comm::init` waits (so the
-//! caller's start-up work does not compete with it), over the communicator's own transport, in
-//! three parts:
+//! Runs while `Comm::init` waits (so the caller's start-up work does not compete with it), over
+//! the communicator's own transport, as [`Steps`]: each step is handed to the progress thread and
+//! back the way an operation is, so that what is timed includes what the caller's collectives
+//! pay. In three parts:
 //! 1. a ring all_gather of a small record per rank (host, cores, whether it wants a
 //!    measurement), from which every rank derives the same ranks-per-host and cores-per-host;
 //! 2. unless every parameter is configured on every rank, a short measurement, after two
 //!    barriers so that all ranks start together:
 //!    - alpha (per hop) and mu (per message) are fitted to three tiny collectives: a tree
 //!      all_reduce (a chain of `2 log n` hops), the dissemination barrier and a direct all_gather
-//!      (one hop, `n(n-1)` messages). Each is timed in `PROBE_PASSES` passes of `PROBE_ROUNDS`
-//!      rounds (the median of all rounds, robust to rounds that lost the CPU) and agreed as the
-//!      slowest rank's time. Every rank fits the same agreed times ([`fit_latency`]), so it
-//!      holds the same alpha and mu;
+//!      (one hop, `n(n-1)` messages), less the cost of handing an empty step over and back (the
+//!      same for every algorithm). Each is timed from the caller in `PROBE_PASSES` passes of
+//!      `PROBE_ROUNDS` rounds (the median of all rounds, robust to rounds that lost the CPU) and
+//!      agreed as the slowest rank's time. Every rank fits the same agreed times
+//!      ([`fit_latency`]), so it holds the same alpha and mu;
 //!    - beta from `BETA_ROUNDS` ring exchanges of `BETA_BYTES` after an untimed one (page faults,
 //!      socket buffers growing), less the cost of an empty exchange;
 //!    - gamma from a local reduction of `BETA_BYTES`;
 //!
-//!    about 7 ms in all with 4 ranks on 2 cores, 15-20 ms with 8, under 50 ms;
+//!    about 15 ms in all with 4 ranks on 2 cores, under 50 ms;
 //! 3. ring all_reduces of the parameters (configured values where given), so every rank holds
 //!    bitwise the same model and auto picks the same algorithm everywhere (see [`agree`]).
 
@@ -150,22 +152,39 @@ fn probe_shape(probe: Algo, n: usize) -> Shape {
     }
 }
 
-/// Seconds of `PROBE_ROUNDS` runs of `probe` on this rank.
-fn time_probe(cx: &mut OpCtx<'_>, probe: Algo) -> Result<Vec<f64>> {
-    let n = cx.size;
-    let mut sum = [1f32; 2];
-    let mut mine = [0u8; 1];
-    let mut all = vec![0u8; n];
-    let out = span_of(&mut all);
-    let outputs: Vec<Span> = (0..n).map(|i| out.sub(i, 1)).collect();
-    times_of(PROBE_ROUNDS, || match probe {
+/// One run of `probe`: 8 bytes of all_reduce, one byte per rank of all_gather, a barrier.
+fn run_probe(cx: &mut OpCtx<'_>, probe: Algo) -> Result<()> {
+    match probe {
         Algo::AllReduceTree => {
-            sum = [1.0; 2];
+            let mut sum = [1f32; 2];
             all_reduce::tree::run(cx, span_of(&mut sum), DataType::F32, ReduceOp::Sum)
         }
-        Algo::AllGatherDirect => all_gather::direct::run(cx, span_of(&mut mine), &outputs),
+        Algo::AllGatherDirect => {
+            let mut mine = [0u8; 1];
+            let mut all = vec![0u8; cx.size];
+            let out = span_of(&mut all);
+            let outputs: Vec<Span> = (0..cx.size).map(|i| out.sub(i, 1)).collect();
+            all_gather::direct::run(cx, span_of(&mut mine), &outputs)
+        }
         _ => barrier::dissemination::run(cx),
-    })
+    }
+}
+
+/// Runs the calibration's steps on the communicator's progress thread, each handed over and
+/// back the way the caller's operations are: a collective the caller waits for costs it two
+/// thread hand-offs besides the collective, and on a host with more threads than cores the
+/// collective itself runs alongside the callers' threads, which a measurement on the progress
+/// thread alone missed (docs/perf/algorithms.md, sixteenth session).
+pub trait Steps {
+    /// This rank and the number of ranks.
+    fn rank_size(&self) -> (usize, usize);
+
+    /// Runs `step` on the progress thread and returns its result once it finished; an error
+    /// there has failed the communicator.
+    fn run<T: Send + 'static>(
+        &mut self,
+        step: impl FnOnce(&mut OpCtx<'_>) -> Result<T> + Send + 'static,
+    ) -> Result<T>;
 }
 
 /// A timed probe as the model sees it: the seconds that one unit of alpha and one unit of mu
@@ -297,37 +316,47 @@ fn agree(cx: &mut OpCtx<'_>, local: [f64; 4]) -> Result<[f64; 4]> {
     Ok([most[0], most[1], mean[0], most[2]])
 }
 
-/// Times the [`PROBES`] and agrees on each one's time: the slowest rank's, which is how long the
-/// collective took. A rank's time is the median of its rounds of all passes: with 2 ranks one
-/// pass of a probe lasts only tens of microseconds, and one disturbance of a few hundred could
-/// cover all its rounds (seen with a single pass: a tree all_reduce at 410 us instead of 6-7 us,
-/// while the probes after it took 3 us); spread over passes, it covers a third of them. Not the
-/// fastest pass: the tree's passes vary most (40-160 us on 4 ranks of 2 cores), so its fastest
-/// would understate hops against the others.
-fn measure_probes(cx: &mut OpCtx<'_>) -> Result<[f64; PROBES.len()]> {
-    let mut rounds: [Vec<f64>; PROBES.len()] = Default::default();
+/// Times the [`PROBES`] and an empty step, and agrees on each one's time: the slowest rank's,
+/// which is how long the collective took. A rank's time is the median of its rounds of all
+/// passes: with 2 ranks one pass of a probe lasts only tens of microseconds, and one disturbance
+/// of a few hundred could cover all its rounds (seen with a single pass: a tree all_reduce at
+/// 410 us instead of 6-7 us, while the probes after it took 3 us); spread over passes, it covers
+/// a third of them. Not the fastest pass: the tree's passes vary most (40-160 us on 4 ranks of 2
+/// cores), so its fastest would understate hops against the others. Returns the probes' seconds
+/// and the empty step's.
+fn measure_probes(steps: &mut impl Steps) -> Result<([f64; PROBES.len()], f64)> {
+    let mut rounds: [Vec<f64>; PROBES.len() + 1] = Default::default();
     for _ in 0..PROBE_PASSES {
-        for (times, &probe) in rounds.iter_mut().zip(&PROBES) {
-            barrier::dissemination::run(cx)?;
-            times.extend(time_probe(cx, probe)?);
+        let (empty, probes) = rounds.split_last_mut().expect("probes");
+        empty.extend(times_of(PROBE_ROUNDS, || steps.run(|_| Ok(())))?);
+        for (times, &probe) in probes.iter_mut().zip(&PROBES) {
+            steps.run(barrier::dissemination::run)?;
+            times.extend(times_of(PROBE_ROUNDS, || {
+                steps.run(move |cx| run_probe(cx, probe))
+            })?);
         }
     }
     let mut secs = rounds.map(|mut times| median(&mut times));
-    all_reduce::ring::run(cx, span_of(&mut secs), DataType::F64, ReduceOp::Max)?;
-    Ok(secs)
+    secs = steps.run(move |cx| {
+        all_reduce::ring::run(cx, span_of(&mut secs), DataType::F64, ReduceOp::Max)?;
+        Ok(secs)
+    })?;
+    let (&empty, probes) = secs.split_last().expect("probes");
+    Ok((probes.try_into().expect("one time per probe"), empty))
 }
 
-/// Measures (where not configured) and agrees on the cost model; every rank of the
-/// communicator must call it at the same point of its operation stream. `host_cores`: the cores
-/// this rank's host gives the communicator's ranks on it (the union of their CPU sets).
-pub fn run(cx: &mut OpCtx<'_>, given: &CostOverrides, host_cores: usize) -> Result<CostModel> {
-    let start = Instant::now();
+/// What the ranks tell each other first: (ranks per host, cores per host, whether any rank wants
+/// a measurement).
+fn exchange_records(
+    cx: &mut OpCtx<'_>,
+    host_cores: usize,
+    wants_measurement: bool,
+) -> Result<(usize, usize, bool)> {
     let n = cx.size;
-    let cores = host_cores.max(1) as u64;
     let mut mine = [0u8; RECORD];
     mine[0..8].copy_from_slice(&host_id().to_le_bytes());
-    mine[8..16].copy_from_slice(&cores.to_le_bytes());
-    mine[16..24].copy_from_slice(&u64::from(!given.complete()).to_le_bytes());
+    mine[8..16].copy_from_slice(&(host_cores.max(1) as u64).to_le_bytes());
+    mine[16..24].copy_from_slice(&u64::from(wants_measurement).to_le_bytes());
     let mut all = vec![0u8; RECORD * n];
     let out = span_of(&mut all);
     let outputs: Vec<Span> = (0..n).map(|i| out.sub(i * RECORD, RECORD)).collect();
@@ -343,7 +372,20 @@ pub fn run(cx: &mut OpCtx<'_>, given: &CostOverrides, host_cores: usize) -> Resu
         .max()
         .unwrap_or(1);
     let cores_per_host = records.iter().map(|rec| word(rec, 8)).min().unwrap_or(1) as usize;
-    let measure = n > 1 && records.iter().any(|rec| word(rec, 16) != 0);
+    let wanted = records.iter().any(|rec| word(rec, 16) != 0);
+    Ok((ranks_per_host, cores_per_host.max(1), wanted))
+}
+
+/// Measures (where not configured) and agrees on the cost model; every rank of the
+/// communicator must call it before its first operation. `host_cores`: the cores this rank's
+/// host gives the communicator's ranks on it (the union of their CPU sets).
+pub fn run(steps: &mut impl Steps, given: &CostOverrides, host_cores: usize) -> Result<CostModel> {
+    let start = Instant::now();
+    let (rank, n) = steps.rank_size();
+    let wants = !given.complete();
+    let (ranks_per_host, cores_per_host, wanted) =
+        steps.run(move |cx| exchange_records(cx, host_cores, wants))?;
+    let measure = n > 1 && wanted;
 
     let defaults = CostModel::default();
     let given_alpha = given.alpha_us.map(|us| us * 1e-6);
@@ -353,25 +395,32 @@ pub fn run(cx: &mut OpCtx<'_>, given: &CostOverrides, host_cores: usize) -> Resu
         given_mu.unwrap_or(defaults.mu),
     );
     let (mut beta, mut gamma) = (defaults.beta, defaults.gamma);
-    let mut probe_secs = [0.0; PROBES.len()];
+    let (mut probe_secs, mut empty_secs) = ([0.0; PROBES.len()], 0.0);
     if measure {
         // Everyone in step first, so the timings do not include a late rank's start.
-        barrier::dissemination::run(cx)?;
-        barrier::dissemination::run(cx)?;
-        probe_secs = measure_probes(cx)?;
+        steps.run(|cx| {
+            barrier::dissemination::run(cx)?;
+            barrier::dissemination::run(cx)
+        })?;
+        (probe_secs, empty_secs) = measure_probes(steps)?;
         let probes: Vec<Probe> = PROBES
             .iter()
             .zip(probe_secs)
-            .map(|(&algo, secs)| Probe::new(algo, n, ranks_per_host, cores_per_host, secs))
+            .map(|(&algo, secs)| {
+                let secs = (secs - empty_secs).max(0.0);
+                Probe::new(algo, n, ranks_per_host, cores_per_host, secs)
+            })
             .collect();
         (alpha, mu) = fit_latency(&probes, given_alpha, given_mu);
         // Bandwidth with every rank moving data, beyond the cost of an empty exchange (one hop,
         // one message per rank).
         let q = ranks_per_host.clamp(1, n) as f64;
-        let cores = (cores_per_host.max(1) as f64).min(q);
+        let cores = (cores_per_host as f64).min(q);
         let empty = alpha + q * mu / cores;
-        barrier::dissemination::run(cx)?;
-        let big = ring_exchange(cx, BETA_BYTES, BETA_ROUNDS)?;
+        let big = steps.run(|cx| {
+            barrier::dissemination::run(cx)?;
+            ring_exchange(cx, BETA_BYTES, BETA_ROUNDS)
+        })?;
         beta = (big - empty).max(big / 4.0) / BETA_BYTES as f64;
         gamma = reduce_rate();
     }
@@ -382,21 +431,22 @@ pub fn run(cx: &mut OpCtx<'_>, given: &CostOverrides, host_cores: usize) -> Resu
         gamma = 1.0 / (gbps * 1e9);
     }
     let local = [alpha, mu, beta, gamma];
-    let [alpha, mu, beta, gamma] = agree(cx, local)?;
+    let [alpha, mu, beta, gamma] = steps.run(move |cx| agree(cx, local))?;
     let model = CostModel {
         alpha,
         mu,
         beta,
         gamma,
         ranks_per_host,
-        cores_per_host: cores_per_host.max(1),
+        cores_per_host,
         measured: measure,
     };
     tracing::debug!(
-        rank = cx.rank,
+        rank,
         ?model,
         ?local,
         ?probe_secs,
+        empty_secs,
         took_ms = start.elapsed().as_secs_f64() * 1e3,
         "cost model agreed"
     );
