@@ -19,7 +19,7 @@
 //!      socket buffers growing), less the cost of an empty exchange;
 //!    - gamma from a local reduction of `BETA_BYTES`;
 //!
-//!    13-15 ms in all with 4 ranks on 2 cores, 28-43 ms with 8;
+//!    13-18 ms in all with 4 ranks on 2 cores, 28-43 ms with 8;
 //! 3. ring all_reduces of the parameters (configured values where given), so every rank holds
 //!    bitwise the same model and auto picks the same algorithm everywhere (see [`agree`]).
 
