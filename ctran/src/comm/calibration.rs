@@ -36,20 +36,11 @@ impl Steps for CallerSteps<'_> {
             done.finish(result.clone());
             result
         }));
-        let sent = {
-            let sub = self
-                .comm
-                .submitter
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            sub.tx.send(command).is_ok()
-        };
-        if !sent {
+        if !self.comm.send_command(command) {
             return Err(Error::NotSupported(
                 "calibrating after the progress thread stopped".into(),
             ));
         }
-        self.comm.waker.wake();
         // The step's operations have the selector's deadline; the extra second only covers a
         // wedged thread.
         let wait = shared.selector.timeout + Duration::from_secs(1);

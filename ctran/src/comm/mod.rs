@@ -405,14 +405,19 @@ impl Comm {
         r
     }
 
-    fn stop_thread(&self) {
-        let (reply_tx, reply_rx) = crossbeam_channel::bounded(1);
+    /// Hands `command` to the progress thread and wakes it; false if the thread has stopped.
+    fn send_command(&self, command: Command) -> bool {
         let sent = {
             let sub = self.submitter.lock().unwrap_or_else(|p| p.into_inner());
-            sub.tx.send(Command::Shutdown(reply_tx)).is_ok()
+            sub.tx.send(command).is_ok()
         };
         self.waker.wake();
-        if sent {
+        sent
+    }
+
+    fn stop_thread(&self) {
+        let (reply_tx, reply_rx) = crossbeam_channel::bounded(1);
+        if self.send_command(Command::Shutdown(reply_tx)) {
             let _ = reply_rx.recv_timeout(self.config.timeout + Duration::from_secs(1));
         }
         if let Some(t) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
