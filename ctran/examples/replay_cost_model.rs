@@ -9,8 +9,12 @@
 //! `scripts/bench/algos_report.py` does (the median of same-round ratios). Prints the points
 //! beyond 10% (with `--all`, every point) and a count per directory.
 //!
+//! `--latency N=ALPHA_US:MU_US` (repeatable) replaces the calibrated alpha and mu of the runs of
+//! `N` ranks: how much do the picks depend on what a calibration measured?
+//!
 //! ```text
 //! cargo run --release -p ctran --example replay_cost_model -- /tmp/run1 /tmp/run2
+//! cargo run --release -p ctran --example replay_cost_model -- --latency 4=15:14 /tmp/run1
 //! ```
 
 use std::collections::BTreeMap;
@@ -112,8 +116,23 @@ fn paired(a: &[f64], b: &[f64]) -> f64 {
     calibrate::median(&mut ratios)
 }
 
+/// Alpha and mu in seconds given for runs of some rank counts (`--latency`).
+type Latencies = BTreeMap<usize, (f64, f64)>;
+
+/// `N=ALPHA_US:MU_US`.
+fn parse_latency(arg: &str) -> Result<(usize, (f64, f64)), String> {
+    let bad = || format!("--latency {arg:?}: expected N=ALPHA_US:MU_US, for example 4=15:14");
+    let (n, values) = arg.split_once('=').ok_or_else(bad)?;
+    let (alpha, mu) = values.split_once(':').ok_or_else(bad)?;
+    let us = |v: &str| v.parse::<f64>().ok().filter(|x| *x >= 0.0).ok_or_else(bad);
+    Ok((
+        n.parse().map_err(|_| bad())?,
+        (us(alpha)? * 1e-6, us(mu)? * 1e-6),
+    ))
+}
+
 /// Points of one directory: (within 10%, replayed).
-fn replay(dir: &str, all: bool) -> Result<(usize, usize), String> {
+fn replay(dir: &str, all: bool, latencies: &Latencies) -> Result<(usize, usize), String> {
     let (mut within, mut total) = (0, 0);
     for n in 1..=64 {
         for part in ["small", "large"] {
@@ -122,7 +141,10 @@ fn replay(dir: &str, all: bool) -> Result<(usize, usize), String> {
             };
             let json = std::fs::read_to_string(format!("{dir}/{part}-{n}.json"))
                 .map_err(|e| format!("{dir}/{part}-{n}.json: {e}"))?;
-            let model = model_of(&log)?;
+            let mut model = model_of(&log)?;
+            if let Some(&(alpha, mu)) = latencies.get(&n) {
+                (model.alpha, model.mu) = (alpha, mu);
+            }
             let shapes = shapes_of(&log)?;
             for (key, algos) in rounds_of(&json)? {
                 let Some(shape) = shapes.get(&key) else {
@@ -158,24 +180,41 @@ fn replay(dir: &str, all: bool) -> Result<(usize, usize), String> {
 }
 
 fn main() {
+    const USAGE: &str = "usage: replay_cost_model [--all] [--latency N=ALPHA_US:MU_US]... DIR...  \
+                         (KEEP directories of scripts/bench-algos.sh)";
     let mut all = false;
+    let mut latencies = Latencies::new();
     let mut dirs = Vec::new();
-    for a in std::env::args().skip(1) {
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
         match a.as_str() {
             "--all" => all = true,
+            "--latency" => match args.next().as_deref().map(parse_latency) {
+                Some(Ok((n, lat))) => {
+                    latencies.insert(n, lat);
+                }
+                Some(Err(e)) => {
+                    eprintln!("{e}");
+                    std::process::exit(2);
+                }
+                None => {
+                    eprintln!("--latency needs a value\n{USAGE}");
+                    std::process::exit(2);
+                }
+            },
             "-h" | "--help" => {
-                eprintln!("usage: replay_cost_model [--all] DIR...  (KEEP directories of scripts/bench-algos.sh)");
+                eprintln!("{USAGE}");
                 return;
             }
             _ => dirs.push(a),
         }
     }
     if dirs.is_empty() {
-        eprintln!("usage: replay_cost_model [--all] DIR...");
+        eprintln!("{USAGE}");
         std::process::exit(2);
     }
     for dir in dirs {
-        match replay(&dir, all) {
+        match replay(&dir, all, &latencies) {
             Ok((within, total)) => println!("{dir}: the pick is within 10% at {within} of {total}"),
             Err(e) => {
                 eprintln!("{dir}: {e}");
