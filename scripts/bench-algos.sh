@@ -47,6 +47,12 @@ export CTRAN_BACKENDS=socket
 # The engine logs each auto choice once per call shape: the report names auto's pick.
 export RUST_LOG=warn,ctran::algos::select=debug NO_COLOR=1
 START=$(date +%s)
+# CPU time the hypervisor gave to other guests (steal) during the run, as a share of all CPU
+# time: on a shared VM it tells a calm run from a disturbed one (short runs of 4 ranks measured
+# 4-25% steal in the eighteenth session of docs/perf/algorithms.md, rounds of one size varying up
+# to 10x at the high end).
+cpu_ticks() { awk '/^cpu /{t=0; for (i=2; i<=9; i++) t+=$i; print $9, t}' /proc/stat; }
+TICKS0=$(cpu_ticks)
 
 CORES=$(nproc)
 BIND=${BIND:-1}
@@ -70,10 +76,11 @@ for n in $NS; do
         || { cat "$TMP/large-$n.txt" "$TMP/large-$n.err" >&2; exit 1; }
 done
 SECS=$(($(date +%s) - START))
+STEAL=$(echo "$TICKS0 $(cpu_ticks)" | awk '{d = $4 - $2; s = (d > 0) ? 100 * ($3 - $1) / d : 0; printf "%.1f", s}')
 
 {
     echo "- date: $(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
-    echo "- machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(free -g | awk '/Mem:/{print $2}') GiB, load average $(cut -d' ' -f1-3 /proc/loadavg) at the end"
+    echo "- machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(free -g | awk '/Mem:/{print $2}') GiB, load average $(cut -d' ' -f1-3 /proc/loadavg) at the end, ${STEAL}% of CPU time stolen by the hypervisor during the run"
     echo "- command: \`scripts/bench-algos.sh\` (NS=\"$NS\", ROUNDS_SMALL=$ROUNDS_SMALL, ROUNDS_LARGE=$ROUNDS_LARGE, ITER_BYTES=$ITER_BYTES, BIND=$BIND), ${SECS} s; per rank count N$([ "$BIND" = 1 ] && echo " (\`[--bind]\`: where N is at most the $CORES cores)"):"
     echo
     echo '  ```text'
