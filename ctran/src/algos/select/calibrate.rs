@@ -11,10 +11,10 @@
 //!    - alpha (per hop) and mu (per message) are fitted to three tiny collectives: a tree
 //!      all_reduce (a chain of `2 log n` hops), the dissemination barrier and a direct all_gather
 //!      (one hop, `n(n-1)` messages), less the cost of handing an empty step over and back (the
-//!      same for every algorithm). Each is timed from the caller in up to `PROBE_PASSES` passes
-//!      of `PROBE_ROUNDS` rounds, as many as fit `PROBE_BUDGET` (the median of all rounds, robust
-//!      to rounds that lost the CPU) and agreed as the slowest rank's time. Every rank fits the
-//!      same agreed times ([`fit_latency`]), so it holds the same alpha and mu;
+//!      same for every algorithm). Each is timed from the caller in `PROBE_PASSES` passes of
+//!      `PROBE_ROUNDS` rounds (the median of all rounds, robust to rounds that lost the CPU) and
+//!      agreed as the slowest rank's time. Every rank fits the same agreed times
+//!      ([`fit_latency`]), so it holds the same alpha and mu;
 //!    - beta from `BETA_ROUNDS` ring exchanges of `BETA_BYTES` after an untimed one (page faults,
 //!      socket buffers growing), less the cost of an empty exchange;
 //!    - gamma from a local reduction of `BETA_BYTES`;
@@ -24,7 +24,7 @@
 //!    bitwise the same model and auto picks the same algorithm everywhere (see [`agree`]).
 
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::algos::all_gather;
 use crate::algos::all_reduce;
@@ -36,13 +36,8 @@ use crate::kernels::Reducer;
 use crate::span::Span;
 use crate::types::{DataType, ReduceOp};
 
-/// Passes over the tiny collectives that alpha and mu are fitted to, at most.
+/// Passes over the tiny collectives that alpha and mu are fitted to.
 const PROBE_PASSES: usize = 3;
-/// Time the passes may take: a pass after the first runs only if, at the pace of those before,
-/// it ends within this (all ranks agree on it). Where the probes run slow (8 ranks on 2 busy
-/// cores: 10-20 ms a pass, and 66 ms for a whole calibration of three passes) the calibration
-/// keeps to its 50 ms or comes closer, at the price of fewer rounds.
-const PROBE_BUDGET: Duration = Duration::from_millis(30);
 /// Rounds timed of each tiny collective in a pass.
 const PROBE_ROUNDS: usize = 7;
 /// Exchanges of `BETA_BYTES` timed for beta.
@@ -327,13 +322,11 @@ fn agree(cx: &mut OpCtx<'_>, local: [f64; 4]) -> Result<[f64; 4]> {
 /// of a few hundred could cover all its rounds (seen with a single pass: a tree all_reduce at
 /// 410 us instead of 6-7 us, while the probes after it took 3 us); spread over passes, it covers
 /// a third of them. Not the fastest pass: the tree's passes vary most (40-160 us on 4 ranks of 2
-/// cores), so its fastest would understate hops against the others. A pass after the first runs
-/// only while the passes fit [`PROBE_BUDGET`] (agreed, so every rank runs as many).
-fn measure_probes(steps: &mut impl Steps) -> Result<Probed> {
-    let start = Instant::now();
+/// cores), so its fastest would understate hops against the others. Returns the probes' seconds
+/// and the empty step's.
+fn measure_probes(steps: &mut impl Steps) -> Result<([f64; PROBES.len()], f64)> {
     let mut rounds: [Vec<f64>; PROBES.len() + 1] = Default::default();
-    let mut passes = 0;
-    while passes < PROBE_PASSES {
+    for _ in 0..PROBE_PASSES {
         let (empty, probes) = rounds.split_last_mut().expect("probes");
         empty.extend(times_of(PROBE_ROUNDS, || steps.run(|_| Ok(())))?);
         for (times, &probe) in probes.iter_mut().zip(&PROBES) {
@@ -342,46 +335,14 @@ fn measure_probes(steps: &mut impl Steps) -> Result<Probed> {
                 steps.run(move |cx| run_probe(cx, probe))
             })?);
         }
-        passes += 1;
-        if passes < PROBE_PASSES {
-            let [elapsed] = agreed_max(steps, [start.elapsed().as_secs_f64()])?;
-            if !another_pass_fits(elapsed, passes) {
-                break;
-            }
-        }
     }
-    let secs = agreed_max(steps, rounds.map(|mut times| median(&mut times)))?;
+    let mut secs = rounds.map(|mut times| median(&mut times));
+    secs = steps.run(move |cx| {
+        all_reduce::ring::run(cx, span_of(&mut secs), DataType::F64, ReduceOp::Max)?;
+        Ok(secs)
+    })?;
     let (&empty, probes) = secs.split_last().expect("probes");
-    Ok(Probed {
-        probes: probes.try_into().expect("one time per probe"),
-        empty,
-        passes,
-    })
-}
-
-/// Whether one more pass ends within [`PROBE_BUDGET`] at the pace of the `passes` that took
-/// `elapsed` seconds (the slowest rank's).
-fn another_pass_fits(elapsed: f64, passes: usize) -> bool {
-    elapsed / passes.max(1) as f64 * (passes + 1) as f64 <= PROBE_BUDGET.as_secs_f64()
-}
-
-/// What [`measure_probes`] agreed on.
-struct Probed {
-    /// Seconds of each of the [`PROBES`].
-    probes: [f64; PROBES.len()],
-    /// Seconds of an empty step.
-    empty: f64,
-    /// Passes run (at most [`PROBE_PASSES`]).
-    passes: usize,
-}
-
-/// The maximum over all ranks of each of `values`, the same on every rank.
-fn agreed_max<const N: usize>(steps: &mut impl Steps, values: [f64; N]) -> Result<[f64; N]> {
-    steps.run(move |cx| {
-        let mut v = values;
-        all_reduce::ring::run(cx, span_of(&mut v), DataType::F64, ReduceOp::Max)?;
-        Ok(v)
-    })
+    Ok((probes.try_into().expect("one time per probe"), empty))
 }
 
 /// What the ranks tell each other first: (ranks per host, cores per host, whether any rank wants
@@ -434,15 +395,14 @@ pub fn run(steps: &mut impl Steps, given: &CostOverrides, host_cores: usize) -> 
         given_mu.unwrap_or(defaults.mu),
     );
     let (mut beta, mut gamma) = (defaults.beta, defaults.gamma);
-    let (mut probe_secs, mut empty_secs, mut probe_passes) = ([0.0; PROBES.len()], 0.0, 0);
+    let (mut probe_secs, mut empty_secs) = ([0.0; PROBES.len()], 0.0);
     if measure {
         // Everyone in step first, so the timings do not include a late rank's start.
         steps.run(|cx| {
             barrier::dissemination::run(cx)?;
             barrier::dissemination::run(cx)
         })?;
-        let probed = measure_probes(steps)?;
-        (probe_secs, empty_secs, probe_passes) = (probed.probes, probed.empty, probed.passes);
+        (probe_secs, empty_secs) = measure_probes(steps)?;
         let probes: Vec<Probe> = PROBES
             .iter()
             .zip(probe_secs)
@@ -487,7 +447,6 @@ pub fn run(steps: &mut impl Steps, given: &CostOverrides, host_cores: usize) -> 
         ?local,
         ?probe_secs,
         empty_secs,
-        probe_passes,
         took_ms = start.elapsed().as_secs_f64() * 1e3,
         "cost model agreed"
     );
@@ -535,17 +494,6 @@ mod tests {
         let (a, m) = fit_latency(&p, None, Some(5e-6));
         assert!(close(a, 20e-6) && m == 5e-6, "{a} {m}");
         assert_eq!(fit_latency(&p, Some(1.0), Some(2.0)), (1.0, 2.0));
-    }
-
-    #[test]
-    fn passes_stop_at_the_budget() {
-        let budget = PROBE_BUDGET.as_secs_f64();
-        // Passes of 0.3 and 0.325 of the budget: one more still fits.
-        assert!(another_pass_fits(budget * 0.3, 1));
-        assert!(another_pass_fits(budget * 0.65, 2));
-        // A pass of 0.6 of the budget, or two of 0.35: no more.
-        assert!(!another_pass_fits(budget * 0.6, 1));
-        assert!(!another_pass_fits(budget * 0.7, 2));
     }
 
     #[test]
