@@ -7,7 +7,8 @@
 //! call). For every (ranks, op, size) it asks this build's model for its pick, with the run's own
 //! parameters, and compares the pick's rounds with every other algorithm's, round by round, as
 //! `scripts/bench/algos_report.py` does (the median of same-round ratios). Prints the points
-//! beyond 10% (with `--all`, every point) and a count per directory.
+//! beyond 10% (with `--all`, every point) and a count per directory; `--explain` adds, under each
+//! point printed, every algorithm's predicted time and its best measured round.
 //!
 //! `--latency N=ALPHA_US:MU_US` (repeatable) replaces the calibrated alpha and mu of the runs of
 //! `N` ranks: how much do the picks depend on what a calibration measured?
@@ -19,6 +20,7 @@
 
 use std::collections::BTreeMap;
 
+use ctran::algos::select::cost::profile;
 use ctran::algos::select::{calibrate, cheapest, Collective, CostModel, Shape};
 
 /// Staging chunk of the recorded runs (`CTRAN_CHUNK_BYTES`, default).
@@ -131,8 +133,17 @@ fn parse_latency(arg: &str) -> Result<(usize, (f64, f64)), String> {
     ))
 }
 
+/// What to print besides the count.
+#[derive(Clone, Copy)]
+struct Show {
+    /// Every point, not only those beyond 10%.
+    all: bool,
+    /// Under each point printed, every algorithm's predicted time next to its best round.
+    explain: bool,
+}
+
 /// Points of one directory: (within 10%, replayed).
-fn replay(dir: &str, all: bool, latencies: &Latencies) -> Result<(usize, usize), String> {
+fn replay(dir: &str, show: Show, latencies: &Latencies) -> Result<(usize, usize), String> {
     let (mut within, mut total) = (0, 0);
     for n in 1..=64 {
         for part in ["small", "large"] {
@@ -164,7 +175,7 @@ fn replay(dir: &str, all: bool, latencies: &Latencies) -> Result<(usize, usize),
                 total += 1;
                 let ok = worst <= WITHIN;
                 within += usize::from(ok);
-                if all || !ok {
+                if show.all || !ok {
                     println!(
                         "{} {n} ranks {:>14} {:>10} B: picks {:<18} {worst:.2}x {against}",
                         if ok { " " } else { "X" },
@@ -172,6 +183,9 @@ fn replay(dir: &str, all: bool, latencies: &Latencies) -> Result<(usize, usize),
                         key.1,
                         pick.name()
                     );
+                    if show.explain {
+                        explain(&model, shape, n, &algos);
+                    }
                 }
             }
         }
@@ -179,16 +193,44 @@ fn replay(dir: &str, all: bool, latencies: &Latencies) -> Result<(usize, usize),
     Ok((within, total))
 }
 
+/// Every algorithm of a point: the model's prediction and the best measured round.
+fn explain(model: &CostModel, shape: &Shape, n: usize, algos: &BTreeMap<String, Vec<f64>>) {
+    for &a in shape.collective.algos() {
+        let Some(rounds) = algos.get(a.name()) else {
+            continue;
+        };
+        let best = rounds.iter().copied().fold(f64::INFINITY, f64::min);
+        let us = model
+            .terms(&profile(a, shape, n, CHUNK), n)
+            .map(|t| t * 1e6);
+        println!(
+            "      {:<18} predicted {:>10.1} us (hops {:.1}, messages {:.1}, bytes {:.1}, \
+             reduced and copied {:.1}), best round {best:>10.1} us",
+            a.name(),
+            us.iter().sum::<f64>(),
+            us[0],
+            us[1],
+            us[2],
+            us[3]
+        );
+    }
+}
+
 fn main() {
-    const USAGE: &str = "usage: replay_cost_model [--all] [--latency N=ALPHA_US:MU_US]... DIR...  \
+    const USAGE: &str =
+        "usage: replay_cost_model [--all] [--explain] [--latency N=ALPHA_US:MU_US]... DIR...  \
                          (KEEP directories of scripts/bench-algos.sh)";
-    let mut all = false;
+    let mut show = Show {
+        all: false,
+        explain: false,
+    };
     let mut latencies = Latencies::new();
     let mut dirs = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
-            "--all" => all = true,
+            "--all" => show.all = true,
+            "--explain" => show.explain = true,
             "--latency" => match args.next().as_deref().map(parse_latency) {
                 Some(Ok((n, lat))) => {
                     latencies.insert(n, lat);
@@ -214,7 +256,7 @@ fn main() {
         std::process::exit(2);
     }
     for dir in dirs {
-        match replay(&dir, all, &latencies) {
+        match replay(&dir, show, &latencies) {
             Ok((within, total)) => println!("{dir}: the pick is within 10% at {within} of {total}"),
             Err(e) => {
                 eprintln!("{dir}: {e}");

@@ -327,6 +327,12 @@ impl CostModel {
 
     /// Predicted seconds of a profile on `n` ranks.
     pub fn time(&self, f: &Profile, n: usize) -> f64 {
+        self.terms(f, n).iter().sum()
+    }
+
+    /// The terms of [`time`](Self::time), in seconds: hops (alpha), messages (mu), bytes moved
+    /// (beta), bytes reduced and copied (gamma).
+    pub fn terms(&self, f: &Profile, n: usize) -> [f64; 4] {
         let q = self.local(n);
         let cores = (self.cores_per_host.max(1) as f64).min(q);
         let nf = n.max(1) as f64;
@@ -337,10 +343,12 @@ impl CostModel {
             1.0
         };
         let bytes = stall * (f.busiest.max(f.path) / self.kappa(n)).max(f.total / nf);
-        f.hops * self.alpha
-            + messages_host / cores * self.mu
-            + bytes * self.beta
-            + (f.reduced + f.copied) * self.gamma
+        [
+            f.hops * self.alpha,
+            messages_host / cores * self.mu,
+            bytes * self.beta,
+            (f.reduced + f.copied) * self.gamma,
+        ]
     }
 
     /// Predicted seconds of `algo` for a call of `shape` on `n` ranks with staging chunks of
