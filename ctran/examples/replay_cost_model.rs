@@ -8,7 +8,9 @@
 //! parameters, and compares the pick's rounds with every other algorithm's, round by round, as
 //! `scripts/bench/algos_report.py` does (the median of same-round ratios). Prints the points
 //! beyond 10% (with `--all`, every point) and a count per directory; `--explain` adds, under each
-//! point printed, every algorithm's predicted time and its best measured round.
+//! point printed, every algorithm's predicted time and its best measured round. Given several
+//! directories, it also counts by each point's median over them: one run's noise moves a few
+//! points across the 10% line, a point beyond it in most runs is the model's doing.
 //!
 //! `--latency N=ALPHA_US:MU_US` (repeatable) replaces the calibrated alpha and mu of the runs of
 //! `N` ranks: how much do the picks depend on what a calibration measured?
@@ -142,9 +144,13 @@ struct Show {
     explain: bool,
 }
 
-/// Points of one directory: (within 10%, replayed).
-fn replay(dir: &str, show: Show, latencies: &Latencies) -> Result<(usize, usize), String> {
-    let (mut within, mut total) = (0, 0);
+/// A (ranks, op, bytes) point.
+type Point = (usize, String, usize);
+
+/// Every point of one directory replayed, with how much slower the pick is than the best
+/// algorithm there (the worst of its same-round medians).
+fn replay(dir: &str, show: Show, latencies: &Latencies) -> Result<Vec<(Point, f64)>, String> {
+    let mut points = Vec::new();
     for n in 1..=64 {
         for part in ["small", "large"] {
             let Ok(log) = std::fs::read_to_string(format!("{dir}/{part}-{n}.err")) else {
@@ -172,9 +178,8 @@ fn replay(dir: &str, show: Show, latencies: &Latencies) -> Result<(usize, usize)
                     .filter(|(name, _)| *name != "auto")
                     .map(|(name, r)| (paired(mine, r), name.as_str()))
                     .fold((1.0, ""), |w, x| if x.0 > w.0 { x } else { w });
-                total += 1;
                 let ok = worst <= WITHIN;
-                within += usize::from(ok);
+                points.push(((n, key.0.clone(), key.1), worst));
                 if show.all || !ok {
                     println!(
                         "{} {n} ranks {:>14} {:>10} B: picks {:<18} {worst:.2}x {against}",
@@ -190,7 +195,30 @@ fn replay(dir: &str, show: Show, latencies: &Latencies) -> Result<(usize, usize)
             }
         }
     }
-    Ok((within, total))
+    Ok(points)
+}
+
+/// Over several runs: the median of each point's ratio, and the points beyond 10% by it (a
+/// point that misses in most runs is the model's, not the noise's).
+fn summarize(runs: &BTreeMap<Point, Vec<f64>>, count: usize) {
+    let mut within = 0;
+    let mut beyond = Vec::new();
+    for (point, ratios) in runs {
+        let mut r = ratios.clone();
+        let m = calibrate::median(&mut r);
+        if m <= WITHIN {
+            within += 1;
+        } else {
+            beyond.push((point, m));
+        }
+    }
+    println!(
+        "over the {count} runs, by each point's median: the pick is within 10% at {within} of {}",
+        runs.len()
+    );
+    for ((n, op, bytes), m) in beyond {
+        println!("  {n} ranks {op:>14} {bytes:>10} B: {m:.2}x by the median");
+    }
 }
 
 /// Every algorithm of a point: the model's prediction and the best measured round.
@@ -255,13 +283,26 @@ fn main() {
         eprintln!("{USAGE}");
         std::process::exit(2);
     }
-    for dir in dirs {
-        match replay(&dir, show, &latencies) {
-            Ok((within, total)) => println!("{dir}: the pick is within 10% at {within} of {total}"),
+    let mut runs: BTreeMap<Point, Vec<f64>> = BTreeMap::new();
+    for dir in &dirs {
+        match replay(dir, show, &latencies) {
+            Ok(points) => {
+                let within = points.iter().filter(|p| p.1 <= WITHIN).count();
+                println!(
+                    "{dir}: the pick is within 10% at {within} of {}",
+                    points.len()
+                );
+                for (point, worst) in points {
+                    runs.entry(point).or_default().push(worst);
+                }
+            }
             Err(e) => {
                 eprintln!("{dir}: {e}");
                 std::process::exit(1);
             }
         }
+    }
+    if dirs.len() > 1 {
+        summarize(&runs, dirs.len());
     }
 }
