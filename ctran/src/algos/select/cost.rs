@@ -560,7 +560,7 @@ mod tests {
         let ar = shape(Collective::AllReduce, 64 << 20, 8);
         let hd = profile(Algo::AllReduceHalvingDoubling, &ar, 8, CHUNK);
         assert_eq!(hd.messages, 8.0 * 2.0 * 3.0);
-        // The ring: each of its 8 pieces of 8 MiB waits for the step before.
+        // The ring: each of the 8 pieces of a block of 8 MiB waits for the step before.
         let ring = profile(Algo::AllReduceRing, &ar, 8, CHUNK);
         assert_eq!(ring.messages, 8.0 * 2.0 * 7.0 * 8.0);
         // Direct reduce_scatter measured 1.09-1.19x faster than the ring at 2-4 MiB on 8 ranks
