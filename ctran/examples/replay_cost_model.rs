@@ -200,12 +200,12 @@ fn replay(dir: &str, show: Show, latencies: &Latencies) -> Result<Vec<(Point, f6
 
 /// Over several runs: the median of each point's ratio, and the points beyond 10% by it (a
 /// point that misses in most runs is the model's, not the noise's).
-fn summarize(runs: &BTreeMap<Point, Vec<f64>>, count: usize) {
+fn summarize(runs: BTreeMap<Point, Vec<f64>>, count: usize) {
+    let points = runs.len();
     let mut within = 0;
     let mut beyond = Vec::new();
-    for (point, ratios) in runs {
-        let mut r = ratios.clone();
-        let m = calibrate::median(&mut r);
+    for (point, mut ratios) in runs {
+        let m = calibrate::median(&mut ratios);
         if m <= WITHIN {
             within += 1;
         } else {
@@ -213,8 +213,8 @@ fn summarize(runs: &BTreeMap<Point, Vec<f64>>, count: usize) {
         }
     }
     println!(
-        "over the {count} runs, by each point's median: the pick is within 10% at {within} of {}",
-        runs.len()
+        "over the {count} runs, by each point's median: the pick is within 10% at {within} of \
+         {points}"
     );
     for ((n, op, bytes), m) in beyond {
         println!("  {n} ranks {op:>14} {bytes:>10} B: {m:.2}x by the median");
@@ -303,6 +303,6 @@ fn main() {
         }
     }
     if dirs.len() > 1 {
-        summarize(&runs, dirs.len());
+        summarize(runs, dirs.len());
     }
 }
