@@ -310,7 +310,7 @@ fn rank_main(c: &Comm, a: &Args) {
                         0.0,
                         0.0,
                         f.messages,
-                        f.busiest,
+                        model.busiest(&f),
                         f.total,
                         f.reduced,
                         f.copied,

@@ -56,7 +56,8 @@ pub(super) fn calibrate(comm: &Comm) {
     let shared = &comm.shared;
     let sel = &shared.selector;
     let mut steps = CallerSteps { comm };
-    match calibrate::run(&mut steps, &sel.config().cost, shared.host_cores) {
+    let local_tcp = !comm.config().use_shm;
+    match calibrate::run(&mut steps, &sel.config().cost, shared.host_cores, local_tcp) {
         Ok(model) => sel.set_model(model),
         Err(e) => tracing::debug!(rank = shared.rank, "calibration failed: {e}"),
     }

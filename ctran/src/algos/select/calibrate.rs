@@ -216,6 +216,7 @@ impl Probe {
                 mu,
                 beta: 0.0,
                 gamma: 0.0,
+                send_share: None,
                 ranks_per_host,
                 cores_per_host: cores_per_host.max(1),
                 measured: true,
@@ -298,8 +299,8 @@ fn reduce_rate() -> f64 {
     best / BETA_BYTES as f64
 }
 
-/// The parameters every rank uses, from each rank's `[alpha, mu, beta, gamma]`: the maximum of
-/// alpha, mu and gamma, and the mean of beta. Measured alpha and mu are equal on every rank
+/// The parameters every rank uses, from each rank's `[alpha, mu, beta, gamma, send share]` (a
+/// share of 0 for none): the maximum of alpha, mu, gamma and the share, and the mean of beta. Measured alpha and mu are equal on every rank
 /// already (fitted to agreed probe times); the maximum matters where some ranks configured them.
 /// The ring exchanges that beta comes from overlap, so a rank's own time depends on when it left
 /// the barrier: one that leaves late finds its data waiting, one that leaves early waits for its
@@ -307,13 +308,13 @@ fn reduce_rate() -> f64 {
 /// different ranks, a mean of 2.1, while large collectives move about 2.6 ns/B per rank there:
 /// the maximum took the unluckiest phase. A slow link still shows in the mean, since it holds up
 /// the whole ring.
-fn agree(cx: &mut OpCtx<'_>, local: [f64; 4]) -> Result<[f64; 4]> {
-    let [alpha, mu, beta, gamma] = local;
-    let mut most = [alpha, mu, gamma];
+fn agree(cx: &mut OpCtx<'_>, local: [f64; 5]) -> Result<[f64; 5]> {
+    let [alpha, mu, beta, gamma, share] = local;
+    let mut most = [alpha, mu, gamma, share];
     all_reduce::ring::run(cx, span_of(&mut most), DataType::F64, ReduceOp::Max)?;
     let mut mean = [beta];
     all_reduce::ring::run(cx, span_of(&mut mean), DataType::F64, ReduceOp::Avg)?;
-    Ok([most[0], most[1], mean[0], most[2]])
+    Ok([most[0], most[1], mean[0], most[2], most[3]])
 }
 
 /// Times the [`PROBES`] and an empty step, and agrees on each one's time: the slowest rank's,
@@ -378,8 +379,14 @@ fn exchange_records(
 
 /// Measures (where not configured) and agrees on the cost model; every rank of the
 /// communicator must call it before its first operation. `host_cores`: the cores this rank's
-/// host gives the communicator's ranks on it (the union of their CPU sets).
-pub fn run(steps: &mut impl Steps, given: &CostOverrides, host_cores: usize) -> Result<CostModel> {
+/// host gives the communicator's ranks on it (the union of their CPU sets); `local_tcp`: ranks of
+/// one host talk over TCP (no shared memory).
+pub fn run(
+    steps: &mut impl Steps,
+    given: &CostOverrides,
+    host_cores: usize,
+    local_tcp: bool,
+) -> Result<CostModel> {
     let start = Instant::now();
     let (rank, n) = steps.rank_size();
     let wants = !given.complete();
@@ -430,13 +437,19 @@ pub fn run(steps: &mut impl Steps, given: &CostOverrides, host_cores: usize) -> 
     if let Some(gbps) = given.gamma_gbps {
         gamma = 1.0 / (gbps * 1e9);
     }
-    let local = [alpha, mu, beta, gamma];
-    let [alpha, mu, beta, gamma] = steps.run(move |cx| agree(cx, local))?;
+    let share = if local_tcp && ranks_per_host > 1 {
+        cost::LOOPBACK_SEND_SHARE
+    } else {
+        0.0
+    };
+    let local = [alpha, mu, beta, gamma, share];
+    let [alpha, mu, beta, gamma, share] = steps.run(move |cx| agree(cx, local))?;
     let model = CostModel {
         alpha,
         mu,
         beta,
         gamma,
+        send_share: (share > 0.0).then_some(share),
         ranks_per_host,
         cores_per_host,
         measured: measure,

@@ -10,9 +10,11 @@
 //! - `H`: hops on the critical path (message latencies that follow one another);
 //! - `M_host`: messages that the ranks of one host send, `C = min(cores, ranks per host)`: every
 //!   message costs CPU time (system calls, a wake-up), and ranks of one host share its cores;
-//! - `B`: bytes a rank moves (the larger of sent and received), for the busiest rank and on
-//!   average; `B_path`: bytes moved one transfer after another along a pipeline's critical path
-//!   (its hops times its piece);
+//! - `B`: bytes a rank moves, for the busiest rank and on average: the larger of what it sends
+//!   and receives, or, between ranks of one host over TCP, `s sent + (1 - s) received` with `s`
+//!   the sender's [share](CostModel::send_share) of a transfer's CPU time (a rank that sends and
+//!   receives `x` moves `x` either way); `B_path`: bytes moved one transfer after another along a
+//!   pipeline's critical path (its hops times its piece);
 //!   beta is measured with every rank moving data at once, which on a host with more ranks than
 //!   cores is `kappa = ranks per host / cores` times slower than a rank alone: a rank that works
 //!   while others wait goes `kappa` times faster, but never faster than the host's cores allow
@@ -27,6 +29,7 @@
 use crate::algos::pipe::pow2_floor;
 use crate::algos::reduce_scatter::recursive_halving;
 use crate::algos::select::{Algo, Shape};
+use crate::algos::tree;
 
 /// Extra cost per byte of pipelines, algorithms whose pieces pass from rank to rank one stage
 /// after another (ring, chain, the trees of all_reduce, broadcast and reduce, the rounds of
@@ -40,6 +43,14 @@ use crate::algos::select::{Algo, Shape};
 /// slower with the same bytes.
 pub const RING_STALL: f64 = 0.1;
 
+/// [`CostModel::send_share`] between ranks of one host over TCP: the sender's system call also
+/// runs the loopback's receive processing (the kernel's receive path runs in the sending
+/// context), so a byte sent costs the sender about twice the CPU time it costs the receiver.
+/// Measured on this 2-core machine, one process streaming 2 GiB to another in 256 KiB-1 MiB
+/// writes: the sender used 0.39-0.66 s of CPU, the receiver 0.24-0.26 s, a share of 0.62-0.72
+/// (docs/perf/algorithms.md, twentieth session).
+pub const LOOPBACK_SEND_SHARE: f64 = 2.0 / 3.0;
+
 /// Parameters of the model, agreed by all ranks of a communicator.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CostModel {
@@ -52,6 +63,12 @@ pub struct CostModel {
     pub beta: f64,
     /// Seconds per byte one rank reduces.
     pub gamma: f64,
+    /// Where the ranks of a host move bytes over TCP on loopback, the sender's share of the CPU
+    /// time that a byte costs both ends ([`LOOPBACK_SEND_SHARE`]), and a rank's bytes are
+    /// `share * sent + (1 - share) * received`: one that only sends (a broadcast's root) is
+    /// slowed by its sends alone. `None`: a rank's bytes are the larger of what it sends and
+    /// receives, as over a full-duplex link (not measured for shared memory).
+    pub send_share: Option<f64>,
     /// Most ranks of the communicator on one host.
     pub ranks_per_host: usize,
     /// Fewest cores of a host of the communicator.
@@ -68,6 +85,7 @@ impl Default for CostModel {
             mu: 5e-6,
             beta: 1.0 / 2e9,
             gamma: 1.0 / 4e9,
+            send_share: None,
             ranks_per_host: 1,
             cores_per_host: 1,
             measured: false,
@@ -85,9 +103,10 @@ pub struct Profile {
     /// receiver's wake-up. The pieces of a pipeline count one each: each waits for the stage
     /// before it.
     pub messages: f64,
-    /// Bytes the busiest rank sends or receives (the larger), in time order: transfers that
-    /// overlap count once.
-    pub busiest: f64,
+    /// The bytes that the ranks most likely to be the busiest send and receive: the one that
+    /// sends most and the one that receives most (the same where all ranks do alike), in time
+    /// order: transfers that overlap count once.
+    pub loads: [Load; 2],
     /// Bytes sent by all ranks.
     pub total: f64,
     /// Bytes moved one transfer after another along the critical path: a pipeline's hops times
@@ -103,17 +122,62 @@ pub struct Profile {
     pub chained: bool,
 }
 
+/// Bytes one rank sends and receives in a collective.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Load {
+    /// Bytes the rank sends.
+    pub sent: f64,
+    /// Bytes the rank receives.
+    pub received: f64,
+}
+
+impl Load {
+    /// A rank that sends and receives `x` bytes.
+    pub fn even(x: f64) -> Load {
+        Load {
+            sent: x,
+            received: x,
+        }
+    }
+
+    /// A rank that sends `sent` bytes and receives `received`.
+    pub fn of(sent: f64, received: f64) -> Load {
+        Load { sent, received }
+    }
+}
+
+impl Profile {
+    /// Every rank sends and receives `x` bytes.
+    fn even(&mut self, x: f64) {
+        self.loads = [Load::even(x); 2];
+    }
+}
+
 fn log2_ceil(n: usize) -> f64 {
     f64::from(usize::BITS - (n.max(1) - 1).leading_zeros())
 }
 
 /// Profile of `algo` for a call of `shape` on `n` ranks with staging chunks of `chunk` bytes.
 pub fn profile(algo: Algo, shape: &Shape, n: usize, chunk: usize) -> Profile {
-    use Algo::*;
-    let s = shape.bytes as f64;
     if n <= 1 {
         return Profile::default();
     }
+    let f = counts(algo, shape, n, chunk);
+    // Gather mirrors scatter: what a rank sends there, it receives here.
+    if matches!(algo, Algo::GatherDirect | Algo::GatherTree) {
+        let flip = |l: Load| Load::of(l.received, l.sent);
+        return Profile {
+            loads: f.loads.map(flip),
+            ..f
+        };
+    }
+    f
+}
+
+/// [`profile`] for `n >= 2`, gather counted as scatter.
+fn counts(algo: Algo, shape: &Shape, n: usize, chunk: usize) -> Profile {
+    use Algo::*;
+    let s = shape.bytes as f64;
     let nf = n as f64;
     let l = log2_ceil(n);
     let p = pow2_floor(n);
@@ -135,14 +199,14 @@ pub fn profile(algo: Algo, shape: &Shape, n: usize, chunk: usize) -> Profile {
             f.hops = 2.0 * (nf - 1.0) + (k - 1.0).max(0.0);
             f.path = f.hops * piece(b, k);
             f.messages = nf * 2.0 * (nf - 1.0) * k;
-            f.busiest = 2.0 * (nf - 1.0) * b;
+            f.even(2.0 * (nf - 1.0) * b);
             f.total = nf * 2.0 * (nf - 1.0) * b;
             f.reduced = (nf - 1.0) * b;
         }
         AllReduceHalvingDoubling => {
             f.hops = 2.0 * lp + 2.0 * folded + (pcs(s / 2.0, c) - 1.0).max(0.0);
             f.messages = pf * 2.0 * lp + rem * 2.0;
-            f.busiest = 2.0 * (pf - 1.0) / pf * s + folded * s;
+            f.even(2.0 * (pf - 1.0) / pf * s + folded * s);
             f.total = 2.0 * (pf - 1.0) * s + rem * 2.0 * s;
             f.reduced = (pf - 1.0) / pf * s + folded * s;
         }
@@ -150,7 +214,7 @@ pub fn profile(algo: Algo, shape: &Shape, n: usize, chunk: usize) -> Profile {
             let k = pcs(s, direct_piece);
             f.hops = k.max(1.0);
             f.messages = nf * (nf - 1.0);
-            f.busiest = (nf - 1.0) * s;
+            f.even((nf - 1.0) * s);
             f.total = nf * (nf - 1.0) * s;
             f.reduced = (nf - 1.0) * s;
             f.copied = 2.0 * s;
@@ -161,7 +225,7 @@ pub fn profile(algo: Algo, shape: &Shape, n: usize, chunk: usize) -> Profile {
             f.hops = 2.0 * l + 2.0 * (k - 1.0).max(0.0);
             f.path = f.hops * piece(s, k);
             f.messages = 2.0 * (nf - 1.0) * k;
-            f.busiest = l * s;
+            f.even(l * s);
             f.total = 2.0 * (nf - 1.0) * s;
             f.reduced = l * s;
             f.copied = s;
@@ -172,26 +236,26 @@ pub fn profile(algo: Algo, shape: &Shape, n: usize, chunk: usize) -> Profile {
             f.hops = nf - 1.0 + (k - 1.0).max(0.0);
             f.path = f.hops * piece(b, k);
             f.messages = nf * (nf - 1.0) * k;
-            f.busiest = (nf - 1.0) * b;
+            f.even((nf - 1.0) * b);
             f.total = nf * (nf - 1.0) * b;
         }
         AllGatherRecursiveDoubling => {
             f.hops = lp + 2.0 * folded;
             f.messages = pf * lp + rem * 2.0;
-            f.busiest = (pf - 1.0) / pf * s + folded * s / 2.0;
+            f.even((pf - 1.0) / pf * s + folded * s / 2.0);
             f.total = (pf - 1.0) * s + rem * s;
         }
         AllGatherBruck => {
             // One transfer per rank in each of its ceil(log2 n) steps.
             f.messages = nf * l;
             f.hops += l;
-            f.busiest = (nf - 1.0) * b;
+            f.even((nf - 1.0) * b);
             f.total = nf * (nf - 1.0) * b;
         }
         AllGatherDirect | AllToAllDirect => {
             f.hops = 1.0;
             f.messages = nf * (nf - 1.0);
-            f.busiest = (nf - 1.0) * b;
+            f.even((nf - 1.0) * b);
             f.total = nf * (nf - 1.0) * b;
         }
         ReduceScatterRing => {
@@ -200,7 +264,7 @@ pub fn profile(algo: Algo, shape: &Shape, n: usize, chunk: usize) -> Profile {
             f.hops = nf - 1.0 + (k - 1.0).max(0.0);
             f.path = f.hops * piece(b, k);
             f.messages = nf * (nf - 1.0) * k;
-            f.busiest = (nf - 1.0) * b;
+            f.even((nf - 1.0) * b);
             f.total = nf * (nf - 1.0) * b;
             f.reduced = (nf - 1.0) * b;
         }
@@ -212,7 +276,7 @@ pub fn profile(algo: Algo, shape: &Shape, n: usize, chunk: usize) -> Profile {
             let rounds = (shape.max_block as f64 / round).ceil().max(1.0);
             f.hops = rounds * (lp + 2.0 * folded);
             f.messages = rounds * (pf * lp + 2.0 * rem);
-            f.busiest = (pf - 1.0) / pf * s + folded * s;
+            f.even((pf - 1.0) / pf * s + folded * s);
             f.total = (pf - 1.0) * s + rem * (s + b);
             f.reduced = (pf - 1.0) / pf * s + folded * s;
             f.copied = s;
@@ -221,7 +285,7 @@ pub fn profile(algo: Algo, shape: &Shape, n: usize, chunk: usize) -> Profile {
             let k = pcs(b, direct_piece);
             f.hops = k.max(1.0);
             f.messages = nf * (nf - 1.0);
-            f.busiest = (nf - 1.0) * b;
+            f.even((nf - 1.0) * b);
             f.total = nf * (nf - 1.0) * b;
             f.reduced = (nf - 1.0) * b;
             f.copied = 2.0 * b;
@@ -232,7 +296,9 @@ pub fn profile(algo: Algo, shape: &Shape, n: usize, chunk: usize) -> Profile {
             f.hops = l + (k - 1.0).max(0.0);
             f.path = f.hops * piece(s, k);
             f.messages = (nf - 1.0) * k;
-            f.busiest = l * s;
+            // The root sends to each of its l children; its first child receives and sends to
+            // its own l - 1.
+            f.loads = [Load::of(l * s, 0.0), Load::of((l - 1.0) * s, s)];
             f.total = (nf - 1.0) * s;
         }
         BroadcastChain => {
@@ -241,13 +307,14 @@ pub fn profile(algo: Algo, shape: &Shape, n: usize, chunk: usize) -> Profile {
             f.hops = nf - 1.0 + (k - 1.0).max(0.0);
             f.path = f.hops * piece(s, k);
             f.messages = (nf - 1.0) * k;
-            f.busiest = s;
+            let middle = if n > 2 { s } else { 0.0 };
+            f.loads = [Load::of(s, 0.0), Load::of(middle, s)];
             f.total = (nf - 1.0) * s;
         }
         BroadcastDirect => {
             f.hops = 1.0;
             f.messages = nf - 1.0;
-            f.busiest = (nf - 1.0) * s;
+            f.loads = [Load::of((nf - 1.0) * s, 0.0), Load::of(0.0, s)];
             f.total = (nf - 1.0) * s;
         }
         ReduceTree => {
@@ -256,7 +323,8 @@ pub fn profile(algo: Algo, shape: &Shape, n: usize, chunk: usize) -> Profile {
             f.hops = l + (k - 1.0).max(0.0);
             f.path = f.hops * piece(s, k);
             f.messages = (nf - 1.0) * k;
-            f.busiest = l * s;
+            // The broadcast tree's loads, turned around.
+            f.loads = [Load::of(0.0, l * s), Load::of(s, (l - 1.0) * s)];
             f.total = (nf - 1.0) * s;
             f.reduced = l * s;
             f.copied = s;
@@ -265,7 +333,7 @@ pub fn profile(algo: Algo, shape: &Shape, n: usize, chunk: usize) -> Profile {
             let k = pcs(s, direct_piece);
             f.hops = k.max(1.0);
             f.messages = nf - 1.0;
-            f.busiest = (nf - 1.0) * s;
+            f.loads = [Load::of(0.0, (nf - 1.0) * s), Load::of(s, 0.0)];
             f.total = (nf - 1.0) * s;
             f.reduced = (nf - 1.0) * s;
             f.copied = 2.0 * s;
@@ -273,26 +341,32 @@ pub fn profile(algo: Algo, shape: &Shape, n: usize, chunk: usize) -> Profile {
         AllToAllPairwise => {
             f.hops += nf - 1.0;
             f.messages = nf * (nf - 1.0);
-            f.busiest = (nf - 1.0) * b;
+            f.even((nf - 1.0) * b);
             f.total = nf * (nf - 1.0) * b;
         }
         AllToAllBruck => {
             f.hops += l;
             f.messages = nf * l;
-            f.busiest = l * s / 2.0;
+            f.even(l * s / 2.0);
             f.total = nf * l * s / 2.0;
             f.copied = (l + 2.0) * s;
         }
         ScatterDirect | GatherDirect => {
             f.hops = 1.0;
             f.messages = nf - 1.0;
-            f.busiest = (nf - 1.0) * b;
+            f.loads = [Load::of((nf - 1.0) * b, 0.0), Load::of(0.0, b)];
             f.total = (nf - 1.0) * b;
         }
         ScatterTree | GatherTree => {
             f.hops = l;
             f.messages = nf - 1.0;
-            f.busiest = (nf - 1.0) * b;
+            // The root sends all blocks but its own; its first child receives its subtree's
+            // blocks and passes on all but its own.
+            let first = tree::subtree(pow2_floor(n - 1), n) as f64;
+            f.loads = [
+                Load::of((nf - 1.0) * b, 0.0),
+                Load::of((first - 1.0) * b, first * b),
+            ];
             f.total = l * s / 2.0;
             f.copied = s;
         }
@@ -315,6 +389,18 @@ impl CostModel {
         (self.local(n) / self.cores_per_host.max(1) as f64).max(1.0)
     }
 
+    /// Bytes that the busiest rank of a profile moves, weighed as [`send_share`](Self::send_share)
+    /// says.
+    pub fn busiest(&self, f: &Profile) -> f64 {
+        f.loads
+            .iter()
+            .map(|l| match self.send_share {
+                Some(share) => (share * l.sent + (1.0 - share) * l.received).max(l.received),
+                None => l.sent.max(l.received),
+            })
+            .fold(0.0, f64::max)
+    }
+
     /// Predicted seconds of a profile on `n` ranks.
     pub fn time(&self, f: &Profile, n: usize) -> f64 {
         self.terms(f, n).iter().sum()
@@ -332,7 +418,7 @@ impl CostModel {
         } else {
             1.0
         };
-        let bytes = stall * (f.busiest.max(f.path) / self.kappa(n)).max(f.total / nf);
+        let bytes = stall * (self.busiest(f).max(f.path) / self.kappa(n)).max(f.total / nf);
         [
             f.hops * self.alpha,
             messages_host / cores * self.mu,
@@ -390,6 +476,7 @@ mod tests {
             mu: 4e-6,
             beta: 1.0 / 1.5e9,
             gamma: 1.0 / 8e9,
+            send_share: None,
             ranks_per_host: q,
             cores_per_host: 2,
             measured: false,
@@ -411,6 +498,7 @@ mod tests {
             mu,
             beta,
             gamma,
+            send_share: Some(LOOPBACK_SEND_SHARE),
             ranks_per_host: q,
             cores_per_host: 2,
             measured: true,
@@ -569,6 +657,43 @@ mod tests {
             pick(&measured(8), Collective::ReduceScatter, 4 << 20, 8),
             Algo::ReduceScatterDirect
         );
+    }
+
+    #[test]
+    fn a_root_that_only_sends_pays_the_senders_share_over_loopback() {
+        let loopback = measured(4);
+        let duplex = CostModel {
+            send_share: None,
+            ..loopback
+        };
+        let bytes: usize = 1 << 20;
+        let mb = bytes as f64;
+        let bcast = profile(
+            Algo::BroadcastDirect,
+            &shape(Collective::Broadcast, bytes, 4),
+            4,
+            CHUNK,
+        );
+        assert_eq!(duplex.busiest(&bcast), 3.0 * mb);
+        assert!((loopback.busiest(&bcast) - 2.0 * mb).abs() < 1.0);
+        // A root that receives from every peer keeps its bytes: counted at the receiver's share,
+        // direct reduce was picked on 4 ranks at 32-64 MiB, 1.12-1.18x slower than the tree.
+        let reduce = profile(
+            Algo::ReduceDirect,
+            &shape(Collective::Reduce, bytes, 4),
+            4,
+            CHUNK,
+        );
+        assert_eq!(loopback.busiest(&reduce), 3.0 * mb);
+        // 4 ranks of 2 cores, by the median of eight runs (docs/perf/algorithms.md, twentieth
+        // session): at 64 MiB the tree took 0.88 of the chain's time, at 512 KiB the chain and
+        // direct 0.9 of the tree's. Counting the tree's root at its full sends picks the chain at
+        // 64 MiB and the tree at 512 KiB.
+        let pick_of = |m: &CostModel, bytes| pick(m, Collective::Broadcast, bytes, 4);
+        assert_eq!(pick_of(&loopback, 64 << 20), Algo::BroadcastTree);
+        assert_ne!(pick_of(&loopback, 512 << 10), Algo::BroadcastTree);
+        assert_eq!(pick_of(&duplex, 64 << 20), Algo::BroadcastChain);
+        assert_eq!(pick_of(&duplex, 512 << 10), Algo::BroadcastTree);
     }
 
     #[test]
