@@ -10,7 +10,9 @@
 //! beyond 10% (with `--all`, every point) and a count per directory; `--explain` adds, under each
 //! point printed, every algorithm's predicted time and its best measured round. Given several
 //! directories, it also counts by each point's median over them: one run's noise moves a few
-//! points across the 10% line, a point beyond it in most runs is the model's doing.
+//! points across the 10% line, a point beyond it in most runs is the model's doing. And it
+//! counts, for each run, where the algorithm best by the median of the other runs would be
+//! within 10%: the most that any fixed choice per call shape can expect of one run.
 //!
 //! `--latency N=ALPHA_US:MU_US` (repeatable) replaces the calibrated alpha and mu of the runs of
 //! `N` ranks: how much do the picks depend on what a calibration measured?
@@ -22,7 +24,7 @@
 
 use std::collections::BTreeMap;
 
-use ctran::algos::select::cost::profile;
+use ctran::algos::select::cost::{self, profile};
 use ctran::algos::select::{calibrate, cheapest, Collective, CostModel, Shape};
 
 /// Staging chunk of the recorded runs (`CTRAN_CHUNK_BYTES`, default).
@@ -36,7 +38,7 @@ type Rounds = BTreeMap<(String, usize), BTreeMap<String, Vec<f64>>>;
 /// The text after `key` up to the next separator.
 fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
     let rest = &line[line.find(key)? + key.len()..];
-    let end = rest.find([',', ' ', '}', ']']).unwrap_or(rest.len());
+    let end = rest.find([',', ' ', '}', ']', ')']).unwrap_or(rest.len());
     Some(&rest[..end])
 }
 
@@ -59,12 +61,20 @@ fn model_of(log: &str) -> Result<CostModel, String> {
     } else {
         0.5
     };
+    let ranks_per_host = number(line, "ranks_per_host: ")?;
+    // Runs recorded before the share was agreed ran over TCP only (bench-algos.sh).
+    let send_share = match field(line, "send_share: ") {
+        Some(v) if v.starts_with("Some(") => Some(number(v, "Some(")?),
+        Some(_) => None,
+        None => (ranks_per_host > 1).then_some(cost::LOOPBACK_SEND_SHARE),
+    };
     Ok(CostModel {
         alpha: per_hop * number::<f64>(line, "alpha: ")?,
         mu: number(line, "mu: ")?,
         beta: number(line, "beta: ")?,
         gamma: number(line, "gamma: ")?,
-        ranks_per_host: number(line, "ranks_per_host: ")?,
+        send_share,
+        ranks_per_host,
         cores_per_host: number(line, "cores_per_host: ")?,
         measured: true,
     })
@@ -147,9 +157,27 @@ struct Show {
 /// A (ranks, op, bytes) point.
 type Point = (usize, String, usize);
 
-/// Every point of one directory replayed, with how much slower the pick is than the best
-/// algorithm there (the worst of its same-round medians).
-fn replay(dir: &str, show: Show, latencies: &Latencies) -> Result<Vec<(Point, f64)>, String> {
+/// One point of one run.
+struct Replayed {
+    point: Point,
+    /// How much slower the pick is than the best algorithm there (the worst of its same-round
+    /// medians).
+    pick: f64,
+    /// The same for every algorithm, by name.
+    every: BTreeMap<String, f64>,
+}
+
+/// How much slower `mine` is than the best of `algos` (auto left out), and which that is.
+fn worst<'a>(mine: &[f64], algos: &'a BTreeMap<String, Vec<f64>>) -> (f64, &'a str) {
+    algos
+        .iter()
+        .filter(|(name, _)| *name != "auto")
+        .map(|(name, r)| (paired(mine, r), name.as_str()))
+        .fold((1.0, ""), |w, x| if x.0 > w.0 { x } else { w })
+}
+
+/// Every point of one directory replayed.
+fn replay(dir: &str, show: Show, latencies: &Latencies) -> Result<Vec<Replayed>, String> {
     let mut points = Vec::new();
     for n in 1..=64 {
         for part in ["small", "large"] {
@@ -173,16 +201,21 @@ fn replay(dir: &str, show: Show, latencies: &Latencies) -> Result<Vec<(Point, f6
                 let Some(mine) = algos.get(pick.name()) else {
                     continue;
                 };
-                let (worst, against) = algos
+                let (worst_ratio, against) = worst(mine, &algos);
+                let ok = worst_ratio <= WITHIN;
+                let every = algos
                     .iter()
                     .filter(|(name, _)| *name != "auto")
-                    .map(|(name, r)| (paired(mine, r), name.as_str()))
-                    .fold((1.0, ""), |w, x| if x.0 > w.0 { x } else { w });
-                let ok = worst <= WITHIN;
-                points.push(((n, key.0.clone(), key.1), worst));
+                    .map(|(name, r)| (name.clone(), worst(r, &algos).0))
+                    .collect();
+                points.push(Replayed {
+                    point: (n, key.0.clone(), key.1),
+                    pick: worst_ratio,
+                    every,
+                });
                 if show.all || !ok {
                     println!(
-                        "{} {n} ranks {:>14} {:>10} B: picks {:<18} {worst:.2}x {against}",
+                        "{} {n} ranks {:>14} {:>10} B: picks {:<18} {worst_ratio:.2}x {against}",
                         if ok { " " } else { "X" },
                         key.0,
                         key.1,
@@ -218,6 +251,46 @@ fn summarize(runs: BTreeMap<Point, Vec<f64>>, count: usize) {
     );
     for ((n, op, bytes), m) in beyond {
         println!("  {n} ranks {op:>14} {bytes:>10} B: {m:.2}x by the median");
+    }
+}
+
+/// For each run, where a fixed choice of algorithm per point, the one best by the median of the
+/// other runs, would be within 10%: what the runs' own variation leaves to any model that picks
+/// from call shapes alone.
+fn fixed_choice(runs: &[(String, Vec<Replayed>)]) {
+    for (k, (dir, points)) in runs.iter().enumerate() {
+        let mut within = 0;
+        for p in points {
+            let others: Vec<&BTreeMap<String, f64>> = runs
+                .iter()
+                .enumerate()
+                .filter(|&(j, _)| j != k)
+                .filter_map(|(_, (_, o))| o.iter().find(|q| q.point == p.point))
+                .map(|q| &q.every)
+                .collect();
+            let median_of = |name: &str| {
+                let mut v: Vec<f64> = others.iter().filter_map(|e| e.get(name).copied()).collect();
+                if v.is_empty() {
+                    f64::INFINITY
+                } else {
+                    calibrate::median(&mut v)
+                }
+            };
+            let choice = p
+                .every
+                .keys()
+                .map(|name| (median_of(name), name))
+                .min_by(|a, b| a.0.total_cmp(&b.0))
+                .map(|(_, name)| name);
+            if choice.is_some_and(|name| p.every[name] <= WITHIN) {
+                within += 1;
+            }
+        }
+        println!(
+            "{dir}: the algorithm best by the other runs' median would be within 10% at {within} \
+             of {}",
+            points.len()
+        );
     }
 }
 
@@ -283,18 +356,16 @@ fn main() {
         eprintln!("{USAGE}");
         std::process::exit(2);
     }
-    let mut runs: BTreeMap<Point, Vec<f64>> = BTreeMap::new();
+    let mut runs = Vec::new();
     for dir in &dirs {
         match replay(dir, show, &latencies) {
             Ok(points) => {
-                let within = points.iter().filter(|p| p.1 <= WITHIN).count();
+                let within = points.iter().filter(|p| p.pick <= WITHIN).count();
                 println!(
                     "{dir}: the pick is within 10% at {within} of {}",
                     points.len()
                 );
-                for (point, worst) in points {
-                    runs.entry(point).or_default().push(worst);
-                }
+                runs.push((dir.clone(), points));
             }
             Err(e) => {
                 eprintln!("{dir}: {e}");
@@ -302,7 +373,12 @@ fn main() {
             }
         }
     }
-    if dirs.len() > 1 {
-        summarize(runs, dirs.len());
+    if runs.len() > 1 {
+        let mut by_point: BTreeMap<Point, Vec<f64>> = BTreeMap::new();
+        for p in runs.iter().flat_map(|(_, points)| points) {
+            by_point.entry(p.point.clone()).or_default().push(p.pick);
+        }
+        summarize(by_point, runs.len());
+        fixed_choice(&runs);
     }
 }
