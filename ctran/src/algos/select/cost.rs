@@ -11,9 +11,9 @@
 //! - `M_host`: messages that the ranks of one host send, `C = min(cores, ranks per host)`: every
 //!   message costs CPU time (system calls, a wake-up), and ranks of one host share its cores;
 //! - `B`: bytes a rank moves, for the busiest rank and on average: the larger of what it sends
-//!   and receives, or, between ranks of one host over TCP, `s sent + (1 - s) received` with `s`
-//!   the sender's [share](CostModel::send_share) of a transfer's CPU time (a rank that sends and
-//!   receives `x` moves `x` either way); `B_path`: bytes moved one transfer after another along a
+//!   and receives, or, between ranks of one host over TCP, `s sent + (1 - s) received` (at
+//!   least what it receives) with `s` the sender's [share](CostModel::send_share) of a
+//!   transfer's CPU time (a rank that sends and receives `x` moves `x` either way); `B_path`: bytes moved one transfer after another along a
 //!   pipeline's critical path (its hops times its piece);
 //!   beta is measured with every rank moving data at once, which on a host with more ranks than
 //!   cores is `kappa = ranks per host / cores` times slower than a rank alone: a rank that works
@@ -65,9 +65,12 @@ pub struct CostModel {
     pub gamma: f64,
     /// Where the ranks of a host move bytes over TCP on loopback, the sender's share of the CPU
     /// time that a byte costs both ends ([`LOOPBACK_SEND_SHARE`]), and a rank's bytes are
-    /// `share * sent + (1 - share) * received`: one that only sends (a broadcast's root) is
-    /// slowed by its sends alone. `None`: a rank's bytes are the larger of what it sends and
-    /// receives, as over a full-duplex link (not measured for shared memory).
+    /// `share * sent + (1 - share) * received`, but never less than what it receives: one that
+    /// only sends (a broadcast's root) is slowed by its share of its sends alone, while one that
+    /// receives from every peer still waits for all of it (counted at the receiver's share,
+    /// direct reduce was picked where it measured 1.1-1.6x slower than the tree). `None`: a
+    /// rank's bytes are the larger of what it sends and receives, as over a full-duplex link
+    /// (not measured for shared memory).
     pub send_share: Option<f64>,
     /// Most ranks of the communicator on one host.
     pub ranks_per_host: usize,
