@@ -47,7 +47,7 @@ pub const RING_STALL: f64 = 0.1;
 /// runs the loopback's receive processing (the kernel's receive path runs in the sending
 /// context), so a byte sent costs the sender about twice the CPU time it costs the receiver.
 /// Measured on this 2-core machine, one process streaming 2 GiB to another in 256 KiB-1 MiB
-/// writes: the sender used 0.39-0.66 s of CPU, the receiver 0.24-0.26 s, a share of 0.62-0.72
+/// writes: the sender used 0.28-0.66 s of CPU, the receiver 0.20-0.26 s, a share of 0.58-0.72
 /// (docs/perf/algorithms.md, twentieth session).
 pub const LOOPBACK_SEND_SHARE: f64 = 2.0 / 3.0;
 
