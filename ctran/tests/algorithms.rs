@@ -986,6 +986,25 @@ fn ranks_bound_to_one_cpu_each_count_the_hosts_cores() {
     );
 }
 
+/// Ranks of one host that talk over TCP agree on the sender's share of a byte on loopback;
+/// over shared memory the model counts a rank's bytes as the larger of sent and received.
+#[test]
+fn ranks_over_loopback_tcp_agree_on_the_senders_share() {
+    let share = |c: &Comm| c.cost_model().expect("calibrated at init").send_share;
+    let over_tcp = with_ranks(3, "share-tcp", |_| {}, share);
+    assert!(
+        over_tcp
+            .iter()
+            .all(|&s| s == Some(ctran::algos::select::cost::LOOPBACK_SEND_SHARE)),
+        "over TCP: {over_tcp:?}"
+    );
+    let over_shm = with_ranks(3, "share-shm", |cfg| cfg.use_shm = true, share);
+    assert!(
+        over_shm.iter().all(|s| s.is_none()),
+        "over shared memory: {over_shm:?}"
+    );
+}
+
 /// Blocks far larger than what the transport buffers between two ranks (shared-memory FIFOs of
 /// two chunk-sized slots, while ring algorithms keep up to eight staging slots in flight): a
 /// pipelined algorithm that made a rank wait for a send to finish before posting a receive its
