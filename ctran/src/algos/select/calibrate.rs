@@ -300,8 +300,9 @@ fn reduce_rate() -> f64 {
 }
 
 /// The parameters every rank uses, from each rank's `[alpha, mu, beta, gamma, send share]` (a
-/// share of 0 for none): the maximum of alpha, mu, gamma and the share, and the mean of beta. Measured alpha and mu are equal on every rank
-/// already (fitted to agreed probe times); the maximum matters where some ranks configured them.
+/// share of 0 for none): the maximum of alpha, mu, gamma and the share, and the mean of beta.
+/// Measured alpha and mu are equal on every rank already (fitted to agreed probe times); the
+/// maximum matters where some ranks configured them.
 /// The ring exchanges that beta comes from overlap, so a rank's own time depends on when it left
 /// the barrier: one that leaves late finds its data waiting, one that leaves early waits for its
 /// neighbour. With 8 ranks on 2 cores one calibration measured between -0.2 and 5.6 ns/B on

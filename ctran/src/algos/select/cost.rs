@@ -13,8 +13,9 @@
 //! - `B`: bytes a rank moves, for the busiest rank and on average: the larger of what it sends
 //!   and receives, or, between ranks of one host over TCP, `s sent + (1 - s) received` (at
 //!   least what it receives) with `s` the sender's [share](CostModel::send_share) of a
-//!   transfer's CPU time (a rank that sends and receives `x` moves `x` either way); `B_path`: bytes moved one transfer after another along a
-//!   pipeline's critical path (its hops times its piece);
+//!   transfer's CPU time (a rank that sends and receives `x` moves `x` either way); `B_path`:
+//!   bytes moved one transfer after another along a pipeline's critical path (its hops times its
+//!   piece);
 //!   beta is measured with every rank moving data at once, which on a host with more ranks than
 //!   cores is `kappa = ranks per host / cores` times slower than a rank alone: a rank that works
 //!   while others wait goes `kappa` times faster, but never faster than the host's cores allow
