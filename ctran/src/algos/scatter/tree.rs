@@ -3,7 +3,9 @@
 //! `log2 n` steps instead of the root's `n-1` sends.
 //!
 //! A rank holds its subtree's blocks in one staging chunk, so this needs equal blocks (as
-//! scatter has) with `n x block <= chunk_bytes`.
+//! scatter has) with `n x block <= chunk_bytes`. The root sends a leaf child's block straight
+//! from its input and leaves receive straight into their output: only subtrees of several
+//! blocks pass through staging.
 
 use crate::algos::ctx::OpCtx;
 use crate::algos::tree::{subtree, vrank, BinomialTree};
@@ -34,24 +36,47 @@ pub fn run(cx: &mut OpCtx<'_>, inputs: &[Span], output: Span, root: usize) -> Re
     let tree = BinomialTree::new(r, n, root);
     let vr = vrank(r, n, root);
     let slot = cx.staging.slot(0);
-    // The block of relative rank `v` sits at `(v - vr) * b` in the slot.
+    // The block of relative rank `v` sits at `(v - vr) * b` in the slot; a leaf child's block
+    // goes out straight from the root's input and lands straight in the leaf's output, so on 2
+    // ranks this is direct's one message.
+    let child_part = |c: usize| {
+        let vc = vrank(c, n, root);
+        (vc - vr, subtree(vc, n))
+    };
     match tree.parent {
         None => {
-            for v in 1..n {
-                slot.sub(v * b, b).copy_from(&inputs[(v + root) % n]);
+            for &c in &tree.children {
+                let (first, blocks) = child_part(c);
+                if blocks > 1 {
+                    for v in first..first + blocks {
+                        slot.sub(v * b, b).copy_from(&inputs[(v + root) % n]);
+                    }
+                }
             }
             output.copy_from(&inputs[root]);
+        }
+        Some(parent) if tree.children.is_empty() => {
+            let req = cx.recv(parent, output)?;
+            return cx.wait(req);
         }
         Some(parent) => {
             let req = cx.recv(parent, slot.sub(0, subtree(vr, n) * b))?;
             cx.wait(req)?;
-            output.copy_from(&slot.sub(0, b));
         }
     }
     let mut sends = Vec::with_capacity(tree.children.len());
     for &c in &tree.children {
-        let vc = vrank(c, n, root);
-        sends.push(cx.send(c, slot.sub((vc - vr) * b, subtree(vc, n) * b))?);
+        let (first, blocks) = child_part(c);
+        let part = if tree.parent.is_none() && blocks == 1 {
+            inputs[c]
+        } else {
+            slot.sub(first * b, blocks * b)
+        };
+        sends.push(cx.send(c, part)?);
+    }
+    // Its own block after the children's parts are on their way (sends only read the slot).
+    if tree.parent.is_some() {
+        output.copy_from(&slot.sub(0, b));
     }
     cx.wait_all(&mut sends)
 }

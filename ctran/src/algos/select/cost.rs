@@ -372,7 +372,8 @@ fn counts(algo: Algo, shape: &Shape, n: usize, chunk: usize) -> Profile {
                 Load::of((first - 1.0) * b, first * b),
             ];
             f.total = l * s / 2.0;
-            f.copied = s;
+            // The root stages every block but its own and its leaf child's.
+            f.copied = s - 2.0 * b;
         }
         BarrierDissemination => {
             f.hops += l;
@@ -713,5 +714,23 @@ mod tests {
         // either way from run to run at 128-512 KiB on 4 ranks, docs/perf/algorithms.md).
         let a = pick(&measured(4), Collective::Broadcast, 256 << 10, 4);
         assert_ne!(a, Algo::BroadcastChain, "256 KiB broadcast on 4 ranks");
+    }
+
+    #[test]
+    fn scatter_and_gather_trees_stage_only_subtrees_of_several_blocks() {
+        for (tree, direct, coll) in [
+            (Algo::ScatterTree, Algo::ScatterDirect, Collective::Scatter),
+            (Algo::GatherTree, Algo::GatherDirect, Collective::Gather),
+        ] {
+            // On 2 ranks the only child is a leaf: the tree sends what direct sends.
+            let two = shape(coll, 512 << 10, 2);
+            assert_eq!(
+                profile(tree, &two, 2, CHUNK),
+                profile(direct, &two, 2, CHUNK)
+            );
+            // On 8 ranks the root stages the blocks of its subtrees of 2 and 4 ranks.
+            let f = profile(tree, &shape(coll, 8 << 10, 8), 8, CHUNK);
+            assert_eq!(f.copied, f64::from(6u32 << 10), "{coll:?}");
+        }
     }
 }
