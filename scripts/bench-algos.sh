@@ -4,7 +4,9 @@
 # `torchcomms-perf --algo all` (each size timed with every algorithm in turn, several rounds,
 # every round's time kept) and writes one markdown table per (ranks, op) with the best round of
 # every algorithm and of auto, then a summary of where auto is within 10% of the best algorithm
-# by the median of same-round ratios (scripts/bench/algos_report.py).
+# by the median of same-round ratios, which misses stand beyond the rounds' spread (95%
+# bootstrap), and how often 2-rank broadcasts, the same messages, differ by more than 10%
+# (scripts/bench/algos_report.py).
 #
 #   scripts/bench-algos.sh [--out FILE]
 #
