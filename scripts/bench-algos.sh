@@ -5,8 +5,8 @@
 # every round's time kept) and writes one markdown table per (ranks, op) with the best round of
 # every algorithm and of auto, then a summary of where auto is within 10% of the best algorithm
 # by the median of same-round ratios, which misses stand beyond the rounds' spread (95%
-# bootstrap), and how often 2-rank broadcasts, the same messages, differ by more than 10%
-# (scripts/bench/algos_report.py).
+# bootstrap), and how often algorithms that send the same messages (broadcast, scatter and gather
+# on 2 ranks) differ by more than 10% (scripts/bench/algos_report.py).
 #
 #   scripts/bench-algos.sh [--out FILE]
 #
