@@ -36,25 +36,8 @@ pub fn run(cx: &mut OpCtx<'_>, inputs: &[Span], output: Span, root: usize) -> Re
     let tree = BinomialTree::new(r, n, root);
     let vr = vrank(r, n, root);
     let slot = cx.staging.slot(0);
-    // The block of relative rank `v` sits at `(v - vr) * b` in the slot; a leaf child's block
-    // goes out straight from the root's input and lands straight in the leaf's output, so on 2
-    // ranks this is direct's one message.
-    let child_part = |c: usize| {
-        let vc = vrank(c, n, root);
-        (vc - vr, subtree(vc, n))
-    };
     match tree.parent {
-        None => {
-            for &c in &tree.children {
-                let (first, blocks) = child_part(c);
-                if blocks > 1 {
-                    for v in first..first + blocks {
-                        slot.sub(v * b, b).copy_from(&inputs[(v + root) % n]);
-                    }
-                }
-            }
-            output.copy_from(&inputs[root]);
-        }
+        None => {}
         Some(parent) if tree.children.is_empty() => {
             let req = cx.recv(parent, output)?;
             return cx.wait(req);
@@ -64,19 +47,33 @@ pub fn run(cx: &mut OpCtx<'_>, inputs: &[Span], output: Span, root: usize) -> Re
             cx.wait(req)?;
         }
     }
+    // The block of relative rank `v` sits at `(v - vr) * b` in the slot. The root stages a
+    // child's subtree just before sending it, and sends a leaf child's block straight from its
+    // input (which lands straight in the leaf's output: on 2 ranks, direct's one message).
+    let at_root = tree.parent.is_none();
     let mut sends = Vec::with_capacity(tree.children.len());
     for &c in &tree.children {
-        let (first, blocks) = child_part(c);
-        let part = if tree.parent.is_none() && blocks == 1 {
+        let vc = vrank(c, n, root);
+        let (first, blocks) = (vc - vr, subtree(vc, n));
+        let part = if at_root && blocks == 1 {
             inputs[c]
         } else {
+            if at_root {
+                for v in first..first + blocks {
+                    slot.sub(v * b, b).copy_from(&inputs[(v + root) % n]);
+                }
+            }
             slot.sub(first * b, blocks * b)
         };
         sends.push(cx.send(c, part)?);
     }
-    // Its own block after the children's parts are on their way (sends only read the slot).
-    if tree.parent.is_some() {
-        output.copy_from(&slot.sub(0, b));
-    }
+    // Its own block after the children's parts are on their way (sends only read the slot and
+    // the root's other inputs).
+    let own = if at_root {
+        inputs[root]
+    } else {
+        slot.sub(0, b)
+    };
+    output.copy_from(&own);
     cx.wait_all(&mut sends)
 }
