@@ -74,11 +74,16 @@ def lower_bound(series, seed):
     return tops[DRAWS // 20]
 
 
-def trails_clearly(a, others, seed):
-    """Whether row a trails some row of `others` by more than 10% with 95% confidence (None:
-    too few rounds to say)."""
-    low = lower_bound([ratios(a, r) for r in others.values()], seed)
+def surely_beyond(series, seed):
+    """Whether the largest median among the per-round ratio `series` is above 1.10 with 95%
+    confidence (None: too few rounds to say)."""
+    low = lower_bound(series, seed)
     return None if low is None else low > TOLERANCE
+
+
+def trails_clearly(a, others, seed):
+    """Whether row a trails some row of `others` by more than 10% with 95% confidence."""
+    return surely_beyond([ratios(a, r) for r in others.values()], seed)
 
 
 def noise_floor(rows):
@@ -96,8 +101,7 @@ def noise_floor(rows):
         sizes += 1
         if max(statistics.median(x) for x in series if x) > TOLERANCE:
             beyond += 1
-            low = lower_bound(series, f"noise {s}")
-            clear += low is not None and low > TOLERANCE
+            clear += bool(surely_beyond(series, f"noise {s}"))
     return sizes, beyond, clear
 
 
