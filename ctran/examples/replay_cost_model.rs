@@ -258,15 +258,19 @@ fn summarize(runs: BTreeMap<Point, Vec<f64>>, count: usize) {
 /// other runs, would be within 10%: what the runs' own variation leaves to any model that picks
 /// from call shapes alone.
 fn fixed_choice(runs: &[(String, Vec<Replayed>)]) {
+    // Each run's points by (ranks, op, bytes).
+    let indexed: Vec<BTreeMap<&Point, &BTreeMap<String, f64>>> = runs
+        .iter()
+        .map(|(_, points)| points.iter().map(|q| (&q.point, &q.every)).collect())
+        .collect();
     for (k, (dir, points)) in runs.iter().enumerate() {
         let mut within = 0;
         for p in points {
-            let others: Vec<&BTreeMap<String, f64>> = runs
+            let others: Vec<&BTreeMap<String, f64>> = indexed
                 .iter()
                 .enumerate()
                 .filter(|&(j, _)| j != k)
-                .filter_map(|(_, (_, o))| o.iter().find(|q| q.point == p.point))
-                .map(|q| &q.every)
+                .filter_map(|(_, run)| run.get(&p.point).copied())
                 .collect();
             let median_of = |name: &str| {
                 let mut v: Vec<f64> = others.iter().filter_map(|e| e.get(name).copied()).collect();
