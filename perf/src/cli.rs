@@ -149,6 +149,13 @@ pub(crate) struct Args {
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
     pub(crate) max_iter_bytes: Option<u64>,
 
+    /// Raise timed iterations of a size so that iterations x size reaches BYTES (never past
+    /// --max-iter-bytes); accepts K, M, G suffixes. With `--rounds`, a round of a few iterations
+    /// of a mid-size message lasts about a millisecond and one lost time slice moves it by a
+    /// quarter; longer rounds keep same-round ratios steady.
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+    pub(crate) min_iter_bytes: Option<u64>,
+
     /// Print every configuration variable (cvar) with its effective value and where it came
     /// from (default, the TORCHCOMMS_CONFIG file, the environment), then exit.
     #[arg(long)]
@@ -413,6 +420,7 @@ pub(crate) struct Settings {
     pub(crate) algo: Option<String>,
     pub(crate) rounds: u32,
     pub(crate) max_iter_bytes: Option<u64>,
+    pub(crate) min_iter_bytes: Option<u64>,
     /// `--trace-ab`: iterations per block.
     pub(crate) trace_ab: Option<u32>,
     /// `--ab-control`: recording paused in both settings of `--trace-ab`.
@@ -528,8 +536,11 @@ impl Settings {
                     a.backend
                 );
             }
-            if algo.as_deref() == Some("all") || a.rounds > 1 {
-                bail!("invalid value for '--trace-ab': --algo all and --rounds do not apply");
+            if algo.as_deref() == Some("all") || a.rounds > 1 || a.min_iter_bytes.is_some() {
+                bail!(
+                    "invalid value for '--trace-ab': --algo all, --rounds and --min-iter-bytes do \
+                     not apply"
+                );
             }
             let group = 4 * u64::from(block);
             if u64::from(a.iters) % group != 0 || u64::from(a.iters) < 2 * group {
@@ -563,6 +574,7 @@ impl Settings {
             algo,
             rounds: a.rounds,
             max_iter_bytes: a.max_iter_bytes,
+            min_iter_bytes: a.min_iter_bytes,
             trace_ab,
             ab_control: a.ab_control,
         })
@@ -594,13 +606,13 @@ impl Settings {
         ))
     }
 
-    /// Warm-up and timed iterations for a size of `bytes` (`--max-iter-bytes`).
+    /// Warm-up and timed iterations for a size of `bytes` (`--min-iter-bytes`,
+    /// `--max-iter-bytes`).
     pub(crate) fn iterations(&self, bytes: usize) -> (u32, u32) {
+        // Iterations of `bytes` that fit `budget` (at least one).
+        let fit = |budget: u64| (budget / bytes as u64).clamp(1, u64::from(u32::MAX)) as u32;
         let cap = |k: u32| match self.max_iter_bytes {
-            Some(budget) if bytes > 0 => {
-                let fit = (budget / bytes as u64).clamp(1, u64::from(u32::MAX)) as u32;
-                k.min(fit)
-            }
+            Some(budget) if bytes > 0 => k.min(fit(budget)),
             _ => k,
         };
         let warmup = if self.warmup == 0 {
@@ -608,7 +620,11 @@ impl Settings {
         } else {
             cap(self.warmup)
         };
-        (warmup, cap(self.iters))
+        let iters = match self.min_iter_bytes {
+            Some(floor) if bytes > 0 => self.iters.max(fit(floor)),
+            _ => self.iters,
+        };
+        (warmup, cap(iters))
     }
 
     /// The sizes to measure, in bytes, before rounding to the operation's unit.
@@ -728,6 +744,33 @@ mod tests {
     }
 
     #[test]
+    fn iterations_grow_to_the_floor_and_stay_under_the_cap() {
+        let argv = [
+            "p",
+            "-w",
+            "1",
+            "-i",
+            "8",
+            "--min-iter-bytes",
+            "64M",
+            "--max-iter-bytes",
+            "128M",
+        ];
+        let s = Settings::from_args(Args::try_parse_from(argv).unwrap()).unwrap();
+        assert_eq!(s.iterations(0), (1, 8));
+        assert_eq!(s.iterations(1 << 20), (1, 64));
+        assert_eq!(s.iterations(4 << 20), (1, 16));
+        assert_eq!(s.iterations(16 << 20), (1, 8));
+        assert_eq!(s.iterations(32 << 20), (1, 4));
+        assert_eq!(s.iterations(64 << 20), (1, 2));
+        let a = Args::try_parse_from(["p", "-i", "5", "--min-iter-bytes", "1G"]).unwrap();
+        assert_eq!(
+            Settings::from_args(a).unwrap().iterations(1 << 20),
+            (5, 1024)
+        );
+    }
+
+    #[test]
     fn trace_ab_times_one_combination_in_groups_of_four_blocks() {
         let parse = |argv: &[&str]| {
             let base = ["p", "--op", "all_reduce", "-b", "8", "--trace-ab"];
@@ -790,6 +833,7 @@ mod tests {
             (["p", "--timeout", "0"], "--timeout"),
             (["p", "--rounds", "0"], "--rounds"),
             (["p", "--max-iter-bytes", "x"], "--max-iter-bytes"),
+            (["p", "--min-iter-bytes", "x"], "--min-iter-bytes"),
         ] {
             let e = Args::try_parse_from(argv).unwrap_err().to_string();
             assert!(e.contains(name), "{argv:?}: {e}");
