@@ -13,12 +13,15 @@
 # Environment: NS (rank counts, default "2 4 8"), OPS (comma-separated, default every
 # collective), MAX (largest size, default 64M), ROUNDS_SMALL / ROUNDS_LARGE (rounds below and from
 # 1 MiB, default 30 and 10: with 15 and 5, auto and its own pick, the same code, differed by more
-# than 10% at 13-21 of 563 points in a run, with 30 and 10 at 8), ITER_BYTES (data timed per size
-# and round from 1 MiB, default 128M),
+# than 10% at 13-21 of 563 points in a run, with 30 and 10 at 8), ITER_BYTES (most data timed per
+# size and round from 1 MiB, default 128M), MIN_ITER_BYTES (least, default 64M: rounds of 8
+# iterations of 1 MiB lasted about a millisecond, and two algorithms sending the same messages on
+# 2 ranks came out more than 10% apart at 1 MiB in 12 of 13 runs; 64 iterations halved the spread
+# of their same-round ratios at 1-2 MiB),
 # BIND (1, default: rank counts up to the number of cores run with `--bind`, one core per rank,
 # as `mpirun --bind-to core` places them; 0: the scheduler places every rank), PERF (the binary;
 # default: built here). Shared memory is off (CTRAN_BACKENDS=socket), so every
-# algorithm and auto run over TCP on loopback. About 16 minutes on a 2-core machine. The raw
+# algorithm and auto run over TCP on loopback. About 20 minutes on a 2-core machine. The raw
 # tables and JSON rows stay in $KEEP when it is set; then
 # `cargo run --release -p ctran --example replay_cost_model -- $KEEP` replays them through the
 # cost model of the build at hand (where would its picks be within 10%?).
@@ -37,6 +40,7 @@ MAX=${MAX:-64M}
 ROUNDS_SMALL=${ROUNDS_SMALL:-30}
 ROUNDS_LARGE=${ROUNDS_LARGE:-10}
 ITER_BYTES=${ITER_BYTES:-128M}
+MIN_ITER_BYTES=${MIN_ITER_BYTES:-64M}
 PYTHON=${PYTHON:-python3}
 if [ -z "${PERF:-}" ]; then
     cargo build --release -q -p torchcomms-perf
@@ -66,14 +70,16 @@ for n in $NS; do
     bind=()
     if [ "$BIND" = 1 ] && [ "$n" -le "$CORES" ]; then bind=(--bind); fi
     # Small sizes: many iterations, many rounds, results checked in the first round. Large
-    # sizes: iterations capped at ITER_BYTES of data per size (at 128M: four at 32 MiB, two at
-    # 64 MiB, after one warm-up), fewer rounds, no check (ctran/tests/algorithms.rs checks every
-    # algorithm). One 64 MiB transfer varies by 20-30% on 2 cores, so a round of one iteration
-    # hardly tells algorithms 10% apart.
+    # sizes: iterations raised to MIN_ITER_BYTES and capped at ITER_BYTES of data per size (at
+    # 64M and 128M: 64 at 1 MiB, 8 at 8 and 16 MiB, four at 32 MiB, two at 64 MiB, after one
+    # warm-up), fewer rounds, no check (ctran/tests/algorithms.rs checks every algorithm). One
+    # 64 MiB transfer varies by 20-30% on 2 cores, so a round of one iteration hardly tells
+    # algorithms 10% apart.
     "$PERF" -n "$n" ${bind[@]+"${bind[@]}"} --op "$OPS" -b 8 -e 512K --algo all -w 5 -i 20 --rounds "$ROUNDS_SMALL" \
         --json "$TMP/small-$n.json" >"$TMP/small-$n.txt" 2>"$TMP/small-$n.err" \
         || { cat "$TMP/small-$n.txt" "$TMP/small-$n.err" >&2; exit 1; }
-    "$PERF" -n "$n" ${bind[@]+"${bind[@]}"} --op "$OPS" -b 1M -e "$MAX" --algo all -w 1 -i 8 --max-iter-bytes "$ITER_BYTES" -c 0 \
+    "$PERF" -n "$n" ${bind[@]+"${bind[@]}"} --op "$OPS" -b 1M -e "$MAX" --algo all -w 1 -i 8 --max-iter-bytes "$ITER_BYTES" \
+        --min-iter-bytes "$MIN_ITER_BYTES" -c 0 \
         --rounds "$ROUNDS_LARGE" --json "$TMP/large-$n.json" >"$TMP/large-$n.txt" 2>"$TMP/large-$n.err" \
         || { cat "$TMP/large-$n.txt" "$TMP/large-$n.err" >&2; exit 1; }
 done
@@ -83,11 +89,11 @@ STEAL=$(echo "$TICKS0 $(cpu_ticks)" | awk '{d = $4 - $2; s = (d > 0) ? 100 * ($3
 {
     echo "- date: $(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
     echo "- machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(free -g | awk '/Mem:/{print $2}') GiB, load average $(cut -d' ' -f1-3 /proc/loadavg) at the end, ${STEAL}% of CPU time stolen by the hypervisor during the run"
-    echo "- command: \`scripts/bench-algos.sh\` (NS=\"$NS\", ROUNDS_SMALL=$ROUNDS_SMALL, ROUNDS_LARGE=$ROUNDS_LARGE, ITER_BYTES=$ITER_BYTES, BIND=$BIND), ${SECS} s; per rank count N$([ "$BIND" = 1 ] && echo " (\`[--bind]\`: where N is at most the $CORES cores)"):"
+    echo "- command: \`scripts/bench-algos.sh\` (NS=\"$NS\", ROUNDS_SMALL=$ROUNDS_SMALL, ROUNDS_LARGE=$ROUNDS_LARGE, ITER_BYTES=$ITER_BYTES, MIN_ITER_BYTES=$MIN_ITER_BYTES, BIND=$BIND), ${SECS} s; per rank count N$([ "$BIND" = 1 ] && echo " (\`[--bind]\`: where N is at most the $CORES cores)"):"
     echo
     echo '  ```text'
     echo "  CTRAN_BACKENDS=socket torchcomms-perf -n N$([ "$BIND" = 1 ] && echo ' [--bind]') --op $OPS -b 8 -e 512K --algo all -w 5 -i 20 --rounds $ROUNDS_SMALL"
-    echo "  CTRAN_BACKENDS=socket torchcomms-perf -n N$([ "$BIND" = 1 ] && echo ' [--bind]') --op $OPS -b 1M -e $MAX --algo all -w 1 -i 8 --max-iter-bytes $ITER_BYTES -c 0 --rounds $ROUNDS_LARGE"
+    echo "  CTRAN_BACKENDS=socket torchcomms-perf -n N$([ "$BIND" = 1 ] && echo ' [--bind]') --op $OPS -b 1M -e $MAX --algo all -w 1 -i 8 --max-iter-bytes $ITER_BYTES --min-iter-bytes $MIN_ITER_BYTES -c 0 --rounds $ROUNDS_LARGE"
     echo '  ```'
     echo
     "$PYTHON" scripts/bench/algos_report.py "$TMP" $NS
