@@ -789,6 +789,11 @@ mod tests {
                 "--iters",
             ),
             (&["-e", "16", "-i", "8000"][..], "sizes"),
+            (&["-e", "8", "-i", "8000", "--rounds", "3"][..], "--rounds"),
+            (
+                &["-e", "8", "-i", "8000", "--min-iter-bytes", "64M"][..],
+                "--min-iter-bytes",
+            ),
             (
                 &["-e", "8", "-i", "8000", "--op", "broadcast"][..],
                 "operations",
