@@ -21,7 +21,7 @@
 # BIND (1, default: rank counts up to the number of cores run with `--bind`, one core per rank,
 # as `mpirun --bind-to core` places them; 0: the scheduler places every rank), PERF (the binary;
 # default: built here). Shared memory is off (CTRAN_BACKENDS=socket), so every
-# algorithm and auto run over TCP on loopback. About 20 minutes on a 2-core machine. The raw
+# algorithm and auto run over TCP on loopback. About 18 minutes on a 2-core machine. The raw
 # tables and JSON rows stay in $KEEP when it is set; then
 # `cargo run --release -p ctran --example replay_cost_model -- $KEEP` replays them through the
 # cost model of the build at hand (where would its picks be within 10%?).
