@@ -292,6 +292,11 @@ struct Conn {
     outbuf: Vec<u8>,
     out_pos: usize,
     validated: bool,
+    /// Decoding stopped at the output high-water mark with requests still buffered. Nothing on
+    /// the socket announces them once the replies drain (the client sent them long ago), so the
+    /// server must not sleep in `poll` while the backlog is gone and they wait, nor close a
+    /// half-closed connection before answering them.
+    held: bool,
     /// The peer closed its sending side: finish what it sent, then close.
     eof: bool,
     dead: bool,
@@ -316,6 +321,7 @@ impl Conn {
             outbuf: Vec::new(),
             out_pos: 0,
             validated: false,
+            held: false,
             eof: false,
             dead: false,
         }
@@ -371,8 +377,14 @@ impl Conn {
         self.out_pos < self.outbuf.len()
     }
 
-    fn backlogged(&self) -> bool {
-        self.outbuf.len() - self.out_pos > OUTPUT_HIGH_WATER
+    /// More than `high_water` reply bytes wait for the peer to read them.
+    fn backlogged(&self, high_water: usize) -> bool {
+        self.outbuf.len() - self.out_pos > high_water
+    }
+
+    /// Held requests that can be decoded again: the backlog drained below the mark.
+    fn resumable(&self, high_water: usize) -> bool {
+        self.held && !self.dead && !self.backlogged(high_water)
     }
 
     fn pending_input(&self) -> bool {
@@ -388,6 +400,8 @@ struct Daemon {
     conns: HashMap<ConnId, Conn>,
     next_id: ConnId,
     db: Db,
+    /// [`OUTPUT_HIGH_WATER`], smaller in tests.
+    high_water: usize,
 }
 
 impl Daemon {
@@ -440,7 +454,7 @@ impl Daemon {
             let c = &self.conns[id];
             let mut flags = PollFlags::empty();
             // After EOF the socket stays readable forever: stop asking.
-            if !c.backlogged() && !c.eof {
+            if !c.backlogged(self.high_water) && !c.eof {
                 flags |= PollFlags::POLLIN;
             }
             if c.pending_output() {
@@ -448,8 +462,15 @@ impl Daemon {
             }
             fds.push(PollFd::new(c.stream.as_fd(), flags));
         }
+        // Requests held at the high-water mark whose replies have all been written since: decode
+        // them now rather than wait for an event that will not come.
+        let timeout = if self.conns.values().any(|c| c.resumable(self.high_water)) {
+            PollTimeout::ZERO
+        } else {
+            PollTimeout::NONE
+        };
         loop {
-            match poll(&mut fds, PollTimeout::NONE) {
+            match poll(&mut fds, timeout) {
                 Ok(_) => break,
                 Err(nix::errno::Errno::EINTR) => continue,
                 Err(e) => return Err(io::Error::from(e)),
@@ -502,7 +523,8 @@ impl Daemon {
         // An error, or a hang-up while we are not reading (so no EOF would be seen): the peer
         // can take no more replies.
         if flags.intersects(PollFlags::POLLERR)
-            || (flags.intersects(PollFlags::POLLHUP) && (conn.backlogged() || conn.eof))
+            || (flags.intersects(PollFlags::POLLHUP)
+                && (conn.backlogged(self.high_water) || conn.eof))
         {
             conn.dead = true;
             return;
@@ -518,7 +540,12 @@ impl Daemon {
             let Some(conn) = self.conns.get_mut(&id) else {
                 return;
             };
-            if conn.dead || conn.backlogged() {
+            conn.held = false;
+            if conn.dead {
+                break;
+            }
+            if conn.backlogged(self.high_water) {
+                conn.held = conn.pending_input();
                 break;
             }
             // Like torch: the first request must be VALIDATE with the magic. Checking the
@@ -586,7 +613,7 @@ impl Daemon {
         let dead: Vec<ConnId> = self
             .conns
             .iter()
-            .filter(|(_, c)| c.dead || (c.eof && !c.pending_output()))
+            .filter(|(_, c)| c.dead || (c.eof && !c.pending_output() && !c.held))
             .map(|(id, _)| *id)
             .collect();
         for id in dead {
@@ -617,6 +644,11 @@ impl TcpStoreServer {
     /// [`port`](Self::port)). An empty `host`, `0.0.0.0` or `::` listens on every interface
     /// (IPv6 dual-stack when the host has IPv6, else IPv4), as torch's server does.
     pub fn bind(host: &str, port: u16) -> Result<Self> {
+        Self::bind_with(host, port, OUTPUT_HIGH_WATER)
+    }
+
+    /// [`bind`](Self::bind) with another output high-water mark per connection.
+    fn bind_with(host: &str, port: u16, high_water: usize) -> Result<Self> {
         let listener = bind_listener(host, port)?;
         let local_addr = listener
             .local_addr()
@@ -634,6 +666,7 @@ impl TcpStoreServer {
             conns: HashMap::new(),
             next_id: 0,
             db: Db::default(),
+            high_water,
         };
         let thread = std::thread::Builder::new()
             .name(format!("tcpstore-{}", local_addr.port()))
@@ -737,7 +770,58 @@ fn listen_on(addr: SocketAddr, dual_stack: bool) -> io::Result<TcpListener> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
+
+    /// With a high-water mark of 0, every reply holds back the requests after it. Once that
+    /// reply is written in full, nothing on the socket wakes the server (the client sent
+    /// everything at the start): it must go on by itself.
+    #[test]
+    fn requests_held_at_the_high_water_mark_are_served_once_the_replies_drain() {
+        let server = TcpStoreServer::bind_with("127.0.0.1", 0, 0).unwrap();
+        let mut s = TcpStream::connect(("127.0.0.1", server.port())).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut requests = Request::Validate {
+            magic: VALIDATION_MAGIC,
+        }
+        .encode();
+        for nonce in 0..50u32 {
+            requests.extend(Request::Ping { nonce }.encode());
+        }
+        s.write_all(&requests).unwrap();
+        for nonce in 0..50u32 {
+            let mut got = [0u8; 4];
+            s.read_exact(&mut got)
+                .unwrap_or_else(|e| panic!("reply {nonce}: {e}"));
+            assert_eq!(u32::from_le_bytes(got), nonce);
+        }
+    }
+
+    /// The same with the client's sending side closed behind its requests: the held ones are
+    /// still answered before the server closes the connection.
+    #[test]
+    fn a_half_closed_client_gets_the_replies_to_its_held_requests() {
+        let server = TcpStoreServer::bind_with("127.0.0.1", 0, 0).unwrap();
+        let mut s = TcpStream::connect(("127.0.0.1", server.port())).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut requests = Request::Validate {
+            magic: VALIDATION_MAGIC,
+        }
+        .encode();
+        for nonce in 0..50u32 {
+            requests.extend(Request::Ping { nonce }.encode());
+        }
+        s.write_all(&requests).unwrap();
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut replies = Vec::new();
+        s.read_to_end(&mut replies).unwrap();
+        let nonces: Vec<u32> = replies
+            .chunks(4)
+            .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(nonces, (0..50).collect::<Vec<u32>>());
+    }
 
     fn k(s: &str) -> Vec<u8> {
         s.as_bytes().to_vec()
