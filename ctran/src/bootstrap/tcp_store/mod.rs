@@ -353,7 +353,8 @@ mod tests {
         assert_eq!(c.get("still", T).unwrap(), b"fine");
     }
 
-    fn raw_client(port: u16) -> TcpStream {
+    /// A connection to the server on `port` that has sent VALIDATE, reads timing out after `T`.
+    pub(super) fn raw_client(port: u16) -> TcpStream {
         let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
         s.set_read_timeout(Some(T)).unwrap();
         s.write_all(

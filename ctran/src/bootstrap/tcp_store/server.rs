@@ -770,26 +770,25 @@ fn listen_on(addr: SocketAddr, dual_stack: bool) -> io::Result<TcpListener> {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
 
-    /// With a high-water mark of 0, every reply holds back the requests after it. Once that
-    /// reply is written in full, nothing on the socket wakes the server (the client sent
-    /// everything at the start): it must go on by itself.
+    /// A server whose high-water mark of 0 makes every reply hold back the requests after it,
+    /// and a client that sent it `n` PINGs (nonces `0..n`) at once, replies unread.
+    fn pings_held_one_by_one(n: u32) -> (TcpStoreServer, TcpStream) {
+        let server = TcpStoreServer::bind_with("127.0.0.1", 0, 0).unwrap();
+        let mut s = super::super::tests::raw_client(server.port());
+        let pings: Vec<u8> = (0..n)
+            .flat_map(|nonce| Request::Ping { nonce }.encode())
+            .collect();
+        s.write_all(&pings).unwrap();
+        (server, s)
+    }
+
+    /// Once the reply ahead of the held requests is written in full, nothing on the socket wakes
+    /// the server (the client sent everything at the start): it must go on by itself.
     #[test]
     fn requests_held_at_the_high_water_mark_are_served_once_the_replies_drain() {
-        let server = TcpStoreServer::bind_with("127.0.0.1", 0, 0).unwrap();
-        let mut s = TcpStream::connect(("127.0.0.1", server.port())).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let mut requests = Request::Validate {
-            magic: VALIDATION_MAGIC,
-        }
-        .encode();
-        for nonce in 0..50u32 {
-            requests.extend(Request::Ping { nonce }.encode());
-        }
-        s.write_all(&requests).unwrap();
+        let (_server, mut s) = pings_held_one_by_one(50);
         for nonce in 0..50u32 {
             let mut got = [0u8; 4];
             s.read_exact(&mut got)
@@ -802,17 +801,7 @@ mod tests {
     /// still answered before the server closes the connection.
     #[test]
     fn a_half_closed_client_gets_the_replies_to_its_held_requests() {
-        let server = TcpStoreServer::bind_with("127.0.0.1", 0, 0).unwrap();
-        let mut s = TcpStream::connect(("127.0.0.1", server.port())).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let mut requests = Request::Validate {
-            magic: VALIDATION_MAGIC,
-        }
-        .encode();
-        for nonce in 0..50u32 {
-            requests.extend(Request::Ping { nonce }.encode());
-        }
-        s.write_all(&requests).unwrap();
+        let (_server, mut s) = pings_held_one_by_one(50);
         s.shutdown(std::net::Shutdown::Write).unwrap();
         let mut replies = Vec::new();
         s.read_to_end(&mut replies).unwrap();
