@@ -41,6 +41,11 @@ def rows_of(d):
     return out
 
 
+def algorithms_at(runs, key):
+    """The algorithms (auto aside) that some run timed at `key`."""
+    return sorted({a for rows in runs for a in rows.get(key, {}) if a != "auto"})
+
+
 def pooled(runs, key, a, b):
     """Row a's paired ratio to row b at `key` in every run that has both, and their median."""
     each = [paired(rows[key][a], rows[key][b]) for rows in runs
@@ -57,7 +62,7 @@ def main():
     total = within = 0
     misses = []
     for key in keys:
-        algos = sorted({a for rows in runs for a in rows.get(key, {}) if a != "auto"})
+        algos = algorithms_at(runs, key)
         worst = None
         for b in algos:
             each, med = pooled(runs, key, "auto", b)
@@ -86,7 +91,7 @@ def main():
         for key in keys:
             if key[:2] != (2, op):
                 continue
-            algos = sorted({a for rows in runs for a in rows.get(key, {}) if a != "auto"})
+            algos = algorithms_at(runs, key)
             meds = [pooled(runs, key, a, b)[1] for a in algos for b in algos if a != b]
             meds = [m for m in meds if m is not None]
             if not meds:
