@@ -1,4 +1,5 @@
-//! Throughput of `Reducer::combine` (`dst = dst ⊕ src`), in bytes of `dst` per second.
+//! Throughput of `Reducer::combine` (`dst = dst ⊕ src`) and `Reducer::fold` (`dst = s0 ⊕ s1 ⊕ …`),
+//! in bytes of `dst` per second.
 //!
 //! Each combine reads `dst` and `src` and writes `dst`, so memory traffic is three times the
 //! reported figure. 64 KiB buffers stay in cache; 8 MiB ones measure memory bandwidth.
@@ -45,9 +46,43 @@ fn combine(c: &mut Criterion) {
     group.finish();
 }
 
+/// Direct reductions combine one contribution per rank into one result: `fold` in one pass
+/// against the unfused sequence (`combine3`, then `combine` per further source), in bytes of
+/// `dst` per second, for 4 and 8 sources.
+fn fold(c: &mut Criterion) {
+    let mut group = c.benchmark_group("fold");
+    let r = Reducer::new(DataType::F32, ReduceOp::Sum, 8).expect("valid pair");
+    for sources in [4, 8] {
+        for (len, size) in SIZES {
+            let mut dst = buffer(len, 0x21);
+            let srcs: Vec<Vec<u64>> = (0..sources).map(|_| buffer(len, 0x01)).collect();
+            let srcs: Vec<&[u8]> = srcs
+                .iter()
+                .map(|s| &bytemuck::cast_slice::<u64, u8>(s)[..len])
+                .collect();
+            let dst = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut dst)[..len];
+            group.throughput(Throughput::Bytes(len as u64));
+            let name = format!("f32_sum_{sources}_sources");
+            group.bench_function(BenchmarkId::new(format!("{name}_fused"), size), |b| {
+                b.iter(|| r.fold(black_box(&mut *dst), black_box(&srcs)));
+            });
+            group.bench_function(BenchmarkId::new(format!("{name}_unfused"), size), |b| {
+                b.iter(|| {
+                    r.combine3(black_box(&mut *dst), srcs[0], srcs[1]);
+                    for s in &srcs[2..] {
+                        r.combine(black_box(&mut *dst), black_box(s));
+                    }
+                });
+            });
+        }
+    }
+    group.finish();
+}
+
 // What `criterion_group!`/`criterion_main!` expand to, without their undocumented `pub fn`.
 fn main() {
     let mut c = Criterion::default().configure_from_args();
     combine(&mut c);
+    fold(&mut c);
     c.final_summary();
 }

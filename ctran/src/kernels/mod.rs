@@ -2,4 +2,4 @@
 
 pub mod reduce;
 
-pub use reduce::Reducer;
+pub use reduce::{Reducer, FOLD_WIDTH};

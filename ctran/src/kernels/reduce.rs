@@ -14,7 +14,7 @@
 //!   keeps partial sums in range where the plain sum would overflow, as f16 easily does).
 //!   Nothing for the other ops.
 //! - **combine**, once per pair of partials ([`Reducer::combine`], [`Reducer::combine3`],
-//!   [`Reducer::combine_input`]): add for `Sum`, `Avg` and `PremulSum`; multiply for `Product`;
+//!   [`Reducer::fold`], [`Reducer::combine_input`]): add for `Sum`, `Avg` and `PremulSum`; multiply for `Product`;
 //!   `Min`, `Max`, `BAnd`, `BOr`, `BXor`.
 //! - **finish**, once to the final result ([`Reducer::finish`]): `Avg` on integer types divides
 //!   by `nranks`, truncating toward zero (NCCL's `SumPostDiv`; a `1/n` prescale would truncate
@@ -24,7 +24,8 @@
 //! the unfused sequences they replace: `load_input(d, s)` is `d = s; prescale_in_place(d)`,
 //! `combine_input(d, s)` is `combine(d, prescale(s))` (the scaled value is rounded to the dtype
 //! before it is added, as the unfused form would store it), `combine3(d, a, b)` is
-//! `d = a; combine(d, b)`. So the result depends only on the order in which the algorithm
+//! `d = a; combine(d, b)`, and `fold(d, [s0, s1, …])` is `combine3(d, s0, s1)` followed by
+//! `combine(d, si)` for each further source. So the result depends only on the order in which the algorithm
 //! combines contributions, never on which rank performs a combine or whether it fused steps.
 //! (`combine_input` scales with this reducer's factor; torch gives every rank the same one.)
 //!
@@ -66,6 +67,10 @@ use crate::types::{DataType, ReduceOp};
 /// Elements per stack block, for half-precision conversion and for staging misaligned bytes.
 /// At most 3 blocks of 8-byte elements (6 KiB) are live at once.
 const BLOCK: usize = 256;
+
+/// Most sources [`Reducer::fold`] reads in one pass (besides `dst`): wide enough that a direct
+/// reduction over 4-5 ranks is one pass, narrow enough to keep the monomorphised loops few.
+pub const FOLD_WIDTH: usize = 4;
 
 /// The pairwise operation combine applies (prescale and finish are separate).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -246,6 +251,27 @@ impl Reducer {
         with_kind!(self.dtype, K => combine3::<K>(self.pairwise, dst, a, b));
     }
 
+    /// `dst = srcs[0] ⊕ srcs[1] ⊕ … ⊕ srcs[k-1]` for partials, combined in that order; fused,
+    /// bit-for-bit `combine3(dst, srcs[0], srcs[1])` then `combine(dst, srcs[i])` for the rest
+    /// (a copy for one source). One pass over every [`FOLD_WIDTH`] sources where the unfused
+    /// sequence reads and writes `dst` once per source.
+    pub fn fold(&self, dst: &mut [u8], srcs: &[&[u8]]) {
+        assert!(
+            !srcs.is_empty(),
+            "{} {}: fold of no sources",
+            self.op,
+            self.dtype
+        );
+        for s in srcs {
+            self.check_len(dst.len(), s.len());
+        }
+        let (first, rest) = srcs.split_at(srcs.len().min(FOLD_WIDTH));
+        with_kind!(self.dtype, K => fold_from::<K>(self.pairwise, dst, first));
+        for group in rest.chunks(FOLD_WIDTH) {
+            with_kind!(self.dtype, K => fold_into::<K>(self.pairwise, dst, group));
+        }
+    }
+
     /// Post-processes the final result once; a no-op unless [`Reducer::needs_finish`].
     pub fn finish(&self, buf: &mut [u8]) {
         self.check_len(buf.len(), buf.len());
@@ -322,6 +348,80 @@ fn combine3<K: Kind>(op: Pairwise, dst: &mut [u8], a: &[u8], b: &[u8]) {
         Pairwise::Or => go::<K::S>(dst, a, b, K::or),
         Pairwise::Xor => go::<K::S>(dst, a, b, K::xor),
     }
+}
+
+/// Runs `$body` with `$f` bound to the [`Kind`] `$k`'s function for `$op`.
+macro_rules! with_pairwise {
+    ($op:expr, $k:ty, $f:ident => $body:expr) => {
+        match $op {
+            Pairwise::Add => {
+                let $f = <$k>::add;
+                $body
+            }
+            Pairwise::Mul => {
+                let $f = <$k>::mul;
+                $body
+            }
+            Pairwise::Min => {
+                let $f = <$k>::min;
+                $body
+            }
+            Pairwise::Max => {
+                let $f = <$k>::max;
+                $body
+            }
+            Pairwise::And => {
+                let $f = <$k>::and;
+                $body
+            }
+            Pairwise::Or => {
+                let $f = <$k>::or;
+                $body
+            }
+            Pairwise::Xor => {
+                let $f = <$k>::xor;
+                $body
+            }
+        }
+    };
+}
+
+/// `dst = srcs[0] ⊕ …` for 1 to [`FOLD_WIDTH`] sources.
+fn fold_from<K: Kind>(op: Pairwise, dst: &mut [u8], srcs: &[&[u8]]) {
+    fn go<S: Storage, const N: usize>(
+        dst: &mut [u8],
+        srcs: &[&[u8]],
+        f: impl Fn(S::C, S::C) -> S::C,
+    ) {
+        let srcs: [&[u8]; N] = srcs.try_into().expect("N sources");
+        drive::<S, N>(dst, srcs, |d, s| S::fold(d, s, &f));
+    }
+    with_pairwise!(op, K, f => match srcs.len() {
+        1 => dst.copy_from_slice(srcs[0]),
+        2 => go::<K::S, 2>(dst, srcs, f),
+        3 => go::<K::S, 3>(dst, srcs, f),
+        4 => go::<K::S, 4>(dst, srcs, f),
+        k => unreachable!("fold of {k} sources at once"),
+    })
+}
+
+/// `dst = dst ⊕ srcs[0] ⊕ …` for 1 to [`FOLD_WIDTH`] sources.
+fn fold_into<K: Kind>(op: Pairwise, dst: &mut [u8], srcs: &[&[u8]]) {
+    fn go<S: Storage, const N: usize>(
+        dst: &mut [u8],
+        srcs: &[&[u8]],
+        f: impl Fn(S::C, S::C) -> S::C,
+    ) {
+        let srcs: [&[u8]; N] = srcs.try_into().expect("N sources");
+        drive::<S, N>(dst, srcs, |d, s| S::fold_in_place(d, s, &f));
+    }
+    with_pairwise!(op, K, f => match srcs.len() {
+        1 => go::<K::S, 1>(dst, srcs, f),
+        2 => go::<K::S, 2>(dst, srcs, f),
+        3 => go::<K::S, 3>(dst, srcs, f),
+        4 => go::<K::S, 4>(dst, srcs, f),
+        k => unreachable!("fold of {k} sources at once"),
+    })
 }
 
 /// Runs `kernel` on `dst` and `srcs` viewed as slices of `S`: directly when every slice is
@@ -425,6 +525,29 @@ trait Storage: Pod {
     );
     /// `dst[i] = f(a[i], b[i])`.
     fn zip(dst: &mut [Self], a: &[Self], b: &[Self], f: impl Fn(Self::C, Self::C) -> Self::C);
+    /// `dst[i] = f(…f(f(s[0][i], s[1][i]), s[2][i])…, s[N-1][i])`, rounded to `Self` after every
+    /// step (`N >= 2`). Unfused by default.
+    fn fold<const N: usize>(
+        dst: &mut [Self],
+        srcs: [&[Self]; N],
+        f: impl Fn(Self::C, Self::C) -> Self::C,
+    ) {
+        Self::zip(dst, srcs[0], srcs[1], &f);
+        for s in &srcs[2..] {
+            Self::zip_in_place(dst, s, &f);
+        }
+    }
+    /// `dst[i] = f(…f(dst[i], s[0][i])…, s[N-1][i])`, rounded to `Self` after every step.
+    /// Unfused by default.
+    fn fold_in_place<const N: usize>(
+        dst: &mut [Self],
+        srcs: [&[Self]; N],
+        f: impl Fn(Self::C, Self::C) -> Self::C,
+    ) {
+        for s in srcs {
+            Self::zip_in_place(dst, s, &f);
+        }
+    }
 }
 
 /// Types converted element by element inside the loop (`$to_c`, `$from_c`): one pass, no
@@ -468,6 +591,33 @@ macro_rules! elementwise_storage {
             fn zip(dst: &mut [$t], a: &[$t], b: &[$t], f: impl Fn($c, $c) -> $c) {
                 for ((d, x), y) in dst.iter_mut().zip(a).zip(b) {
                     *d = $from_c(f($to_c(*x), $to_c(*y)));
+                }
+            }
+            #[inline]
+            fn fold<const N: usize>(dst: &mut [$t], srcs: [&[$t]; N], f: impl Fn($c, $c) -> $c) {
+                // Equal lengths, so the indexing below needs no bounds checks.
+                let srcs = srcs.map(|s| &s[..dst.len()]);
+                for (i, d) in dst.iter_mut().enumerate() {
+                    let mut acc = srcs[0][i];
+                    for s in &srcs[1..] {
+                        acc = $from_c(f($to_c(acc), $to_c(s[i])));
+                    }
+                    *d = acc;
+                }
+            }
+            #[inline]
+            fn fold_in_place<const N: usize>(
+                dst: &mut [$t],
+                srcs: [&[$t]; N],
+                f: impl Fn($c, $c) -> $c,
+            ) {
+                let srcs = srcs.map(|s| &s[..dst.len()]);
+                for (i, d) in dst.iter_mut().enumerate() {
+                    let mut acc = *d;
+                    for s in &srcs {
+                        acc = $from_c(f($to_c(acc), $to_c(s[i])));
+                    }
+                    *d = acc;
                 }
             }
         }
@@ -1202,6 +1352,41 @@ mod tests {
             }
         }
         assert_eq!(checked, paths.len() * 75 * 5 * 5);
+    }
+
+    #[test]
+    fn fold_is_bit_for_bit_the_pairwise_sequence() {
+        // Source counts from a copy to past two passes of FOLD_WIDTH; lengths around a block.
+        const SOURCES: [usize; 6] = [1, 2, 3, 4, 5, 9];
+        const LENS: [usize; 3] = [0, 7, 1000];
+        let mut rng = Rng(0x2545_F491_4F6C_DD1D);
+        let mut checked = 0usize;
+        let paths = paths();
+        for (portable, (t, op)) in paths
+            .iter()
+            .flat_map(|&p| valid_pairs().into_iter().map(move |x| (p, x)))
+        {
+            PORTABLE_ONLY.with(|c| c.set(portable));
+            let r = Reducer::new(t, op, 3).unwrap();
+            for (k, n) in SOURCES
+                .into_iter()
+                .flat_map(|k| LENS.into_iter().map(move |n| (k, n)))
+            {
+                // Every other source and the destination start at an odd address.
+                let srcs: Vec<Buf> = (0..k).map(|i| Buf::new(&rng.elems(t, n), i % 2)).collect();
+                let views: Vec<&[u8]> = srcs.iter().map(Buf::get).collect();
+                let mut want = Buf::new(views[0], 0);
+                for s in &views[1..] {
+                    r.combine(want.get_mut(), s);
+                }
+                let mut got = Buf::new(&vec![0x5A; views[0].len()], 1);
+                r.fold(got.get_mut(), &views);
+                let ctx = format!("{op} {t} sources={k} n={n} portable={portable}");
+                assert_eq!(got.get(), want.get(), "{ctx}");
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, paths.len() * 75 * SOURCES.len() * LENS.len());
     }
 
     fn bytes<T: Pod>(v: &[T]) -> Vec<u8> {
