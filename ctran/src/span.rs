@@ -152,6 +152,23 @@ impl Span {
         f(unsafe { std::slice::from_raw_parts(self.ptr, self.len) })
     }
 
+    /// Borrows the bytes of every span of `spans` for reading for the duration of `f`.
+    ///
+    /// # Safety
+    /// No one may write any of the regions while `f` runs (other spans included).
+    pub unsafe fn with_slices<R>(spans: &[Span], f: impl FnOnce(&[&[u8]]) -> R) -> R {
+        let slices: Vec<&[u8]> = spans
+            .iter()
+            .map(|s| match s.len {
+                0 => &[][..],
+                // SAFETY: valid for len bytes (constructor contract); no writer during `f`
+                // (caller).
+                len => unsafe { std::slice::from_raw_parts(s.ptr, len) },
+            })
+            .collect();
+        f(&slices)
+    }
+
     /// Borrows the bytes for writing for the duration of `f`.
     ///
     /// # Safety

@@ -174,6 +174,14 @@ pub fn combine_input(red: &Reducer, dst: Span, src: Span) {
     unsafe { dst.with_mut_slice(|d| src.with_slice(|s| red.combine_input(d, s))) }
 }
 
+/// `dst = srcs[0] ⊕ srcs[1] ⊕ …` for partials, in that order, in one pass per few sources.
+pub fn fold(red: &Reducer, dst: Span, srcs: &[Span]) {
+    debug_assert!(srcs.iter().all(|s| !dst.overlaps(s)));
+    // SAFETY: `dst` overlaps no source (staging or buffers the operation reads but no longer
+    // writes), and the engine is the only user of all of them while the operation runs.
+    unsafe { dst.with_mut_slice(|d| Span::with_slices(srcs, |s| red.fold(d, s))) }
+}
+
 /// `dst = prescale(src)`.
 pub fn load_input(red: &Reducer, dst: Span, src: Span) {
     debug_assert!(!dst.overlaps(&src));

@@ -275,7 +275,10 @@ pub fn exchange_reduce(
 /// sent span: a piece is written only after it was read and sent).
 ///
 /// Pieces are `piece` bytes (see [`direct_piece`]); received pieces of one round share staging
-/// slots from `slots` on, double-buffered across rounds, plus one slot for the accumulator.
+/// slots from `slots` on, double-buffered across rounds, plus one slot for the accumulator. The
+/// contributions are folded in one pass per [`FOLD_WIDTH`](crate::kernels::FOLD_WIDTH) (ops
+/// that prescale inputs combine them one by one), straight into `dst` where it shares no byte
+/// with `mine` or a sent span, else into the accumulator, copied to `dst` once sent.
 pub fn direct_reduce(
     cx: &mut OpCtx<'_>,
     red: &Reducer,
@@ -315,6 +318,7 @@ pub fn direct_reduce(
         }
     }
     if let Some((mine, dst)) = mine {
+        let straight = !dst.overlaps(&mine) && sends.iter().all(|(_, s)| !dst.overlaps(s));
         let pieces: Vec<(usize, usize)> = chunks(mine.len(), piece).collect();
         let mut posted: VecDeque<Vec<ReqId>> = VecDeque::new();
         let post = |cx: &mut OpCtx<'_>, k: usize| -> Result<Vec<ReqId>> {
@@ -330,21 +334,36 @@ pub fn direct_reduce(
         for (k, &(off, len)) in pieces.iter().enumerate() {
             let mut reqs = posted.pop_front().expect("posted two rounds ahead");
             cx.wait_all(&mut reqs)?;
-            let a = acc.sub(0, len);
+            let a = if straight {
+                dst.sub(off, len)
+            } else {
+                acc.sub(0, len)
+            };
             let own = mine.sub(off, len);
-            for (j, from) in area[k % 2].iter().enumerate() {
-                let src = if j == r { own } else { from.sub(0, len) };
-                if j == 0 {
-                    ctx::load_input(red, a, src);
-                } else {
+            let srcs: Vec<Span> = (0..n)
+                .map(|j| {
+                    if j == r {
+                        own
+                    } else {
+                        area[k % 2][j].sub(0, len)
+                    }
+                })
+                .collect();
+            if red.needs_prescale() {
+                ctx::load_input(red, a, srcs[0]);
+                for &src in &srcs[1..] {
                     ctx::combine_input(red, a, src);
                 }
+            } else {
+                ctx::fold(red, a, &srcs);
             }
             ctx::finish(red, a);
-            if let Some(reqs) = sends_by_piece.get_mut(k) {
-                cx.wait_all(reqs)?;
+            if !straight {
+                if let Some(reqs) = sends_by_piece.get_mut(k) {
+                    cx.wait_all(reqs)?;
+                }
+                dst.sub(off, len).copy_from(&a);
             }
-            dst.sub(off, len).copy_from(&a);
             if k + 2 < pieces.len() {
                 posted.push_back(post(cx, k + 2)?);
             }
