@@ -31,6 +31,7 @@ use crate::algos::pipe::pow2_floor;
 use crate::algos::reduce_scatter::recursive_halving;
 use crate::algos::select::{Algo, Shape};
 use crate::algos::tree;
+use crate::kernels::FOLD_WIDTH;
 
 /// Extra cost per byte of pipelines, algorithms whose pieces pass from rank to rank one stage
 /// after another (ring, chain, the trees of all_reduce, broadcast and reduce, the rounds of
@@ -157,6 +158,16 @@ impl Profile {
     }
 }
 
+/// Pairwise combines' worth of memory traffic in a fold of `k` contributions
+/// ([`Reducer::fold`](crate::kernels::Reducer::fold)), per byte of the result: one pass per
+/// [`FOLD_WIDTH`] sources, each reading its sources (and the result, after the first) and writing
+/// the result once, where a combine reads two buffers and writes one. Measured 1.6 combines for
+/// 4 sources and 3.6 for 8 (`cargo bench -p ctran --bench reduce -- fold`).
+fn fold_cost(k: usize) -> f64 {
+    let passes = k.div_ceil(FOLD_WIDTH).max(1);
+    (k + 2 * passes - 1) as f64 / 3.0
+}
+
 fn log2_ceil(n: usize) -> f64 {
     f64::from(usize::BITS - (n.max(1) - 1).leading_zeros())
 }
@@ -220,6 +231,10 @@ fn counts(algo: Algo, shape: &Shape, n: usize, chunk: usize) -> Profile {
             f.messages = nf * (nf - 1.0);
             f.even((nf - 1.0) * s);
             f.total = nf * (nf - 1.0) * s;
+            // Counted as before the fold (a load, n - 1 combines, a copy out): measured on 2
+            // ranks after it, direct all_reduce and reduce stayed 1.3-1.6x behind the ring and
+            // the tree at 1-64 MiB (everything they receive passes through staging), which the
+            // gamma of an in-cache combine under-weighs already.
             f.reduced = (nf - 1.0) * s;
             f.copied = 2.0 * s;
         }
@@ -291,8 +306,8 @@ fn counts(algo: Algo, shape: &Shape, n: usize, chunk: usize) -> Profile {
             f.messages = nf * (nf - 1.0);
             f.even((nf - 1.0) * b);
             f.total = nf * (nf - 1.0) * b;
-            f.reduced = (nf - 1.0) * b;
-            f.copied = 2.0 * b;
+            // Folded straight into the output, a tensor apart from the input.
+            f.reduced = fold_cost(n) * b;
         }
         BroadcastTree => {
             f.chained = true;
@@ -339,6 +354,10 @@ fn counts(algo: Algo, shape: &Shape, n: usize, chunk: usize) -> Profile {
             f.messages = nf - 1.0;
             f.loads = [Load::of(0.0, (nf - 1.0) * s), Load::of(s, 0.0)];
             f.total = (nf - 1.0) * s;
+            // Counted as before the fold (a load, n - 1 combines, a copy out): measured on 2
+            // ranks after it, direct all_reduce and reduce stayed 1.3-1.6x behind the ring and
+            // the tree at 1-64 MiB (everything they receive passes through staging), which the
+            // gamma of an in-cache combine under-weighs already.
             f.reduced = (nf - 1.0) * s;
             f.copied = 2.0 * s;
         }
@@ -611,12 +630,14 @@ mod tests {
             Algo::AllReduceHalvingDoubling,
             "2 MiB all_reduce on 4 ranks"
         );
-        // Large reduce_scatter: the ring where every rank has a core, not where 4 ranks share
-        // 2 cores (direct measured 10-25% faster there from 2 MiB on).
+        // Large reduce_scatter: direct, which folds every contribution straight into the
+        // output; the ring combines each into a partial it then sends on. Direct measured 3-7%
+        // faster than the ring at 256 KiB-16 MiB on 2 ranks with a core each, 10-25% from 2 MiB
+        // on 4 ranks sharing 2 cores (docs/perf/algorithms.md, twenty-third session).
         let a = pick(&model(2), Collective::ReduceScatter, 16 << 20, 2);
         assert_eq!(
             a,
-            Algo::ReduceScatterRing,
+            Algo::ReduceScatterDirect,
             "16 MiB reduce_scatter on 2 ranks"
         );
         let a = pick(&measured(4), Collective::ReduceScatter, 16 << 20, 4);
