@@ -275,10 +275,10 @@ pub fn exchange_reduce(
 /// sent span: a piece is written only after it was read and sent).
 ///
 /// Pieces are `piece` bytes (see [`direct_piece`]); received pieces of one round share staging
-/// slots from `slots` on, double-buffered across rounds, plus one slot for the accumulator. The
-/// contributions are folded in one pass per [`FOLD_WIDTH`](crate::kernels::FOLD_WIDTH) (ops
-/// that prescale inputs combine them one by one), straight into `dst` where it shares no byte
-/// with `mine` or a sent span, else into the accumulator, copied to `dst` once sent.
+/// slots from `slots` on, double-buffered across rounds. The contributions are folded in one
+/// pass per [`FOLD_WIDTH`](crate::kernels::FOLD_WIDTH) (ops that prescale inputs combine them
+/// one by one), straight into `dst` where it shares no byte with `mine` or a sent span, else
+/// into an accumulator (one more slot), copied to `dst` once sent.
 pub fn direct_reduce(
     cx: &mut OpCtx<'_>,
     red: &Reducer,
@@ -305,7 +305,6 @@ pub fn direct_reduce(
                 .collect()
         })
         .collect();
-    let acc = cx.staging.slot(slots + 2 * slots_per_round);
 
     // Sends of piece k to every destination, so a piece of `dst` is only written once sent.
     let mut sends_by_piece: Vec<Vec<ReqId>> = Vec::new();
@@ -319,6 +318,8 @@ pub fn direct_reduce(
     }
     if let Some((mine, dst)) = mine {
         let straight = !dst.overlaps(&mine) && sends.iter().all(|(_, s)| !dst.overlaps(s));
+        // The accumulator's slot is allocated only where it is used.
+        let acc = (!straight).then(|| cx.staging.slot(slots + 2 * slots_per_round));
         let pieces: Vec<(usize, usize)> = chunks(mine.len(), piece).collect();
         let mut posted: VecDeque<Vec<ReqId>> = VecDeque::new();
         let post = |cx: &mut OpCtx<'_>, k: usize| -> Result<Vec<ReqId>> {
@@ -334,10 +335,9 @@ pub fn direct_reduce(
         for (k, &(off, len)) in pieces.iter().enumerate() {
             let mut reqs = posted.pop_front().expect("posted two rounds ahead");
             cx.wait_all(&mut reqs)?;
-            let a = if straight {
-                dst.sub(off, len)
-            } else {
-                acc.sub(0, len)
+            let a = match acc {
+                Some(acc) => acc.sub(0, len),
+                None => dst.sub(off, len),
             };
             let own = mine.sub(off, len);
             let srcs: Vec<Span> = (0..n)
@@ -358,7 +358,7 @@ pub fn direct_reduce(
                 ctx::fold(red, a, &srcs);
             }
             ctx::finish(red, a);
-            if !straight {
+            if acc.is_some() {
                 if let Some(reqs) = sends_by_piece.get_mut(k) {
                     cx.wait_all(reqs)?;
                 }
