@@ -156,6 +156,16 @@ impl Profile {
     fn even(&mut self, x: f64) {
         self.loads = [Load::even(x); 2];
     }
+
+    /// Reduction of a direct all_reduce or reduce of `s` bytes over `nf` ranks, in place,
+    /// counted as before the fold (a load, `nf - 1` combines, a copy out): measured on 2 ranks
+    /// after it, both stayed 1.3-1.6x behind the ring and the tree at 1-64 MiB (everything they
+    /// receive passes through staging), which the gamma of an in-cache combine under-weighs
+    /// already.
+    fn reduce_in_place(&mut self, nf: f64, s: f64) {
+        self.reduced = (nf - 1.0) * s;
+        self.copied = 2.0 * s;
+    }
 }
 
 /// Pairwise combines' worth of memory traffic in a fold of `k` contributions
@@ -231,12 +241,7 @@ fn counts(algo: Algo, shape: &Shape, n: usize, chunk: usize) -> Profile {
             f.messages = nf * (nf - 1.0);
             f.even((nf - 1.0) * s);
             f.total = nf * (nf - 1.0) * s;
-            // Counted as before the fold (a load, n - 1 combines, a copy out): measured on 2
-            // ranks after it, direct all_reduce and reduce stayed 1.3-1.6x behind the ring and
-            // the tree at 1-64 MiB (everything they receive passes through staging), which the
-            // gamma of an in-cache combine under-weighs already.
-            f.reduced = (nf - 1.0) * s;
-            f.copied = 2.0 * s;
+            f.reduce_in_place(nf, s);
         }
         AllReduceTree => {
             f.chained = true;
@@ -354,12 +359,7 @@ fn counts(algo: Algo, shape: &Shape, n: usize, chunk: usize) -> Profile {
             f.messages = nf - 1.0;
             f.loads = [Load::of(0.0, (nf - 1.0) * s), Load::of(s, 0.0)];
             f.total = (nf - 1.0) * s;
-            // Counted as before the fold (a load, n - 1 combines, a copy out): measured on 2
-            // ranks after it, direct all_reduce and reduce stayed 1.3-1.6x behind the ring and
-            // the tree at 1-64 MiB (everything they receive passes through staging), which the
-            // gamma of an in-cache combine under-weighs already.
-            f.reduced = (nf - 1.0) * s;
-            f.copied = 2.0 * s;
+            f.reduce_in_place(nf, s);
         }
         AllToAllPairwise => {
             f.hops += nf - 1.0;
