@@ -266,9 +266,9 @@ impl Reducer {
             self.check_len(dst.len(), s.len());
         }
         let (first, rest) = srcs.split_at(srcs.len().min(FOLD_WIDTH));
-        with_kind!(self.dtype, K => fold_from::<K>(self.pairwise, dst, first));
+        with_kind!(self.dtype, K => fold::<K>(self.pairwise, dst, first, false));
         for group in rest.chunks(FOLD_WIDTH) {
-            with_kind!(self.dtype, K => fold_into::<K>(self.pairwise, dst, group));
+            with_kind!(self.dtype, K => fold::<K>(self.pairwise, dst, group, true));
         }
     }
 
@@ -320,36 +320,6 @@ fn finish<K: Kind>(n: i64, buf: &mut [u8]) {
     drive::<K::S, 0>(buf, [], |d, []| K::S::map_in_place(d, |x| K::div(x, n)));
 }
 
-fn combine<K: Kind>(op: Pairwise, dst: &mut [u8], src: &[u8]) {
-    fn go<S: Storage>(dst: &mut [u8], src: &[u8], f: impl Fn(S::C, S::C) -> S::C) {
-        drive::<S, 1>(dst, [src], |d, [s]| S::zip_in_place(d, s, &f));
-    }
-    match op {
-        Pairwise::Add => go::<K::S>(dst, src, K::add),
-        Pairwise::Mul => go::<K::S>(dst, src, K::mul),
-        Pairwise::Min => go::<K::S>(dst, src, K::min),
-        Pairwise::Max => go::<K::S>(dst, src, K::max),
-        Pairwise::And => go::<K::S>(dst, src, K::and),
-        Pairwise::Or => go::<K::S>(dst, src, K::or),
-        Pairwise::Xor => go::<K::S>(dst, src, K::xor),
-    }
-}
-
-fn combine3<K: Kind>(op: Pairwise, dst: &mut [u8], a: &[u8], b: &[u8]) {
-    fn go<S: Storage>(dst: &mut [u8], a: &[u8], b: &[u8], f: impl Fn(S::C, S::C) -> S::C) {
-        drive::<S, 2>(dst, [a, b], |d, [a, b]| S::zip(d, a, b, &f));
-    }
-    match op {
-        Pairwise::Add => go::<K::S>(dst, a, b, K::add),
-        Pairwise::Mul => go::<K::S>(dst, a, b, K::mul),
-        Pairwise::Min => go::<K::S>(dst, a, b, K::min),
-        Pairwise::Max => go::<K::S>(dst, a, b, K::max),
-        Pairwise::And => go::<K::S>(dst, a, b, K::and),
-        Pairwise::Or => go::<K::S>(dst, a, b, K::or),
-        Pairwise::Xor => go::<K::S>(dst, a, b, K::xor),
-    }
-}
-
 /// Runs `$body` with `$f` bound to the [`Kind`] `$k`'s function for `$op`.
 macro_rules! with_pairwise {
     ($op:expr, $k:ty, $f:ident => $body:expr) => {
@@ -386,40 +356,42 @@ macro_rules! with_pairwise {
     };
 }
 
-/// `dst = srcs[0] ⊕ …` for 1 to [`FOLD_WIDTH`] sources.
-fn fold_from<K: Kind>(op: Pairwise, dst: &mut [u8], srcs: &[&[u8]]) {
-    fn go<S: Storage, const N: usize>(
-        dst: &mut [u8],
-        srcs: &[&[u8]],
-        f: impl Fn(S::C, S::C) -> S::C,
-    ) {
-        let srcs: [&[u8]; N] = srcs.try_into().expect("N sources");
-        drive::<S, N>(dst, srcs, |d, s| S::fold(d, s, &f));
+fn combine<K: Kind>(op: Pairwise, dst: &mut [u8], src: &[u8]) {
+    fn go<S: Storage>(dst: &mut [u8], src: &[u8], f: impl Fn(S::C, S::C) -> S::C) {
+        drive::<S, 1>(dst, [src], |d, [s]| S::zip_in_place(d, s, &f));
     }
-    with_pairwise!(op, K, f => match srcs.len() {
-        1 => dst.copy_from_slice(srcs[0]),
-        2 => go::<K::S, 2>(dst, srcs, f),
-        3 => go::<K::S, 3>(dst, srcs, f),
-        4 => go::<K::S, 4>(dst, srcs, f),
-        k => unreachable!("fold of {k} sources at once"),
-    })
+    with_pairwise!(op, K, f => go::<K::S>(dst, src, f))
 }
 
-/// `dst = dst ⊕ srcs[0] ⊕ …` for 1 to [`FOLD_WIDTH`] sources.
-fn fold_into<K: Kind>(op: Pairwise, dst: &mut [u8], srcs: &[&[u8]]) {
+fn combine3<K: Kind>(op: Pairwise, dst: &mut [u8], a: &[u8], b: &[u8]) {
+    fn go<S: Storage>(dst: &mut [u8], a: &[u8], b: &[u8], f: impl Fn(S::C, S::C) -> S::C) {
+        drive::<S, 2>(dst, [a, b], |d, [a, b]| S::zip(d, a, b, &f));
+    }
+    with_pairwise!(op, K, f => go::<K::S>(dst, a, b, f))
+}
+
+/// `dst = srcs[0] ⊕ …` (`onto_dst` false) or `dst = dst ⊕ srcs[0] ⊕ …` (true), for 1 to
+/// [`FOLD_WIDTH`] sources.
+fn fold<K: Kind>(op: Pairwise, dst: &mut [u8], srcs: &[&[u8]], onto_dst: bool) {
     fn go<S: Storage, const N: usize>(
         dst: &mut [u8],
         srcs: &[&[u8]],
+        onto_dst: bool,
         f: impl Fn(S::C, S::C) -> S::C,
     ) {
         let srcs: [&[u8]; N] = srcs.try_into().expect("N sources");
-        drive::<S, N>(dst, srcs, |d, s| S::fold_in_place(d, s, &f));
+        if onto_dst {
+            drive::<S, N>(dst, srcs, |d, s| S::fold_in_place(d, s, &f));
+        } else {
+            drive::<S, N>(dst, srcs, |d, s| S::fold(d, s, &f));
+        }
     }
     with_pairwise!(op, K, f => match srcs.len() {
-        1 => go::<K::S, 1>(dst, srcs, f),
-        2 => go::<K::S, 2>(dst, srcs, f),
-        3 => go::<K::S, 3>(dst, srcs, f),
-        4 => go::<K::S, 4>(dst, srcs, f),
+        1 if !onto_dst => dst.copy_from_slice(srcs[0]),
+        1 => go::<K::S, 1>(dst, srcs, onto_dst, f),
+        2 => go::<K::S, 2>(dst, srcs, onto_dst, f),
+        3 => go::<K::S, 3>(dst, srcs, onto_dst, f),
+        4 => go::<K::S, 4>(dst, srcs, onto_dst, f),
         k => unreachable!("fold of {k} sources at once"),
     })
 }
@@ -598,11 +570,9 @@ macro_rules! elementwise_storage {
                 // Equal lengths, so the indexing below needs no bounds checks.
                 let srcs = srcs.map(|s| &s[..dst.len()]);
                 for (i, d) in dst.iter_mut().enumerate() {
-                    let mut acc = srcs[0][i];
-                    for s in &srcs[1..] {
-                        acc = $from_c(f($to_c(acc), $to_c(s[i])));
-                    }
-                    *d = acc;
+                    *d = srcs[1..]
+                        .iter()
+                        .fold(srcs[0][i], |acc, s| $from_c(f($to_c(acc), $to_c(s[i]))));
                 }
             }
             #[inline]
@@ -613,11 +583,9 @@ macro_rules! elementwise_storage {
             ) {
                 let srcs = srcs.map(|s| &s[..dst.len()]);
                 for (i, d) in dst.iter_mut().enumerate() {
-                    let mut acc = *d;
-                    for s in &srcs {
-                        acc = $from_c(f($to_c(acc), $to_c(s[i])));
-                    }
-                    *d = acc;
+                    *d = srcs
+                        .iter()
+                        .fold(*d, |acc, s| $from_c(f($to_c(acc), $to_c(s[i]))));
                 }
             }
         }
