@@ -3,8 +3,8 @@
 //! and non-root buffers are never written.
 //!
 //! Receives from the children run one chunk ahead of the reduction; the root reduces straight
-//! into its buffer, and a leaf whose input needs no scaling sends straight from its buffer, so
-//! only inner ranks copy through staging.
+//! into its buffer, a leaf whose input needs no scaling sends straight from its buffer, and an
+//! inner rank combines its input with its first child's partial into staging in one pass.
 
 use crate::algos::ctx::{self, chunks, OpCtx};
 use crate::algos::tree::BinomialTree;
@@ -63,14 +63,28 @@ pub fn run(
                 if let Some(req) = pending_send[k % 2].take() {
                     cx.wait(req)?;
                 }
-                let acc = accs[k % 2].sub(0, len);
-                ctx::load_input(&red, acc, mine);
-                acc
+                accs[k % 2].sub(0, len)
             }
         };
-        for (i, req) in recvs.into_iter().flatten().enumerate() {
+        // An inner rank's accumulator gets its own input with the first child's partial, in
+        // one pass, unless the input must be scaled first.
+        let mut needs_mine = tree.parent.is_some();
+        if needs_mine && red.needs_prescale() {
+            ctx::load_input(&red, acc, mine);
+            needs_mine = false;
+        }
+        // Smallest subtree first, the order in which partials arrive: the children's lists
+        // are largest first, and a rank whose subtree is larger finishes later. Waiting in list
+        // order would leave every combine until the largest partial is in.
+        for (i, req) in recvs.unwrap_or_default().into_iter().enumerate().rev() {
             cx.wait(req)?;
-            ctx::combine(&red, acc, landing(k, i, len));
+            let partial = landing(k, i, len);
+            if needs_mine {
+                ctx::fold(&red, acc, &[mine, partial]);
+                needs_mine = false;
+            } else {
+                ctx::combine(&red, acc, partial);
+            }
         }
         match tree.parent {
             Some(parent) => pending_send[k % 2] = Some(cx.send(parent, acc)?),

@@ -252,7 +252,6 @@ fn counts(algo: Algo, shape: &Shape, n: usize, chunk: usize) -> Profile {
             f.even(l * s);
             f.total = 2.0 * (nf - 1.0) * s;
             f.reduced = l * s;
-            f.copied = s;
         }
         AllGatherRing => {
             f.chained = true;
@@ -351,7 +350,6 @@ fn counts(algo: Algo, shape: &Shape, n: usize, chunk: usize) -> Profile {
             f.loads = [Load::of(0.0, l * s), Load::of(s, (l - 1.0) * s)];
             f.total = (nf - 1.0) * s;
             f.reduced = l * s;
-            f.copied = s;
         }
         ReduceDirect => {
             let k = pcs(s, direct_piece);
