@@ -196,6 +196,10 @@ impl Node {
                 return Ok(());
             }
             let now = Instant::now();
+            // Before spinning: a deadline already past asks for one look only.
+            if now >= deadline {
+                return Err(WaitEnd::Deadline);
+            }
             if now < spin_until {
                 spins += 1;
                 if spins % 64 == 0 {
@@ -204,9 +208,6 @@ impl Node {
                     std::hint::spin_loop();
                 }
                 continue;
-            }
-            if now >= deadline {
-                return Err(WaitEnd::Deadline);
             }
             alive().map_err(WaitEnd::Failed)?;
             let bell = self.my_bell().load(Ordering::SeqCst);
