@@ -119,6 +119,15 @@ impl<'a> OpCtx<'a> {
         }
     }
 
+    /// Whether `req` has finished, after one pass that moves every posted request forward
+    /// without blocking. `Ok(true)` is reported once; the request is forgotten then.
+    pub fn test(&mut self, req: ReqId) -> Result<bool> {
+        self.net
+            .progress(Instant::now(), false)
+            .map_err(|e| self.error(e))?;
+        self.net.test(req).map_err(|e| self.error(e))
+    }
+
     /// Waits for every request in `reqs` and empties it.
     pub fn wait_all(&mut self, reqs: &mut Vec<ReqId>) -> Result<()> {
         for req in reqs.drain(..) {

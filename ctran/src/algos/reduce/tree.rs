@@ -5,6 +5,13 @@
 //! Receives from the children run one chunk ahead of the reduction; the root reduces straight
 //! into its buffer, a leaf whose input needs no scaling sends straight from its buffer, and an
 //! inner rank combines its input with its first child's partial into staging in one pass.
+//!
+//! [`run_all_reduce`] sends every chunk's result back down the same tree as soon as the root
+//! has it, while later chunks are still on their way up: `2 log2 n + chunks - 1` steps, where a
+//! reduce followed by a broadcast takes `2 (log2 n + chunks - 1)`, and on a host whose ranks
+//! have a core each both directions of every link carry data at once.
+
+use std::collections::VecDeque;
 
 use crate::algos::ctx::{self, chunks, OpCtx};
 use crate::algos::tree::BinomialTree;
@@ -21,6 +28,32 @@ pub fn run(
     dtype: DataType,
     op: ReduceOp,
     root: usize,
+) -> Result<()> {
+    reduce(cx, buf, dtype, op, root, None)
+}
+
+/// Runs the tree all_reduce of `buf` in place: the reduce onto `root`, each chunk's result
+/// broadcast from it down the same tree as soon as it is complete.
+pub fn run_all_reduce(
+    cx: &mut OpCtx<'_>,
+    buf: Span,
+    dtype: DataType,
+    op: ReduceOp,
+    root: usize,
+) -> Result<()> {
+    let mut down = Down::new(BinomialTree::new(cx.rank, cx.size, root).children);
+    reduce(cx, buf, dtype, op, root, Some(&mut down))?;
+    down.finish(cx)
+}
+
+/// The reduce; with `down`, every chunk's result also comes back down the tree into `buf`.
+fn reduce(
+    cx: &mut OpCtx<'_>,
+    buf: Span,
+    dtype: DataType,
+    op: ReduceOp,
+    root: usize,
+    mut down: Option<&mut Down>,
 ) -> Result<()> {
     let red = Reducer::new(dtype, op, cx.size)?;
     let tree = BinomialTree::new(cx.rank, cx.size, root);
@@ -48,6 +81,9 @@ pub fn run(
     let mut pending_send: [Option<ReqId>; 2] = [None, None];
     let mut direct_sends = Vec::new();
     for (k, &(off, len)) in pieces.iter().enumerate() {
+        if let Some(down) = down.as_deref_mut() {
+            down.forward_arrived(cx)?;
+        }
         let mine = buf.sub(off, len);
         let recvs = ahead.take();
         if kids > 0 && k + 1 < pieces.len() {
@@ -57,6 +93,11 @@ pub fn run(
             None => mine,
             Some(parent) if kids == 0 && !red.needs_prescale() => {
                 direct_sends.push(cx.send(parent, mine)?);
+                if let Some(down) = down.as_deref_mut() {
+                    // The result cannot arrive before the parent has all of this send, so
+                    // `mine` is no longer read when it is written.
+                    down.expect(cx, parent, mine)?;
+                }
                 continue;
             }
             Some(_) => {
@@ -87,10 +128,75 @@ pub fn run(
             }
         }
         match tree.parent {
-            Some(parent) => pending_send[k % 2] = Some(cx.send(parent, acc)?),
-            None => ctx::finish(&red, acc),
+            Some(parent) => {
+                pending_send[k % 2] = Some(cx.send(parent, acc)?);
+                if let Some(down) = down.as_deref_mut() {
+                    down.expect(cx, parent, mine)?;
+                }
+            }
+            None => {
+                ctx::finish(&red, acc);
+                if let Some(down) = down.as_deref_mut() {
+                    down.forward(cx, acc)?;
+                }
+            }
         }
     }
     direct_sends.extend(pending_send.into_iter().flatten());
     cx.wait_all(&mut direct_sends)
+}
+
+/// The way back down of the tree all_reduce: results that come from the parent, in chunk order,
+/// and their forwarding to the children.
+struct Down {
+    children: Vec<usize>,
+    /// Posted receives of results, oldest chunk first.
+    arriving: VecDeque<(Span, ReqId)>,
+    sends: Vec<ReqId>,
+}
+
+impl Down {
+    fn new(children: Vec<usize>) -> Down {
+        Down {
+            children,
+            arriving: VecDeque::new(),
+            sends: Vec::new(),
+        }
+    }
+
+    /// Posts the receive of a chunk's result from `parent` into `piece`.
+    fn expect(&mut self, cx: &mut OpCtx<'_>, parent: usize, piece: Span) -> Result<()> {
+        let req = cx.recv(parent, piece)?;
+        self.arriving.push_back((piece, req));
+        Ok(())
+    }
+
+    /// Sends a chunk's complete result on to every child.
+    fn forward(&mut self, cx: &mut OpCtx<'_>, piece: Span) -> Result<()> {
+        for &child in &self.children {
+            self.sends.push(cx.send(child, piece)?);
+        }
+        Ok(())
+    }
+
+    /// Forwards the results that have arrived, in chunk order, without waiting for more.
+    fn forward_arrived(&mut self, cx: &mut OpCtx<'_>) -> Result<()> {
+        while let Some(&(piece, req)) = self.arriving.front() {
+            if !cx.test(req)? {
+                break;
+            }
+            self.arriving.pop_front();
+            self.forward(cx, piece)?;
+        }
+        Ok(())
+    }
+
+    /// Waits for every result and forwards it, then for every send.
+    fn finish(mut self, cx: &mut OpCtx<'_>) -> Result<()> {
+        while let Some((piece, req)) = self.arriving.pop_front() {
+            cx.wait(req)?;
+            self.forward(cx, piece)?;
+        }
+        cx.wait_all(&mut self.sends)
+    }
 }

@@ -246,7 +246,8 @@ fn counts(algo: Algo, shape: &Shape, n: usize, chunk: usize) -> Profile {
         AllReduceTree => {
             f.chained = true;
             let k = pcs(s, c);
-            f.hops = 2.0 * l + 2.0 * (k - 1.0).max(0.0);
+            // A chunk's result goes back down as soon as the root has it.
+            f.hops = 2.0 * l + (k - 1.0).max(0.0);
             f.path = f.hops * piece(s, k);
             f.messages = 2.0 * (nf - 1.0) * k;
             f.even(l * s);
