@@ -20,7 +20,8 @@
 //!   cores is `kappa = ranks per host / cores` times slower than a rank alone: a rank that works
 //!   while others wait goes `kappa` times faster, but never faster than the host's cores allow
 //!   for everyone's bytes;
-//! - `R`: bytes reduced on the critical path, `P`: bytes copied through staging;
+//! - `R`: bytes reduced on the critical path, `P`: bytes copied through staging, `kappa` times
+//!   over where every rank copies at once (Bruck's all_to_all);
 //! - the bytes term of a pipeline (ring, chain, tree) costs [`RING_STALL`] more on a host with
 //!   more ranks than cores.
 //!
@@ -125,6 +126,11 @@ pub struct Profile {
     /// A pipeline: pieces pass from rank to rank one stage after another (ring, chain, tree,
     /// recursive halving's rounds); see [`RING_STALL`].
     pub chained: bool,
+    /// Every rank copies its bytes through staging at the same moment (Bruck's rotations and
+    /// packing): on a host with more ranks than cores the copies share its cores, `kappa` times
+    /// slower than gamma, the best of three short sums timed on each rank (the speed of a core
+    /// that one rank has to itself).
+    pub copies_at_once: bool,
 }
 
 /// Bytes one rank sends and receives in a collective.
@@ -372,6 +378,7 @@ fn counts(algo: Algo, shape: &Shape, n: usize, chunk: usize) -> Profile {
             f.even(l * s / 2.0);
             f.total = nf * l * s / 2.0;
             f.copied = (l + 2.0) * s;
+            f.copies_at_once = true;
         }
         ScatterDirect | GatherDirect => {
             f.hops = 1.0;
@@ -442,11 +449,16 @@ impl CostModel {
             1.0
         };
         let bytes = stall * (self.busiest(f).max(f.path) / self.kappa(n)).max(f.total / nf);
+        let copied = if f.copies_at_once {
+            f.copied * self.kappa(n)
+        } else {
+            f.copied
+        };
         [
             f.hops * self.alpha,
             messages_host / cores * self.mu,
             bytes * self.beta,
-            (f.reduced + f.copied) * self.gamma,
+            (f.reduced + copied) * self.gamma,
         ]
     }
 
@@ -752,5 +764,33 @@ mod tests {
             let f = profile(tree, &shape(coll, 8 << 10, 8), 8, CHUNK);
             assert_eq!(f.copied, f64::from(6u32 << 10), "{coll:?}");
         }
+    }
+
+    /// Bruck's copies run on every rank at once: with 8 ranks on 2 cores they cost 4 times the
+    /// gamma of one rank, with 2 ranks on 2 cores once; other algorithms' copies are not scaled.
+    #[test]
+    fn bruck_copies_share_the_cores() {
+        let gamma_term = |algo: Algo, q: usize, n: usize| {
+            let m = model(q);
+            let f = profile(algo, &shape(Collective::AllToAll, 1 << 20, n), n, CHUNK);
+            (m.terms(&f, n)[3], f.copied * m.gamma)
+        };
+        let (scaled, plain) = gamma_term(Algo::AllToAllBruck, 8, 8);
+        assert!(plain > 0.0);
+        assert!(
+            (scaled - 4.0 * plain).abs() < 1e-12 * plain.max(1.0),
+            "{scaled} vs {plain}"
+        );
+        let (scaled, plain) = gamma_term(Algo::AllToAllBruck, 2, 2);
+        assert_eq!(scaled, plain);
+        let m = model(8);
+        let f = profile(
+            Algo::ScatterTree,
+            &shape(Collective::Scatter, 1 << 20, 8),
+            8,
+            CHUNK,
+        );
+        assert!(f.copied > 0.0);
+        assert_eq!(m.terms(&f, 8)[3], (f.reduced + f.copied) * m.gamma);
     }
 }
