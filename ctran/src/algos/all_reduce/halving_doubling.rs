@@ -18,6 +18,19 @@ use crate::kernels::Reducer;
 use crate::span::Span;
 use crate::types::{DataType, ReduceOp};
 
+/// Transfers in the recursive halving of `count` elements among `p` (a power of two) active
+/// ranks; the doubling mirrors them. A transfer of an empty range is skipped, and below `p`
+/// elements only the first `count` segments hold any: in the step at distance `m`, each aligned
+/// run of `m` segments is handed to the `m` ranks that keep it, if it holds an element. From
+/// `p` elements on, that is `p log2 p`.
+pub fn halving_transfers(count: usize, p: usize) -> usize {
+    let filled = count.min(p);
+    std::iter::successors(Some(p / 2), |m| Some(m / 2))
+        .take_while(|&m| m > 0)
+        .map(|m| m * filled.div_ceil(m))
+        .sum()
+}
+
 /// Runs the halving-doubling all_reduce in place on `buf`.
 pub fn run(cx: &mut OpCtx<'_>, buf: Span, dtype: DataType, op: ReduceOp) -> Result<()> {
     let (n, r) = (cx.size, cx.rank);
@@ -94,4 +107,50 @@ pub fn run(cx: &mut OpCtx<'_>, buf: Span, dtype: DataType, op: ReduceOp) -> Resu
         pipe::exchange_chunked(cx, Some((e, buf)), None, chunk)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Counts the non-empty transfers of the halving as `run` cuts the buffer: every rank
+    /// starts with all `p` segments and at each distance hands its partner the half it gives.
+    fn simulated(count: usize, p: usize) -> usize {
+        let segs = partition(count, p, 1);
+        let bytes = |lo: usize, hi: usize| segs[lo..hi].iter().map(|s| s.1).sum::<usize>();
+        let mut held = vec![(0, p); p];
+        let mut sent = 0;
+        let mut mask = p / 2;
+        while mask > 0 {
+            for (me, range) in held.iter_mut().enumerate() {
+                let (lo, hi) = *range;
+                let mid = lo + (hi - lo) / 2;
+                let (keep, give) = if me & mask == 0 {
+                    ((lo, mid), (mid, hi))
+                } else {
+                    ((mid, hi), (lo, mid))
+                };
+                sent += usize::from(bytes(give.0, give.1) > 0);
+                *range = keep;
+            }
+            mask /= 2;
+        }
+        sent
+    }
+
+    #[test]
+    fn halving_transfers_skip_empty_segments() {
+        for p in [1, 2, 4, 8, 16, 32] {
+            for count in 0..3 * p + 2 {
+                assert_eq!(
+                    halving_transfers(count, p),
+                    simulated(count, p),
+                    "{count} elements on {p} ranks"
+                );
+            }
+            let lp = p.trailing_zeros() as usize;
+            assert_eq!(halving_transfers(p, p), p * lp, "{p} ranks, full");
+        }
+        assert_eq!(halving_transfers(2, 8), 8);
+    }
 }

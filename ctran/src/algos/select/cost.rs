@@ -28,6 +28,7 @@
 //! alpha, mu, beta and gamma are measured on the communicator's own transport at creation
 //! ([`calibrate`](super::calibrate)) or configured; the per-algorithm counts are below.
 
+use crate::algos::all_reduce::halving_doubling;
 use crate::algos::pipe::pow2_floor;
 use crate::algos::reduce_scatter::recursive_halving;
 use crate::algos::select::{Algo, Shape};
@@ -236,7 +237,8 @@ fn counts(algo: Algo, shape: &Shape, n: usize, chunk: usize) -> Profile {
         }
         AllReduceHalvingDoubling => {
             f.hops = 2.0 * lp + 2.0 * folded + (pcs(s / 2.0, c) - 1.0).max(0.0);
-            f.messages = pf * 2.0 * lp + rem * 2.0;
+            let count = shape.bytes / shape.elem.max(1);
+            f.messages = 2.0 * halving_doubling::halving_transfers(count, p) as f64 + rem * 2.0;
             f.even(2.0 * (pf - 1.0) / pf * s + folded * s);
             f.total = 2.0 * (pf - 1.0) * s + rem * 2.0 * s;
             f.reduced = (pf - 1.0) / pf * s + folded * s;
