@@ -10,12 +10,17 @@
 //!
 //! Each segment is reduced by one rank and copied to the others, so every rank ends with
 //! bitwise the same result. Partner data is received in staging chunks and reduced in place.
+//! The last step of the halving and the first of the doubling swap the same segments with the
+//! same partner and run as one ([`reduce_and_return`]): each reduced piece goes back at once.
+
+use std::collections::VecDeque;
 
 use crate::algos::ctx::{self, partition, OpCtx};
 use crate::algos::pipe::{self, Fold, Join, Role};
 use crate::error::Result;
 use crate::kernels::Reducer;
 use crate::span::Span;
+use crate::transport::ReqId;
 use crate::types::{DataType, ReduceOp};
 
 /// Transfers in the recursive halving of `count` elements among `p` (a power of two) active
@@ -71,12 +76,19 @@ pub fn run(cx: &mut OpCtx<'_>, buf: Span, dtype: DataType, op: ReduceOp) -> Resu
         } else {
             ((mid, hi), (lo, mid))
         };
+        let (keep_span, give_span) = (range(keep.0, keep.1), range(give.0, give.1));
+        if mask == 1 {
+            // The last halving step and the first doubling step swap the same two segments
+            // with the same partner: each piece of the result goes back while it is in cache.
+            reduce_and_return(cx, &red, peer, keep_span, give_span, chunk)?;
+            break;
+        }
         pipe::exchange_reduce(
             cx,
             &red,
-            Some((peer, range(give.0, give.1))),
+            Some((peer, give_span)),
             peer,
-            range(keep.0, keep.1),
+            keep_span,
             Join::Partial,
             chunk,
             0,
@@ -84,8 +96,7 @@ pub fn run(cx: &mut OpCtx<'_>, buf: Span, dtype: DataType, op: ReduceOp) -> Resu
         (lo, hi) = keep;
         mask /= 2;
     }
-    ctx::finish(&red, range(lo, hi));
-    let mut mask = 1;
+    let mut mask = 2;
     while mask < p {
         let peer = fold.real(me ^ mask);
         let w = hi - lo;
@@ -107,6 +118,71 @@ pub fn run(cx: &mut OpCtx<'_>, buf: Span, dtype: DataType, op: ReduceOp) -> Resu
         pipe::exchange_chunked(cx, Some((e, buf)), None, chunk)?;
     }
     Ok(())
+}
+
+/// Pieces of the partner's raw data in flight ahead of the one being reduced (staging slots 0
+/// and 1).
+const AHEAD: usize = 2;
+
+/// The last step of the halving fused with the first of the doubling, between this rank and
+/// `peer`: this rank reduces `keep` (the partner sends its partial of it) and the partner
+/// `give`, and each sends back the finished pieces of its own. A piece of the result leaves as
+/// soon as it is reduced, while the next ones are still arriving, instead of after the whole
+/// segment: the segment is read once from memory instead of twice, and the link carries raw
+/// pieces and results both ways at once.
+///
+/// Both ranks send in the order `give[0], give[1]`, then for each `k`: `result[k]` (if `keep`
+/// has a piece `k`), `give[k + 2]` (if `give` has one), and post their receives in the order the
+/// partner sends; the counts of pieces may differ by one where the segments differ by an
+/// element. A piece of `give` is overwritten by the partner's result only after the partner
+/// has received it in full, so the receive is posted without waiting for the send.
+fn reduce_and_return(
+    cx: &mut OpCtx<'_>,
+    red: &Reducer,
+    peer: usize,
+    keep: Span,
+    give: Span,
+    chunk: usize,
+) -> Result<()> {
+    let slots = [cx.staging.slot(0), cx.staging.slot(1)];
+    let kp: Vec<(usize, usize)> = ctx::chunks(keep.len(), chunk).collect();
+    let gp: Vec<(usize, usize)> = ctx::chunks(give.len(), chunk).collect();
+    let landing = |k: usize| slots[k % AHEAD].sub(0, kp[k].1);
+    let mut partials: VecDeque<ReqId> = VecDeque::new();
+    for k in 0..kp.len().min(AHEAD) {
+        partials.push_back(cx.recv(peer, landing(k))?);
+    }
+    let mut sends = Vec::new();
+    for &(off, len) in gp.iter().take(AHEAD) {
+        sends.push(cx.send(peer, give.sub(off, len))?);
+    }
+    let mut results = Vec::new();
+    for k in 0..kp.len().max(gp.len()) {
+        // What the partner sends at its step `k`: the result of `give[k]` (its raw
+        // `keep[k + 1]` is posted already), then its raw `keep[k + 2]`, below, into the slot
+        // this step frees.
+        if let Some(&(off, len)) = gp.get(k) {
+            results.push(cx.recv(peer, give.sub(off, len))?);
+        }
+        if let Some(&(off, len)) = kp.get(k) {
+            let req = partials
+                .pop_front()
+                .expect("a receive is posted for every piece");
+            cx.wait(req)?;
+            let piece = keep.sub(off, len);
+            ctx::combine(red, piece, landing(k));
+            ctx::finish(red, piece);
+            sends.push(cx.send(peer, piece)?);
+        }
+        if let Some(&(off, len)) = gp.get(k + AHEAD) {
+            sends.push(cx.send(peer, give.sub(off, len))?);
+        }
+        if k + AHEAD < kp.len() {
+            partials.push_back(cx.recv(peer, landing(k + AHEAD))?);
+        }
+    }
+    cx.wait_all(&mut results)?;
+    cx.wait_all(&mut sends)
 }
 
 #[cfg(test)]
