@@ -11,7 +11,7 @@
 //! Each segment is reduced by one rank and copied to the others, so every rank ends with
 //! bitwise the same result. Partner data is received in staging chunks and reduced in place.
 //! The last step of the halving and the first of the doubling swap the same segments with the
-//! same partner and run as one ([`reduce_and_return`]): each reduced piece goes back at once.
+//! same partner and run as one (`reduce_and_return`): each reduced piece goes back at once.
 
 use std::collections::VecDeque;
 
