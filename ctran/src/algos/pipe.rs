@@ -275,7 +275,11 @@ pub fn exchange_reduce(
 /// sent span: a piece is written only after it was read and sent).
 ///
 /// Pieces are `piece` bytes (see [`direct_piece`]); received pieces of one round share staging
-/// slots from `slots` on, double-buffered across rounds. The contributions are folded in one
+/// slots from `slots` on, double-buffered across rounds. A rank that reduces sends its pieces at
+/// most two ahead of the one it reduces, as its peers receive them: sends posted all at once
+/// run ahead into the peers' socket buffers and take the cores from the reductions (measured
+/// with 2 ranks of 2 cores over TCP: direct reduce_scatter at 64 MiB 0.76 of the ring's time
+/// with all posted at once, 0.66 paced; direct all_reduce 1.17 and 0.90). The contributions are folded in one
 /// pass per [`FOLD_WIDTH`](crate::kernels::FOLD_WIDTH) (ops that prescale inputs combine them
 /// one by one), straight into `dst` where it shares no byte with `mine` or a sent span, else
 /// into an accumulator (one more slot), copied to `dst` once sent.
@@ -307,15 +311,31 @@ pub fn direct_reduce(
         .collect();
 
     // Sends of piece k to every destination, so a piece of `dst` is only written once sent.
-    let mut sends_by_piece: Vec<Vec<ReqId>> = Vec::new();
-    for &(peer, data) in sends {
-        for (k, (off, len)) in chunks(data.len(), piece).enumerate() {
-            if sends_by_piece.len() <= k {
-                sends_by_piece.push(Vec::new());
+    let send_pieces = sends
+        .iter()
+        .map(|(_, d)| d.len().div_ceil(piece))
+        .max()
+        .unwrap_or(0);
+    let mut sends_by_piece: Vec<Vec<ReqId>> = Vec::with_capacity(send_pieces);
+    let post_sends =
+        |cx: &mut OpCtx<'_>, upto: usize, posted: &mut Vec<Vec<ReqId>>| -> Result<()> {
+            while posted.len() < upto.min(send_pieces) {
+                let k = posted.len();
+                let reqs = sends
+                    .iter()
+                    .filter(|(_, d)| k * piece < d.len())
+                    .map(|&(peer, d)| {
+                        let len = piece.min(d.len() - k * piece);
+                        cx.send(peer, d.sub(k * piece, len))
+                    })
+                    .collect::<Result<Vec<ReqId>>>()?;
+                posted.push(reqs);
             }
-            sends_by_piece[k].push(cx.send(peer, data.sub(off, len))?);
-        }
-    }
+            Ok(())
+        };
+    // A rank that also reduces keeps its sends two pieces ahead of its reduction.
+    let ahead = if mine.is_some() { 2 } else { usize::MAX };
+    post_sends(cx, ahead, &mut sends_by_piece)?;
     if let Some((mine, dst)) = mine {
         let straight = !dst.overlaps(&mine) && sends.iter().all(|(_, s)| !dst.overlaps(s));
         // The accumulator's slot is allocated only where it is used.
@@ -367,8 +387,10 @@ pub fn direct_reduce(
             if k + 2 < pieces.len() {
                 posted.push_back(post(cx, k + 2)?);
             }
+            post_sends(cx, (k + 1).saturating_add(ahead), &mut sends_by_piece)?;
         }
     }
+    post_sends(cx, usize::MAX, &mut sends_by_piece)?;
     for reqs in &mut sends_by_piece {
         cx.wait_all(reqs)?;
     }
