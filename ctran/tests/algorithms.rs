@@ -226,8 +226,8 @@ fn reduction_cases(n: usize) -> Vec<(DataType, ReduceOp, usize)> {
     ] {
         v.push((d, op, 3 * n * CHUNK / d.size_bytes() + 3));
     }
-    // Halving-doubling's last segments two chunks and two chunks and an element: partners
-    // whose segments have different numbers of pieces.
+    // Halving-doubling's last segments of two chunks and of two chunks and an element:
+    // partners whose segments have different numbers of pieces.
     let p = 1 << n.ilog2();
     v.push((DataType::F32, ReduceOp::Sum, p * 2 * CHUNK / 4 + 1));
     v

@@ -276,11 +276,8 @@ pub fn exchange_reduce(
 ///
 /// Pieces are `piece` bytes (see [`direct_piece`]); received pieces of one round share staging
 /// slots from `slots` on, double-buffered across rounds. A rank that reduces sends its pieces at
-/// most two ahead of the one it reduces, as its peers receive them: sends posted all at once
-/// run ahead into the peers' socket buffers and take the cores from the reductions (measured
-/// with 2 ranks of 2 cores over TCP: direct reduce_scatter at 64 MiB 0.76 of the ring's time
-/// with all posted at once, 0.66 paced; direct all_reduce 1.17 and 0.90). The contributions are folded in one
-/// pass per [`FOLD_WIDTH`](crate::kernels::FOLD_WIDTH) (ops that prescale inputs combine them
+/// most [`SENDS_AHEAD`] ahead of the one it reduces, as its peers receive them. The
+/// contributions are folded in one pass per [`FOLD_WIDTH`](crate::kernels::FOLD_WIDTH) (ops that prescale inputs combine them
 /// one by one), straight into `dst` where it shares no byte with `mine` or a sent span, else
 /// into an accumulator (one more slot), copied to `dst` once sent.
 pub fn direct_reduce(
@@ -323,19 +320,21 @@ pub fn direct_reduce(
                 let k = posted.len();
                 let reqs = sends
                     .iter()
-                    .filter(|(_, d)| k * piece < d.len())
-                    .map(|&(peer, d)| {
-                        let len = piece.min(d.len() - k * piece);
-                        cx.send(peer, d.sub(k * piece, len))
+                    .filter_map(|&(peer, d)| {
+                        let (off, len) = chunks(d.len(), piece).nth(k)?;
+                        Some(cx.send(peer, d.sub(off, len)))
                     })
                     .collect::<Result<Vec<ReqId>>>()?;
                 posted.push(reqs);
             }
             Ok(())
         };
-    // A rank that also reduces keeps its sends two pieces ahead of its reduction.
-    let ahead = if mine.is_some() { 2 } else { usize::MAX };
-    post_sends(cx, ahead, &mut sends_by_piece)?;
+    let first = if mine.is_some() {
+        SENDS_AHEAD
+    } else {
+        send_pieces
+    };
+    post_sends(cx, first, &mut sends_by_piece)?;
     if let Some((mine, dst)) = mine {
         let straight = !dst.overlaps(&mine) && sends.iter().all(|(_, s)| !dst.overlaps(s));
         // The accumulator's slot is allocated only where it is used.
@@ -387,15 +386,21 @@ pub fn direct_reduce(
             if k + 2 < pieces.len() {
                 posted.push_back(post(cx, k + 2)?);
             }
-            post_sends(cx, (k + 1).saturating_add(ahead), &mut sends_by_piece)?;
+            post_sends(cx, k + 1 + SENDS_AHEAD, &mut sends_by_piece)?;
         }
     }
-    post_sends(cx, usize::MAX, &mut sends_by_piece)?;
+    post_sends(cx, send_pieces, &mut sends_by_piece)?;
     for reqs in &mut sends_by_piece {
         cx.wait_all(reqs)?;
     }
     Ok(())
 }
+
+/// Pieces a rank of [`direct_reduce`] that also reduces sends ahead of the one it reduces. Sends
+/// posted all at once run ahead into the peers' socket buffers and take the cores from the
+/// reductions (2 ranks of 2 cores over TCP: direct reduce_scatter at 64 MiB took 0.76 of the
+/// ring's time with all posted at once, 0.66 paced; direct all_reduce 1.17 and 0.90).
+const SENDS_AHEAD: usize = 2;
 
 /// Piece size of [`direct_reduce`] for `n` ranks: one round's pieces from all peers fit one
 /// staging chunk (at least one element each).

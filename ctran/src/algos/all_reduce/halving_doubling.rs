@@ -120,8 +120,8 @@ pub fn run(cx: &mut OpCtx<'_>, buf: Span, dtype: DataType, op: ReduceOp) -> Resu
     Ok(())
 }
 
-/// Pieces of the partner's raw data in flight ahead of the one being reduced (staging slots 0
-/// and 1).
+/// Pieces of the partner's raw data in flight ahead of the one being reduced, each in its own
+/// staging slot.
 const AHEAD: usize = 2;
 
 /// The last step of the halving fused with the first of the doubling, between this rank and
@@ -144,7 +144,7 @@ fn reduce_and_return(
     give: Span,
     chunk: usize,
 ) -> Result<()> {
-    let slots = [cx.staging.slot(0), cx.staging.slot(1)];
+    let slots: [Span; AHEAD] = std::array::from_fn(|i| cx.staging.slot(i));
     let kp: Vec<(usize, usize)> = ctx::chunks(keep.len(), chunk).collect();
     let gp: Vec<(usize, usize)> = ctx::chunks(give.len(), chunk).collect();
     let landing = |k: usize| slots[k % AHEAD].sub(0, kp[k].1);
