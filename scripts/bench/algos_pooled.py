@@ -17,6 +17,12 @@ picks (each calibrates its own cost model): the count is of auto as it ran.
 
 Prints the count, the points beyond 10% with every run's ratio, and the same median for the
 2-rank noise floor (algorithms that send the same messages, algos_report.SAME_ON_TWO_RANKS).
+
+Then what any fixed choice could reach, auto aside (auto's choice for a (ranks, op, size) is
+fixed once made): the points where no single algorithm is within 10% of the best in every run,
+so that whatever is chosen there misses in some run; and, each run left out in turn, how many
+of its points the choice made from the other runs alone gets within 10% (the algorithm within
+10% in most of them, then the one with the smallest median ratio to the best).
 """
 
 import json
@@ -51,6 +57,50 @@ def pooled(runs, key, a, b):
     each = [paired(rows[key][a], rows[key][b]) for rows in runs
             if a in rows.get(key, {}) and b in rows.get(key, {})]
     return each, (statistics.median(each) if each else None)
+
+
+def worst_ratio(rows, a):
+    """How much slower algorithm `a` is than the best of one run's `rows` at a point."""
+    return max((paired(rows[a], rows[b]) for b in rows if b not in (a, "auto")), default=1.0)
+
+
+def fixed_choice(runs, keys):
+    """Prints what a choice of one algorithm per point, the same in every run, could reach."""
+    shared = [k for k in keys if all(k in rows for rows in runs)]
+    none_fits = []
+    for key in shared:
+        algos = [a for a in algorithms_at(runs, key) if all(a in rows[key] for rows in runs)]
+        worst = {a: [worst_ratio(rows[key], a) for rows in runs] for a in algos}
+        if algos and not any(max(w) <= TOLERANCE for w in worst.values()):
+            best = min(algos, key=lambda a: max(worst[a]))
+            none_fits.append((key, best, worst[best]))
+    print(f"A fixed choice: at {len(none_fits)} of {len(shared)} points no algorithm is within "
+          f"10% of the best in every run (the one closest in its worst run, and its ratio in "
+          f"each run):")
+    print()
+    for (n, op, s), a, each in none_fits:
+        print(f"- {n} ranks, {op}, {size(s)}: {a} " + " ".join(f"{x:.2f}" for x in each))
+    print()
+    if len(runs) < 2:
+        return
+    hits = []
+    for i, rows in enumerate(runs):
+        others = runs[:i] + runs[i + 1:]
+        hit = 0
+        for key in shared:
+            algos = [a for a in algorithms_at(runs, key) if all(a in r[key] for r in runs)]
+            if not algos:
+                continue
+
+            def merit(a):
+                each = [worst_ratio(r[key], a) for r in others]
+                return (sum(w <= TOLERANCE for w in each), -statistics.median(each))
+
+            hit += worst_ratio(rows[key], max(algos, key=merit)) <= TOLERANCE
+        hits.append(hit)
+    print(f"Each run left out in turn, the choice made from the other runs is within 10% at "
+          + ", ".join(f"{h}" for h in hits) + f" of {len(shared)} points.")
+    print()
 
 
 def main():
@@ -102,6 +152,7 @@ def main():
             print(f"Noise floor by the same median: on 2 ranks the {op} algorithms, which send "
                   f"the same messages, are more than 10% apart at {beyond} of {sizes} sizes.")
             print()
+    fixed_choice(runs, keys)
 
 
 if __name__ == "__main__":
