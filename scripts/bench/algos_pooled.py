@@ -31,7 +31,7 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from algos_report import SAME_ON_TWO_RANKS, TOLERANCE, paired, size  # noqa: E402
+from algos_report import SAME_ON_TWO_RANKS, TOLERANCE, paired, size, worst  # noqa: E402
 
 
 def rows_of(d):
@@ -59,22 +59,27 @@ def pooled(runs, key, a, b):
     return each, (statistics.median(each) if each else None)
 
 
-def worst_ratio(rows, a):
-    """How much slower algorithm `a` is than the best of one run's `rows` at a point."""
-    return max((paired(rows[a], rows[b]) for b in rows if b not in (a, "auto")), default=1.0)
+def trails(rows, a):
+    """How much slower algorithm `a` is than the best of the others in one run's `rows` at a
+    point (below 1 where it is the fastest)."""
+    ratio = worst(rows[a], {b: r for b, r in rows.items() if b not in (a, "auto")})[1]
+    return 1.0 if ratio is None else ratio
 
 
 def fixed_choice(runs, keys):
     """Prints what a choice of one algorithm per point, the same in every run, could reach."""
-    shared = [k for k in keys if all(k in rows for rows in runs)]
+    # (ranks, op, size) -> {algorithm timed in every run: how much it trails, run by run}
+    table = {}
+    for key in keys:
+        if all(key in rows for rows in runs):
+            algos = [a for a in algorithms_at(runs, key) if all(a in rows[key] for rows in runs)]
+            table[key] = {a: [trails(rows[key], a) for rows in runs] for a in algos}
     none_fits = []
-    for key in shared:
-        algos = [a for a in algorithms_at(runs, key) if all(a in rows[key] for rows in runs)]
-        worst = {a: [worst_ratio(rows[key], a) for rows in runs] for a in algos}
-        if algos and not any(max(w) <= TOLERANCE for w in worst.values()):
-            best = min(algos, key=lambda a: max(worst[a]))
-            none_fits.append((key, best, worst[best]))
-    print(f"A fixed choice: at {len(none_fits)} of {len(shared)} points no algorithm is within "
+    for key, each in table.items():
+        if each and not any(max(w) <= TOLERANCE for w in each.values()):
+            best = min(each, key=lambda a: max(each[a]))
+            none_fits.append((key, best, each[best]))
+    print(f"A fixed choice: at {len(none_fits)} of {len(table)} points no algorithm is within "
           f"10% of the best in every run (the one closest in its worst run, and its ratio in "
           f"each run):")
     print()
@@ -84,22 +89,20 @@ def fixed_choice(runs, keys):
     if len(runs) < 2:
         return
     hits = []
-    for i, rows in enumerate(runs):
-        others = runs[:i] + runs[i + 1:]
+    for i in range(len(runs)):
         hit = 0
-        for key in shared:
-            algos = [a for a in algorithms_at(runs, key) if all(a in r[key] for r in runs)]
-            if not algos:
+        for each in table.values():
+            if not each:
                 continue
 
             def merit(a):
-                each = [worst_ratio(r[key], a) for r in others]
-                return (sum(w <= TOLERANCE for w in each), -statistics.median(each))
+                others = each[a][:i] + each[a][i + 1:]
+                return (sum(w <= TOLERANCE for w in others), -statistics.median(others))
 
-            hit += worst_ratio(rows[key], max(algos, key=merit)) <= TOLERANCE
+            hit += each[max(each, key=merit)][i] <= TOLERANCE
         hits.append(hit)
-    print(f"Each run left out in turn, the choice made from the other runs is within 10% at "
-          + ", ".join(f"{h}" for h in hits) + f" of {len(shared)} points.")
+    print("Each run left out in turn, the choice made from the other runs is within 10% at "
+          + ", ".join(f"{h}" for h in hits) + f" of {len(table)} points.")
     print()
 
 
