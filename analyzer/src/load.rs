@@ -133,7 +133,7 @@ pub fn endpoint_key(i: i64) -> String {
 /// The live endpoints published in the store at `addr` (`host:port` of a TCPStore), without
 /// duplicates.
 pub fn endpoints_from_store(addr: &str, timeout: Duration) -> Result<Vec<String>, Error> {
-    use ctran::bootstrap::Store;
+    use torchcomms_core::bootstrap::Store;
     let err = |reason: String| Error::Store {
         addr: addr.to_string(),
         reason,
@@ -142,7 +142,7 @@ pub fn endpoints_from_store(addr: &str, timeout: Duration) -> Result<Vec<String>
         .rsplit_once(':')
         .ok_or_else(|| err("expected host:port".into()))?;
     let port: u16 = port.parse().map_err(|_| err("bad port".into()))?;
-    let store = ctran::bootstrap::tcp_store::TcpStoreClient::connect(host, port, timeout)
+    let store = torchcomms_core::bootstrap::tcp_store::TcpStoreClient::connect(host, port, timeout)
         .map_err(|e| err(e.to_string()))?;
     let n = store.add(COUNT_KEY, 0).map_err(|e| err(e.to_string()))?;
     let mut out: Vec<String> = Vec::new();

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use ctran::bootstrap::tcp_store::TcpStoreServer;
 use serde_json::Value;
+use torchcomms_core::bootstrap::tcp_store::TcpStoreServer;
 use torchcomms_tests::{Job, RankOutput};
 
 fn worker() -> PathBuf {

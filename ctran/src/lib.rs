@@ -2,16 +2,14 @@
 //!
 //! The collective-communication engine of torchcomms-rs. A [`Comm`](comm::Comm) joins `size`
 //! ranks through a [`Store`](bootstrap::Store), connects them over the transports available
-//! (TCP sockets today), and runs collectives strictly in issue order on one progress thread per
-//! communicator.
+//! (TCP between hosts, shared memory within one, NVLink between GPUs of one host), and runs
+//! operations strictly in issue order on one progress thread per communicator.
 #![doc = "\n\nSee `docs/ARCHITECTURE.md` for the layers."]
 
-pub mod bootstrap;
-pub mod cuda;
-pub mod error;
+pub use torchcomms_core::{bootstrap, error, span, types};
+pub use torchcomms_cuda as cuda;
+
 pub mod kernels;
-pub mod span;
-pub mod types;
 
 pub use error::{Error, Result};
 pub use span::Span;

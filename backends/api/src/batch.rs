@@ -1,6 +1,6 @@
 //! Batched point-to-point operations (torchcomms' `BatchSendRecv`).
 
-use crate::backend::P2POp;
+use crate::call::P2POp;
 use crate::comm::TorchComm;
 use crate::error::Result;
 use crate::options::OpOptions;

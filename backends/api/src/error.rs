@@ -70,9 +70,9 @@ pub enum Error {
         /// Communicator name.
         comm: String,
     },
-    /// An error from the ctran engine.
+    /// An error of the communication layer (the kinds engines share: timeout, lost peer...).
     #[error(transparent)]
-    Engine(#[from] ctran::Error),
+    Engine(#[from] torchcomms_core::Error),
     /// An error from another backend.
     #[error("{backend}: {message}")]
     Backend {
@@ -107,8 +107,8 @@ impl Error {
             Error::NotImplemented { .. } => ErrorKind::NotSupported,
             Error::Backend { kind, .. } => *kind,
             Error::Engine(e) => match e {
-                ctran::Error::InvalidArgument { .. } => ErrorKind::InvalidArgument,
-                ctran::Error::NotSupported(_) => ErrorKind::NotSupported,
+                torchcomms_core::Error::InvalidArgument { .. } => ErrorKind::InvalidArgument,
+                torchcomms_core::Error::NotSupported(_) => ErrorKind::NotSupported,
                 e if e.is_timeout() => ErrorKind::Timeout,
                 _ => ErrorKind::Communication,
             },

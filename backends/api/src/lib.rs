@@ -19,22 +19,28 @@
 
 pub mod backend;
 pub mod batch;
+pub mod call;
+pub mod check;
 pub mod comm;
 pub mod error;
+mod ops;
 pub mod options;
+pub mod persistent;
 pub mod registry;
 pub mod tensor;
 pub mod work;
 
-pub use backend::{Backend, InitArgs, P2POp};
+pub use backend::{Backend, InitArgs};
 pub use batch::BatchSendRecv;
+pub use call::{Call, P2POp};
 pub use comm::TorchComm;
-pub use ctran::bootstrap::Store;
-pub use ctran::{DataType, Device, ReduceOp};
 pub use error::{Error, ErrorKind, Result};
 pub use options::{CommOptions, Hints, OpOptions};
+pub use persistent::AllGatherP;
 pub use registry::{backend_names, is_backend_registered, register_backend, BackendRegistration};
 pub use tensor::{Element, Tensor};
+pub use torchcomms_core::bootstrap::Store;
+pub use torchcomms_core::{DataType, Device, ReduceOp};
 pub use work::{Work, WorkHandle, WorkStatus};
 
 /// Creates a communicator on `backend` for `device`, named `name`. A collective over all ranks:

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ctran::bootstrap::Store;
+use torchcomms_core::bootstrap::Store;
 
 use crate::error::{Error, Result};
 
@@ -71,7 +71,7 @@ impl Default for CommOptions {
     fn default() -> Self {
         CommOptions::from_env().unwrap_or(CommOptions {
             abort_process_on_timeout_or_error: true,
-            timeout: ctran::comm::config::DEFAULT_TIMEOUT,
+            timeout: torchcomms_core::DEFAULT_TIMEOUT,
             store: None,
             hints: Hints::new(),
             rank: None,

@@ -6,7 +6,7 @@ use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
-use ctran::{DataType, Device, Span};
+use torchcomms_core::{DataType, Device, Span};
 
 /// Something that keeps a tensor's memory alive (a Python tensor object, an `Arc<Vec<_>>`).
 pub type Owner = Arc<dyn Any + Send + Sync>;
@@ -164,6 +164,25 @@ impl Tensor {
             rows: if numel % row == 0 { numel / row } else { numel },
             ..self.clone()
         }
+    }
+
+    /// `n` consecutive views of `per` elements each, from the start (the per-rank blocks of a
+    /// `_single` operation's tensor).
+    pub fn blocks(&self, n: usize, per: usize) -> Vec<Tensor> {
+        (0..n).map(|r| self.narrow(r * per, per)).collect()
+    }
+
+    /// Consecutive views of `rows[i]` rows of dimension 0 each (split sizes).
+    pub fn split_rows(&self, rows: &[usize]) -> Vec<Tensor> {
+        let row = self.row_numel();
+        let mut offset = 0;
+        rows.iter()
+            .map(|&r| {
+                let view = self.narrow(offset, r * row);
+                offset += r * row;
+                view
+            })
+            .collect()
     }
 
     /// The bytes as an engine span.

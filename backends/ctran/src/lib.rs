@@ -13,13 +13,16 @@ use ctran::mixed::Mixed;
 use ctran::nvl::Nvl;
 use ctran::{Comm, CommConfig, Op, P2p, Request, RequestStatus, Span};
 use torchcomms::{
-    Backend, BackendRegistration, CommOptions, Device, Error, InitArgs, OpOptions, P2POp, ReduceOp,
+    Backend, BackendRegistration, Call, CommOptions, Device, Error, InitArgs, OpOptions, P2POp,
     Result, Tensor, Work, WorkHandle, WorkStatus,
 };
 
 inventory::submit! {
     BackendRegistration { name: "ctran", create: CtranBackend::create }
 }
+
+/// Names of the engine's transports in this build.
+pub const TRANSPORTS: &[&str] = ctran::transport::AVAILABLE;
 
 /// Version reported by `get_backend_version()`.
 pub const VERSION: &str = concat!("ctran ", env!("CARGO_PKG_VERSION"));
@@ -315,149 +318,88 @@ impl Backend for CtranBackend {
         self.device
     }
 
-    fn all_reduce(&self, t: &Tensor, op: ReduceOp, opts: &OpOptions) -> Result<Work> {
-        self.issue(
-            Op::AllReduce {
-                buf: t.span(),
-                dtype: t.dtype(),
+    fn run(&self, call: Call, opts: &OpOptions) -> Result<Work> {
+        let keep = owners(call.tensors());
+        let op = match call {
+            Call::AllReduce { tensor, op } => Op::AllReduce {
+                buf: tensor.span(),
+                dtype: tensor.dtype(),
                 op,
             },
-            owners([t]),
-            opts,
-        )
-    }
-
-    fn reduce(&self, t: &Tensor, root: usize, op: ReduceOp, opts: &OpOptions) -> Result<Work> {
-        self.issue(
-            Op::Reduce {
-                buf: t.span(),
-                dtype: t.dtype(),
+            Call::Reduce { tensor, root, op } => Op::Reduce {
+                buf: tensor.span(),
+                dtype: tensor.dtype(),
                 op,
                 root,
             },
-            owners([t]),
-            opts,
-        )
-    }
-
-    fn broadcast(&self, t: &Tensor, root: usize, opts: &OpOptions) -> Result<Work> {
-        self.issue(
-            Op::Broadcast {
-                buf: t.span(),
+            Call::Broadcast { tensor, root } => Op::Broadcast {
+                buf: tensor.span(),
                 root,
             },
-            owners([t]),
-            opts,
-        )
-    }
-
-    fn all_gather(&self, outputs: &[Tensor], input: &Tensor, opts: &OpOptions) -> Result<Work> {
-        let op = Op::AllGather {
-            input: input.span(),
-            outputs: spans(outputs),
-        };
-        self.issue(op, owners(outputs.iter().chain([input])), opts)
-    }
-
-    fn reduce_scatter(
-        &self,
-        output: &Tensor,
-        inputs: &[Tensor],
-        op: ReduceOp,
-        opts: &OpOptions,
-    ) -> Result<Work> {
-        let o = Op::ReduceScatter {
-            inputs: spans(inputs),
-            output: output.span(),
-            dtype: output.dtype(),
-            op,
-        };
-        self.issue(o, owners(inputs.iter().chain([output])), opts)
-    }
-
-    fn all_to_all(&self, outputs: &[Tensor], inputs: &[Tensor], opts: &OpOptions) -> Result<Work> {
-        let op = Op::AllToAll {
-            inputs: spans(inputs),
-            outputs: spans(outputs),
-        };
-        self.issue(op, owners(inputs.iter().chain(outputs)), opts)
-    }
-
-    fn scatter(
-        &self,
-        output: &Tensor,
-        inputs: &[Tensor],
-        root: usize,
-        opts: &OpOptions,
-    ) -> Result<Work> {
-        let op = Op::Scatter {
-            inputs: spans(inputs),
-            output: output.span(),
-            root,
-        };
-        self.issue(op, owners(inputs.iter().chain([output])), opts)
-    }
-
-    fn gather(
-        &self,
-        outputs: &[Tensor],
-        input: &Tensor,
-        root: usize,
-        opts: &OpOptions,
-    ) -> Result<Work> {
-        let op = Op::Gather {
-            input: input.span(),
-            outputs: spans(outputs),
-            root,
-        };
-        self.issue(op, owners(outputs.iter().chain([input])), opts)
-    }
-
-    fn barrier(&self, opts: &OpOptions) -> Result<Work> {
-        self.issue(Op::Barrier, Vec::new(), opts)
-    }
-
-    fn send(&self, t: &Tensor, peer: usize, opts: &OpOptions) -> Result<Work> {
-        self.issue(
-            Op::Send {
-                buf: t.span(),
+            Call::AllGather { outputs, input } => Op::AllGather {
+                input: input.span(),
+                outputs: spans(&outputs),
+            },
+            Call::ReduceScatter { output, inputs, op } => Op::ReduceScatter {
+                inputs: spans(&inputs),
+                output: output.span(),
+                dtype: output.dtype(),
+                op,
+            },
+            Call::AllToAll { outputs, inputs } => Op::AllToAll {
+                inputs: spans(&inputs),
+                outputs: spans(&outputs),
+            },
+            Call::Scatter {
+                output,
+                inputs,
+                root,
+            } => Op::Scatter {
+                inputs: spans(&inputs),
+                output: output.span(),
+                root,
+            },
+            Call::Gather {
+                outputs,
+                input,
+                root,
+            } => Op::Gather {
+                input: input.span(),
+                outputs: spans(&outputs),
+                root,
+            },
+            Call::Barrier => Op::Barrier,
+            Call::Send { tensor, peer } => Op::Send {
+                buf: tensor.span(),
                 peer,
             },
-            owners([t]),
-            opts,
-        )
-    }
-
-    fn recv(&self, t: &Tensor, peer: usize, opts: &OpOptions) -> Result<Work> {
-        self.issue(
-            Op::Recv {
-                buf: t.span(),
+            Call::Recv { tensor, peer } => Op::Recv {
+                buf: tensor.span(),
                 peer,
             },
-            owners([t]),
-            opts,
-        )
-    }
-
-    fn batch_p2p(&self, ops: &[P2POp], opts: &OpOptions) -> Result<Work> {
-        let p2p = ops
-            .iter()
-            .map(|o| match o {
-                P2POp::Send { tensor, peer } => P2p::Send {
-                    buf: tensor.span(),
-                    peer: *peer,
-                },
-                P2POp::Recv { tensor, peer } => P2p::Recv {
-                    buf: tensor.span(),
-                    peer: *peer,
-                },
-            })
-            .collect();
-        self.issue(
-            Op::Batch { ops: p2p },
-            owners(ops.iter().map(P2POp::tensor)),
-            opts,
-        )
+            Call::Batch { ops } => Op::Batch {
+                ops: ops
+                    .iter()
+                    .map(|o| match o {
+                        P2POp::Send { tensor, peer } => P2p::Send {
+                            buf: tensor.span(),
+                            peer: *peer,
+                        },
+                        P2POp::Recv { tensor, peer } => P2p::Recv {
+                            buf: tensor.span(),
+                            peer: *peer,
+                        },
+                    })
+                    .collect(),
+            },
+            other => {
+                return Err(Error::NotImplemented {
+                    what: format!("{other:?}"),
+                    comm: self.comm.name().into(),
+                })
+            }
+        };
+        self.issue(op, keep, opts)
     }
 
     fn split(

@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use ctran::bootstrap::Store;
-use ctran::cuda::{Context, Event, RawStream, Stream};
+use torchcomms_core::bootstrap::Store;
+use torchcomms_cuda::{Context, Event, RawStream, Stream};
 
 use crate::error::NcclError;
 use crate::sys::{self, ncclComm_t, ncclResult_t, Nccl};
@@ -138,7 +138,7 @@ impl Shared {
         self.seq.fetch_add(1, Ordering::Relaxed)
     }
 
-    pub(crate) fn cuda(&self, op: &str, source: ctran::cuda::CudaError) -> NcclError {
+    pub(crate) fn cuda(&self, op: &str, source: torchcomms_cuda::CudaError) -> NcclError {
         NcclError::Cuda {
             op: op.into(),
             rank: self.rank,

@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use ctran::cuda::CudaError;
 use torchcomms::ErrorKind;
+use torchcomms_cuda::CudaError;
 
 /// What can go wrong in the `nccl` backend.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -80,7 +80,7 @@ pub enum NcclError {
         rank: usize,
         /// The store's error.
         #[source]
-        source: Box<ctran::Error>,
+        source: Box<torchcomms_core::Error>,
     },
     /// Something this backend does not do.
     #[error("nccl backend: {0}")]

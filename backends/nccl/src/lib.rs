@@ -21,7 +21,7 @@
 //! ## Native libraries
 //! `libnccl.so.2` from `NCCL_LIB_PATH` (a file or folder), `LD_LIBRARY_PATH`, `CUDA_HOME`, or
 //! PyTorch's wheels (`site-packages/nvidia/nccl/lib`); the CUDA driver (`libcuda.so.1`); NVRTC
-//! only for the bitwise reductions NCCL lacks (see [`ctran::cuda`]). Nothing is needed at build
+//! only for the bitwise reductions NCCL lacks (see [`torchcomms_cuda`]). Nothing is needed at build
 //! time: without them, creating a communicator fails with an error that says what was searched.
 //!
 //! ## Semantics (ProcessGroupNCCL's)
@@ -35,7 +35,7 @@
 //! the other ranks through the store; every later call fails with that error.
 //!
 //! Reductions NCCL lacks (band, bor, bxor; xor on bool) run as an all-gather (or all-to-all)
-//! plus ctran's NVRTC-compiled kernels. all_gather_v and reduce_scatter_v are grouped
+//! plus the project's NVRTC-compiled kernels (`torchcomms_cuda`). all_gather_v and reduce_scatter_v are grouped
 //! broadcasts and reduces; all_to_all_v, scatter and gather are grouped send/recv.
 //!
 //! ## Thread safety and cleanup
@@ -45,7 +45,9 @@
 
 mod backend;
 mod comm;
+mod enqueue;
 pub mod error;
+mod ops;
 mod sys;
 mod work;
 

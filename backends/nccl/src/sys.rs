@@ -9,7 +9,7 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use ctran::cuda::libs;
+use torchcomms_cuda::libs;
 
 use crate::error::NcclError;
 
@@ -168,7 +168,7 @@ pub(crate) struct Nccl {
 }
 
 /// Loads NCCL once: `NCCL_LIB_PATH` (a file or folder), then the usual folders (see
-/// [`ctran::cuda::libs`]), then the system loader.
+/// [`torchcomms_cuda::libs`]), then the system loader.
 pub(crate) fn nccl() -> Result<&'static Nccl, NcclError> {
     static NCCL: OnceLock<Result<Nccl, NcclError>> = OnceLock::new();
     NCCL.get_or_init(load).as_ref().map_err(Clone::clone)

@@ -18,8 +18,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
-use ctran::cuda::{Event, RawStream};
 use torchcomms::{Error, Result, WorkHandle, WorkStatus};
+use torchcomms_cuda::{Event, RawStream};
 
 use crate::comm::Shared;
 use crate::error::NcclError;
@@ -93,7 +93,7 @@ fn run(s: &Shared, rx: &Receiver<Msg>) {
         tracing::error!("watchdog: {e}");
     }
     // The user may capture a CUDA graph (global mode) while we poll events: stay exempt.
-    if let Err(e) = ctran::cuda::relax_capture_mode_for_this_thread() {
+    if let Err(e) = torchcomms_cuda::relax_capture_mode_for_this_thread() {
         tracing::warn!("watchdog: cannot relax the stream capture mode: {e}");
     }
     let mut queue: VecDeque<Pending> = VecDeque::new();

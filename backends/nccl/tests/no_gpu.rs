@@ -4,10 +4,10 @@
 
 use std::sync::Arc;
 
-use ctran::bootstrap::HashStore;
-use ctran::cuda::{self, Context, DeviceBuffer, RawStream, ReduceKernels};
-use ctran::{DataType, Device, ReduceOp};
 use torchcomms::{new_comm, CommOptions, ErrorKind};
+use torchcomms_core::bootstrap::HashStore;
+use torchcomms_core::{DataType, Device, ReduceOp};
+use torchcomms_cuda::{self as cuda, Context, DeviceBuffer, RawStream, ReduceKernels};
 use torchcomms_nccl as _;
 
 fn one_rank_options() -> CommOptions {

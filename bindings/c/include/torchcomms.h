@@ -67,6 +67,10 @@ typedef enum tc_status_t {
   TC_ERR_INTERNAL = 5,
 } tc_status_t;
 
+// A persistent all-gather (from `tc_all_gather_p_init`): the output every
+// `tc_all_gather_p_exec` fills; release it with `tc_all_gather_p_free`.
+typedef struct tc_all_gather_p_t tc_all_gather_p_t;
+
 // A communicator (from `tc_comm_create`, `tc_comm_create_from_env` or `tc_comm_split`);
 // release it with `tc_comm_destroy`.
 typedef struct tc_comm_t tc_comm_t;
@@ -79,9 +83,6 @@ typedef struct tc_store_t tc_store_t;
 // `tc_work_free`.
 typedef struct tc_work_t tc_work_t;
 
-// Element type of a buffer: one of the `TC_<TYPE>` constants.
-typedef int32_t tc_dtype_t;
-
 // Kind of device memory: one of the `TC_DEVICE_<KIND>` constants.
 typedef int32_t tc_device_type_t;
 
@@ -93,20 +94,6 @@ typedef struct tc_device_t {
   int32_t index;
 } tc_device_t;
 
-// A buffer of `count` elements of `dtype` at `data` on `device`: what every operation reads
-// or writes. Buffers are flat and contiguous. The memory belongs to the caller, who keeps it
-// valid (and leaves it alone) until the operation using it has completed.
-typedef struct tc_tensor_t {
-  // First element; may be NULL only when `count` is 0.
-  void *data;
-  // Number of elements.
-  size_t count;
-  // Element type (`TC_FLOAT32`...).
-  tc_dtype_t dtype;
-  // Where the memory lives.
-  struct tc_device_t device;
-} tc_tensor_t;
-
 // A backend hint: a key and a value, both NUL-terminated UTF-8.
 typedef struct tc_hint_t {
   // Hint name (`"algo"`).
@@ -114,19 +101,6 @@ typedef struct tc_hint_t {
   // Hint value (`"ring"`).
   const char *value;
 } tc_hint_t;
-
-// Options of one operation: fill them with `tc_op_options_init()`, then set fields. NULL
-// instead of options means the defaults.
-typedef struct tc_op_options_t {
-  // Timeout of this operation in seconds; 0 uses the communicator's.
-  double timeout_seconds;
-  // `num_hints` backend hints for this call (may be NULL when `num_hints` is 0).
-  const struct tc_hint_t *hints;
-  // Number of entries of `hints`.
-  size_t num_hints;
-  // The factor of `TC_PREMUL_SUM` (ignored by other reduce ops).
-  double premul_sum_factor;
-} tc_op_options_t;
 
 // Options of a communicator: fill them with `tc_comm_options_init()`, then set fields. NULL
 // instead of options means the defaults.
@@ -146,8 +120,35 @@ typedef struct tc_comm_options_t {
 // Where asynchronous work stands: one of the `TC_WORK_<STATE>` constants.
 typedef int32_t tc_work_status_t;
 
-// Reduction operator: one of the `TC_<OP>` constants.
-typedef int32_t tc_reduce_op_t;
+// Element type of a buffer: one of the `TC_<TYPE>` constants.
+typedef int32_t tc_dtype_t;
+
+// A buffer of `count` elements of `dtype` at `data` on `device`: what every operation reads
+// or writes. Buffers are flat and contiguous. The memory belongs to the caller, who keeps it
+// valid (and leaves it alone) until the operation using it has completed.
+typedef struct tc_tensor_t {
+  // First element; may be NULL only when `count` is 0.
+  void *data;
+  // Number of elements.
+  size_t count;
+  // Element type (`TC_FLOAT32`...).
+  tc_dtype_t dtype;
+  // Where the memory lives.
+  struct tc_device_t device;
+} tc_tensor_t;
+
+// Options of one operation: fill them with `tc_op_options_init()`, then set fields. NULL
+// instead of options means the defaults.
+typedef struct tc_op_options_t {
+  // Timeout of this operation in seconds; 0 uses the communicator's.
+  double timeout_seconds;
+  // `num_hints` backend hints for this call (may be NULL when `num_hints` is 0).
+  const struct tc_hint_t *hints;
+  // Number of entries of `hints`.
+  size_t num_hints;
+  // The factor of `TC_PREMUL_SUM` (ignored by other reduce ops).
+  double premul_sum_factor;
+} tc_op_options_t;
 
 // Kind of a point-to-point operation in a batch: `TC_P2P_SEND` or `TC_P2P_RECV`.
 typedef int32_t tc_p2p_kind_t;
@@ -161,6 +162,9 @@ typedef struct tc_p2p_op_t {
   // The data sent, or the buffer received into.
   struct tc_tensor_t tensor;
 } tc_p2p_op_t;
+
+// Reduction operator: one of the `TC_<OP>` constants.
+typedef int32_t tc_reduce_op_t;
 
 // IEEE 754 half precision (2 bytes).
 #define TC_FLOAT16 0
@@ -247,134 +251,6 @@ typedef struct tc_p2p_op_t {
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
-
-// The calling thread's message for the last call that failed, or "" when its last call
-// succeeded. The string stays valid until this thread calls the library again; copy it to
-// keep it. Never NULL.
-const char *tc_last_error(void);
-
-// A short static description of a status code ("invalid argument"); "unknown status" for
-// values that are not a `tc_status_t`. Never NULL.
-const char *tc_status_string(int32_t status);
-
-// Stores the library's version ("0.1.0", static) in `*version`.
-//
-// # Safety
-// `version` is NULL or valid for writing a pointer.
-enum tc_status_t tc_version(const char **version);
-
-// Stores the library's version numbers (compare with `TC_VERSION_MAJOR`... of the header).
-//
-// # Safety
-// Each pointer is NULL or valid for writing an `int32_t`.
-enum tc_status_t tc_version_numbers(int32_t *major, int32_t *minor, int32_t *patch);
-
-// Stores the names of the backends this build has, comma-separated and sorted ("ctran"), in
-// `*names` (a static string).
-//
-// # Safety
-// `names` is NULL or valid for writing a pointer.
-enum tc_status_t tc_backends(const char **names);
-
-// Stores the names of the transports this build has, comma-separated ("socket,shm,nvl"), in `*names`
-// (a static string).
-//
-// # Safety
-// `names` is NULL or valid for writing a pointer.
-enum tc_status_t tc_transports(const char **names);
-
-// Stores in `*available` whether backend `name` is in this build.
-//
-// # Safety
-// `name` is NULL or a NUL-terminated string; `available` NULL or valid for writing a bool.
-enum tc_status_t tc_has_backend(const char *name, bool *available);
-
-// Stores in `*available` whether transport `name` ("socket", "shm") is in this build.
-//
-// # Safety
-// `name` is NULL or a NUL-terminated string; `available` NULL or valid for writing a bool.
-enum tc_status_t tc_has_transport(const char *name, bool *available);
-
-// A host buffer descriptor: `count` elements of `dtype` at `data` on the CPU.
-struct tc_tensor_t tc_cpu_tensor(void *data, size_t count, tc_dtype_t dtype);
-
-// Fills `*options` with the defaults: the communicator's timeout, no hints, premul factor 1.
-//
-// # Safety
-// `options` is NULL or valid for writing a `tc_op_options_t`.
-enum tc_status_t tc_op_options_init(struct tc_op_options_t *options);
-
-// Fills `*options` with the defaults: timeout and abort behaviour from the environment
-// (`TORCHCOMM_TIMEOUT_SECONDS`, `TORCHCOMM_ABORT_ON_ERROR`), no hints.
-//
-// # Safety
-// `options` is NULL or valid for writing a `tc_comm_options_t`.
-enum tc_status_t tc_comm_options_init(struct tc_comm_options_t *options);
-
-// Connects to the TCP store at `host:port` (the torch.distributed.TCPStore protocol, so a
-// store served by torchrun or PyTorch works too). With `is_server`, first serves one on
-// `port` on every interface (`port` 0 picks a free port: read it with `tc_store_port`).
-// Connecting retries until `timeout_seconds` (0: `TORCHCOMM_TIMEOUT_SECONDS`, default 600).
-//
-// A communicator created from the store keeps it (and its server) alive until the
-// communicator is destroyed, so `tc_store_destroy` may follow `tc_comm_create` at once.
-//
-// # Safety
-// `host` is NULL or a NUL-terminated string; `store` NULL or valid for writing a pointer.
-enum tc_status_t tc_store_create(const char *host,
-                                 uint16_t port,
-                                 bool is_server,
-                                 double timeout_seconds,
-                                 struct tc_store_t **store);
-
-// Stores the store's TCP port in `*port` (the bound one when it was served on port 0).
-//
-// # Safety
-// `store` is NULL or a live store handle; `port` NULL or valid for writing a `uint16_t`.
-enum tc_status_t tc_store_port(struct tc_store_t *store, uint16_t *port);
-
-// Sets `key` to the `len` bytes at `value`.
-//
-// # Safety
-// `store` NULL or a live store handle; `key` NULL or a NUL-terminated string; `value` NULL or
-// valid for reading `len` bytes.
-enum tc_status_t tc_store_set(struct tc_store_t *store,
-                              const char *key,
-                              const void *value,
-                              size_t len);
-
-// Gets the value of `key`, waiting up to `timeout_seconds` (0: the store's timeout) for
-// another rank to set it. Stores its length in `*len` and, when it fits in `capacity` bytes,
-// copies it to `buffer`; else returns `TC_ERR_INVALID_ARGUMENT` (call again with a buffer of
-// `*len` bytes).
-//
-// # Safety
-// `store` NULL or a live store handle; `key` NULL or a NUL-terminated string; `buffer` NULL
-// or valid for writing `capacity` bytes; `len` NULL or valid for writing a `size_t`.
-enum tc_status_t tc_store_get(struct tc_store_t *store,
-                              const char *key,
-                              double timeout_seconds,
-                              void *buffer,
-                              size_t capacity,
-                              size_t *len);
-
-// Atomically adds `delta` to the integer at `key` (missing: 0) and stores the result in
-// `*value` (may be NULL).
-//
-// # Safety
-// `store` NULL or a live store handle; `key` NULL or a NUL-terminated string; `value` NULL or
-// valid for writing an `int64_t`.
-enum tc_status_t tc_store_add(struct tc_store_t *store,
-                              const char *key,
-                              int64_t delta,
-                              int64_t *value);
-
-// Releases the store handle (NULL is a no-op). Communicators created from it keep the
-// connection, and the server, until they are destroyed.
-//
-// # Safety
-// `store` is NULL or a live store handle not used afterwards (nor concurrently).
-enum tc_status_t tc_store_destroy(struct tc_store_t *store);
 
 // Creates a communicator on `backend` ("ctran") for `device`, named `name`. A collective:
 // every rank calls it. `rank` and `size` are this rank and the number of ranks, or
@@ -519,229 +395,85 @@ enum tc_status_t tc_work_status(struct tc_work_t *work, tc_work_status_t *status
 // `work` is NULL or a live work handle not used afterwards (nor concurrently).
 enum tc_status_t tc_work_free(struct tc_work_t *work);
 
-// In-place all-reduce of `tensor` with `op`.
-//
-// # Safety
-// Pointers as in the conventions atop torchcomms.h; `tensor` as in `tc_tensor_t`.
-enum tc_status_t tc_all_reduce(struct tc_comm_t *comm,
-                               struct tc_tensor_t tensor,
-                               tc_reduce_op_t op,
-                               void *stream,
-                               const struct tc_op_options_t *options,
-                               struct tc_work_t **work);
+// The calling thread's message for the last call that failed, or "" when its last call
+// succeeded. The string stays valid until this thread calls the library again; copy it to
+// keep it. Never NULL.
+const char *tc_last_error(void);
 
-// Reduce of `tensor` with `op` onto rank `root`; other ranks' buffers are unchanged.
-//
-// # Safety
-// Pointers as in the conventions atop torchcomms.h; `tensor` as in `tc_tensor_t`.
-enum tc_status_t tc_reduce(struct tc_comm_t *comm,
-                           struct tc_tensor_t tensor,
-                           int32_t root,
-                           tc_reduce_op_t op,
-                           void *stream,
-                           const struct tc_op_options_t *options,
-                           struct tc_work_t **work);
+// A short static description of a status code ("invalid argument"); "unknown status" for
+// values that are not a `tc_status_t`. Never NULL.
+const char *tc_status_string(int32_t status);
 
-// Broadcast of rank `root`'s `tensor` into every rank's `tensor`.
+// Stores the library's version ("0.1.0", static) in `*version`.
 //
 // # Safety
-// Pointers as in the conventions atop torchcomms.h; `tensor` as in `tc_tensor_t`.
-enum tc_status_t tc_broadcast(struct tc_comm_t *comm,
-                              struct tc_tensor_t tensor,
-                              int32_t root,
-                              void *stream,
-                              const struct tc_op_options_t *options,
-                              struct tc_work_t **work);
+// `version` is NULL or valid for writing a pointer.
+enum tc_status_t tc_version(const char **version);
 
-// All-gather: every rank's `input` lands in `outputs[rank]` (one buffer per rank, each of
-// `input`'s count).
+// Stores the library's version numbers (compare with `TC_VERSION_MAJOR`... of the header).
 //
 // # Safety
-// Pointers as in the conventions atop torchcomms.h; `outputs` NULL or `num_outputs` descriptors.
-enum tc_status_t tc_all_gather(struct tc_comm_t *comm,
-                               const struct tc_tensor_t *outputs,
-                               size_t num_outputs,
-                               struct tc_tensor_t input,
-                               void *stream,
-                               const struct tc_op_options_t *options,
-                               struct tc_work_t **work);
+// Each pointer is NULL or valid for writing an `int32_t`.
+enum tc_status_t tc_version_numbers(int32_t *major, int32_t *minor, int32_t *patch);
 
-// All-gather where ranks contribute different counts: `outputs[r]` has rank r's count.
+// Stores the names of the backends this build has, comma-separated and sorted ("ctran"), in
+// `*names` (a static string).
 //
 // # Safety
-// As for `tc_all_gather`.
-enum tc_status_t tc_all_gather_v(struct tc_comm_t *comm,
-                                 const struct tc_tensor_t *outputs,
-                                 size_t num_outputs,
-                                 struct tc_tensor_t input,
-                                 void *stream,
-                                 const struct tc_op_options_t *options,
-                                 struct tc_work_t **work);
+// `names` is NULL or valid for writing a pointer.
+enum tc_status_t tc_backends(const char **names);
 
-// All-gather into one buffer of `size` blocks of `input`'s count, in rank order.
+// Stores the names of the transports this build has, comma-separated ("socket,shm,nvl"), in `*names`
+// (a static string).
 //
 // # Safety
-// Pointers as in the conventions atop torchcomms.h; tensors as in `tc_tensor_t`.
-enum tc_status_t tc_all_gather_single(struct tc_comm_t *comm,
+// `names` is NULL or valid for writing a pointer.
+enum tc_status_t tc_transports(const char **names);
+
+// Stores in `*available` whether backend `name` is in this build.
+//
+// # Safety
+// `name` is NULL or a NUL-terminated string; `available` NULL or valid for writing a bool.
+enum tc_status_t tc_has_backend(const char *name, bool *available);
+
+// Stores in `*available` whether transport `name` ("socket", "shm") is in this build.
+//
+// # Safety
+// `name` is NULL or a NUL-terminated string; `available` NULL or valid for writing a bool.
+enum tc_status_t tc_has_transport(const char *name, bool *available);
+
+// A host buffer descriptor: `count` elements of `dtype` at `data` on the CPU.
+struct tc_tensor_t tc_cpu_tensor(void *data, size_t count, tc_dtype_t dtype);
+
+// Fills `*options` with the defaults: the communicator's timeout, no hints, premul factor 1.
+//
+// # Safety
+// `options` is NULL or valid for writing a `tc_op_options_t`.
+enum tc_status_t tc_op_options_init(struct tc_op_options_t *options);
+
+// Fills `*options` with the defaults: timeout and abort behaviour from the environment
+// (`TORCHCOMM_TIMEOUT_SECONDS`, `TORCHCOMM_ABORT_ON_ERROR`), no hints.
+//
+// # Safety
+// `options` is NULL or valid for writing a `tc_comm_options_t`.
+enum tc_status_t tc_comm_options_init(struct tc_comm_options_t *options);
+
+// Binds `output` (a buffer of `size` equal blocks) for `tc_all_gather_p_exec`, which gathers
+// every rank's input into it; stores the handle in `*handle` (release it with
+// `tc_all_gather_p_free`). Local: no rank waits for another.
+//
+// # Safety
+// Pointers as in the conventions atop torchcomms.h; `output` as in `tc_tensor_t`, valid until
+// the handle is freed and its last execution completed.
+enum tc_status_t tc_all_gather_p_init(struct tc_comm_t *comm,
                                       struct tc_tensor_t output,
-                                      struct tc_tensor_t input,
-                                      void *stream,
-                                      const struct tc_op_options_t *options,
-                                      struct tc_work_t **work);
+                                      struct tc_all_gather_p_t **handle);
 
-// Reduce-scatter: `inputs[r]` of every rank, reduced with `op`, lands in rank r's `output`
-// (one input per rank, each of `output`'s count).
+// Releases a handle of `tc_all_gather_p_init` (NULL is a no-op).
 //
 // # Safety
-// Pointers as in the conventions atop torchcomms.h; `inputs` NULL or `num_inputs` descriptors.
-enum tc_status_t tc_reduce_scatter(struct tc_comm_t *comm,
-                                   struct tc_tensor_t output,
-                                   const struct tc_tensor_t *inputs,
-                                   size_t num_inputs,
-                                   tc_reduce_op_t op,
-                                   void *stream,
-                                   const struct tc_op_options_t *options,
-                                   struct tc_work_t **work);
-
-// Reduce-scatter where blocks differ in count: `inputs[r]` has rank r's output count.
-//
-// # Safety
-// As for `tc_reduce_scatter`.
-enum tc_status_t tc_reduce_scatter_v(struct tc_comm_t *comm,
-                                     struct tc_tensor_t output,
-                                     const struct tc_tensor_t *inputs,
-                                     size_t num_inputs,
-                                     tc_reduce_op_t op,
-                                     void *stream,
-                                     const struct tc_op_options_t *options,
-                                     struct tc_work_t **work);
-
-// Reduce-scatter of one buffer of `size` blocks of `output`'s count: block r, reduced over
-// ranks with `op`, lands in rank r's `output`.
-//
-// # Safety
-// Pointers as in the conventions atop torchcomms.h; tensors as in `tc_tensor_t`.
-enum tc_status_t tc_reduce_scatter_single(struct tc_comm_t *comm,
-                                          struct tc_tensor_t output,
-                                          struct tc_tensor_t input,
-                                          tc_reduce_op_t op,
-                                          void *stream,
-                                          const struct tc_op_options_t *options,
-                                          struct tc_work_t **work);
-
-// All-to-all of buffer lists: `inputs[r]` goes to rank r, which receives it in its
-// `outputs[this rank]` (counts may differ per pair).
-//
-// # Safety
-// Pointers as in the conventions atop torchcomms.h; `outputs`, `inputs` NULL or that many descriptors.
-enum tc_status_t tc_all_to_all(struct tc_comm_t *comm,
-                               const struct tc_tensor_t *outputs,
-                               size_t num_outputs,
-                               const struct tc_tensor_t *inputs,
-                               size_t num_inputs,
-                               void *stream,
-                               const struct tc_op_options_t *options,
-                               struct tc_work_t **work);
-
-// All-to-all of one buffer split into `size` equal blocks: block r goes to rank r.
-//
-// # Safety
-// Pointers as in the conventions atop torchcomms.h; tensors as in `tc_tensor_t`.
-enum tc_status_t tc_all_to_all_single(struct tc_comm_t *comm,
-                                      struct tc_tensor_t output,
-                                      struct tc_tensor_t input,
-                                      void *stream,
-                                      const struct tc_op_options_t *options,
-                                      struct tc_work_t **work);
-
-// All-to-all with explicit split sizes, in elements (buffers are flat): `input_split_sizes[r]`
-// elements go to rank r, `output_split_sizes[r]` arrive from it. Each array has one entry per
-// rank.
-//
-// # Safety
-// Pointers as in the conventions atop torchcomms.h; the split arrays NULL or that many `size_t`s.
-enum tc_status_t tc_all_to_all_v_single(struct tc_comm_t *comm,
-                                        struct tc_tensor_t output,
-                                        struct tc_tensor_t input,
-                                        const size_t *output_split_sizes,
-                                        size_t num_output_splits,
-                                        const size_t *input_split_sizes,
-                                        size_t num_input_splits,
-                                        void *stream,
-                                        const struct tc_op_options_t *options,
-                                        struct tc_work_t **work);
-
-// Scatter: `inputs[r]` of rank `root` lands in rank r's `output`. `inputs` is read on `root`
-// only (elsewhere it may be NULL with `num_inputs` 0).
-//
-// # Safety
-// Pointers as in the conventions atop torchcomms.h; `inputs` NULL or `num_inputs` descriptors.
-enum tc_status_t tc_scatter(struct tc_comm_t *comm,
-                            struct tc_tensor_t output,
-                            const struct tc_tensor_t *inputs,
-                            size_t num_inputs,
-                            int32_t root,
-                            void *stream,
-                            const struct tc_op_options_t *options,
-                            struct tc_work_t **work);
-
-// Gather: rank r's `input` lands in `outputs[r]` of rank `root`. `outputs` is written on
-// `root` only (elsewhere it may be NULL with `num_outputs` 0).
-//
-// # Safety
-// Pointers as in the conventions atop torchcomms.h; `outputs` NULL or `num_outputs` descriptors.
-enum tc_status_t tc_gather(struct tc_comm_t *comm,
-                           const struct tc_tensor_t *outputs,
-                           size_t num_outputs,
-                           struct tc_tensor_t input,
-                           int32_t root,
-                           void *stream,
-                           const struct tc_op_options_t *options,
-                           struct tc_work_t **work);
-
-// Gather into one buffer of `size` blocks of `input`'s count on rank `root`. `output` is
-// written on `root` only (elsewhere pass an empty buffer: `tc_cpu_tensor(NULL, 0, dtype)`).
-//
-// # Safety
-// Pointers as in the conventions atop torchcomms.h; tensors as in `tc_tensor_t`.
-enum tc_status_t tc_gather_single(struct tc_comm_t *comm,
-                                  struct tc_tensor_t output,
-                                  struct tc_tensor_t input,
-                                  int32_t root,
-                                  void *stream,
-                                  const struct tc_op_options_t *options,
-                                  struct tc_work_t **work);
-
-// Barrier: returns (or completes) once every rank reached it.
-//
-// # Safety
-// Pointers as in the conventions atop torchcomms.h.
-enum tc_status_t tc_barrier(struct tc_comm_t *comm,
-                            void *stream,
-                            const struct tc_op_options_t *options,
-                            struct tc_work_t **work);
-
-// Sends `tensor` to rank `dst` (which posts a matching `tc_recv`).
-//
-// # Safety
-// Pointers as in the conventions atop torchcomms.h; `tensor` as in `tc_tensor_t`.
-enum tc_status_t tc_send(struct tc_comm_t *comm,
-                         struct tc_tensor_t tensor,
-                         int32_t dst,
-                         void *stream,
-                         const struct tc_op_options_t *options,
-                         struct tc_work_t **work);
-
-// Receives into `tensor` from rank `src` (which posts a matching `tc_send`).
-//
-// # Safety
-// Pointers as in the conventions atop torchcomms.h; `tensor` as in `tc_tensor_t`.
-enum tc_status_t tc_recv(struct tc_comm_t *comm,
-                         struct tc_tensor_t tensor,
-                         int32_t src,
-                         void *stream,
-                         const struct tc_op_options_t *options,
-                         struct tc_work_t **work);
+// `handle` is NULL or a live handle not used afterwards (nor concurrently).
+enum tc_status_t tc_all_gather_p_free(struct tc_all_gather_p_t *handle);
 
 // Runs `num_ops` sends and receives concurrently (deadlock-free exchanges, e.g. a ring
 // shift).
@@ -755,6 +487,327 @@ enum tc_status_t tc_batch_p2p(struct tc_comm_t *comm,
                               void *stream,
                               const struct tc_op_options_t *options,
                               struct tc_work_t **work);
+
+// Connects to the TCP store at `host:port` (the torch.distributed.TCPStore protocol, so a
+// store served by torchrun or PyTorch works too). With `is_server`, first serves one on
+// `port` on every interface (`port` 0 picks a free port: read it with `tc_store_port`).
+// Connecting retries until `timeout_seconds` (0: `TORCHCOMM_TIMEOUT_SECONDS`, default 600).
+//
+// A communicator created from the store keeps it (and its server) alive until the
+// communicator is destroyed, so `tc_store_destroy` may follow `tc_comm_create` at once.
+//
+// # Safety
+// `host` is NULL or a NUL-terminated string; `store` NULL or valid for writing a pointer.
+enum tc_status_t tc_store_create(const char *host,
+                                 uint16_t port,
+                                 bool is_server,
+                                 double timeout_seconds,
+                                 struct tc_store_t **store);
+
+// Stores the store's TCP port in `*port` (the bound one when it was served on port 0).
+//
+// # Safety
+// `store` is NULL or a live store handle; `port` NULL or valid for writing a `uint16_t`.
+enum tc_status_t tc_store_port(struct tc_store_t *store, uint16_t *port);
+
+// Sets `key` to the `len` bytes at `value`.
+//
+// # Safety
+// `store` NULL or a live store handle; `key` NULL or a NUL-terminated string; `value` NULL or
+// valid for reading `len` bytes.
+enum tc_status_t tc_store_set(struct tc_store_t *store,
+                              const char *key,
+                              const void *value,
+                              size_t len);
+
+// Gets the value of `key`, waiting up to `timeout_seconds` (0: the store's timeout) for
+// another rank to set it. Stores its length in `*len` and, when it fits in `capacity` bytes,
+// copies it to `buffer`; else returns `TC_ERR_INVALID_ARGUMENT` (call again with a buffer of
+// `*len` bytes).
+//
+// # Safety
+// `store` NULL or a live store handle; `key` NULL or a NUL-terminated string; `buffer` NULL
+// or valid for writing `capacity` bytes; `len` NULL or valid for writing a `size_t`.
+enum tc_status_t tc_store_get(struct tc_store_t *store,
+                              const char *key,
+                              double timeout_seconds,
+                              void *buffer,
+                              size_t capacity,
+                              size_t *len);
+
+// Atomically adds `delta` to the integer at `key` (missing: 0) and stores the result in
+// `*value` (may be NULL).
+//
+// # Safety
+// `store` NULL or a live store handle; `key` NULL or a NUL-terminated string; `value` NULL or
+// valid for writing an `int64_t`.
+enum tc_status_t tc_store_add(struct tc_store_t *store,
+                              const char *key,
+                              int64_t delta,
+                              int64_t *value);
+
+// Releases the store handle (NULL is a no-op). Communicators created from it keep the
+// connection, and the server, until they are destroyed.
+//
+// # Safety
+// `store` is NULL or a live store handle not used afterwards (nor concurrently).
+enum tc_status_t tc_store_destroy(struct tc_store_t *store);
+
+// Sends `tensor` to rank `dst`.
+//
+// # Safety
+// Pointers as in the conventions atop torchcomms.h; tensors as in `tc_tensor_t`; a
+// list or split-size array NULL or holding its `_len` count of elements.
+enum tc_status_t tc_send(struct tc_comm_t *comm,
+                         struct tc_tensor_t tensor,
+                         int32_t dst,
+                         void *stream,
+                         const struct tc_op_options_t *options,
+                         struct tc_work_t **work);
+
+// Receives into `tensor` from rank `src`.
+//
+// # Safety
+// Pointers as in the conventions atop torchcomms.h; tensors as in `tc_tensor_t`; a
+// list or split-size array NULL or holding its `_len` count of elements.
+enum tc_status_t tc_recv(struct tc_comm_t *comm,
+                         struct tc_tensor_t tensor,
+                         int32_t src,
+                         void *stream,
+                         const struct tc_op_options_t *options,
+                         struct tc_work_t **work);
+
+// Broadcasts `root`'s `tensor` to every rank, in place.
+//
+// # Safety
+// Pointers as in the conventions atop torchcomms.h; tensors as in `tc_tensor_t`; a
+// list or split-size array NULL or holding its `_len` count of elements.
+enum tc_status_t tc_broadcast(struct tc_comm_t *comm,
+                              struct tc_tensor_t tensor,
+                              int32_t root,
+                              void *stream,
+                              const struct tc_op_options_t *options,
+                              struct tc_work_t **work);
+
+// Reduces `tensor` over every rank with `op`, in place.
+//
+// # Safety
+// Pointers as in the conventions atop torchcomms.h; tensors as in `tc_tensor_t`; a
+// list or split-size array NULL or holding its `_len` count of elements.
+enum tc_status_t tc_all_reduce(struct tc_comm_t *comm,
+                               struct tc_tensor_t tensor,
+                               tc_reduce_op_t op,
+                               void *stream,
+                               const struct tc_op_options_t *options,
+                               struct tc_work_t **work);
+
+// Reduces `tensor` with `op` onto `root`; other ranks' tensors are left unchanged.
+//
+// # Safety
+// Pointers as in the conventions atop torchcomms.h; tensors as in `tc_tensor_t`; a
+// list or split-size array NULL or holding its `_len` count of elements.
+enum tc_status_t tc_reduce(struct tc_comm_t *comm,
+                           struct tc_tensor_t tensor,
+                           int32_t root,
+                           tc_reduce_op_t op,
+                           void *stream,
+                           const struct tc_op_options_t *options,
+                           struct tc_work_t **work);
+
+// Gathers every rank's `tensor` into `tensor_list` (one tensor per rank, equal sizes).
+//
+// # Safety
+// Pointers as in the conventions atop torchcomms.h; tensors as in `tc_tensor_t`; a
+// list or split-size array NULL or holding its `_len` count of elements.
+enum tc_status_t tc_all_gather(struct tc_comm_t *comm,
+                               const struct tc_tensor_t *tensor_list,
+                               size_t tensor_list_len,
+                               struct tc_tensor_t tensor,
+                               void *stream,
+                               const struct tc_op_options_t *options,
+                               struct tc_work_t **work);
+
+// Like `all_gather`, where ranks contribute different sizes: `tensor_list[rank]`
+// matches `tensor`.
+//
+// # Safety
+// Pointers as in the conventions atop torchcomms.h; tensors as in `tc_tensor_t`; a
+// list or split-size array NULL or holding its `_len` count of elements.
+enum tc_status_t tc_all_gather_v(struct tc_comm_t *comm,
+                                 const struct tc_tensor_t *tensor_list,
+                                 size_t tensor_list_len,
+                                 struct tc_tensor_t tensor,
+                                 void *stream,
+                                 const struct tc_op_options_t *options,
+                                 struct tc_work_t **work);
+
+// Gathers every rank's `input` into `output` (size blocks of `input`'s elements, in
+// rank order).
+//
+// # Safety
+// Pointers as in the conventions atop torchcomms.h; tensors as in `tc_tensor_t`; a
+// list or split-size array NULL or holding its `_len` count of elements.
+enum tc_status_t tc_all_gather_single(struct tc_comm_t *comm,
+                                      struct tc_tensor_t output,
+                                      struct tc_tensor_t input,
+                                      void *stream,
+                                      const struct tc_op_options_t *options,
+                                      struct tc_work_t **work);
+
+// Reduces `input_list` (one tensor per rank, equal sizes) over every rank with `op`;
+// this rank gets block `rank` in `output`.
+//
+// # Safety
+// Pointers as in the conventions atop torchcomms.h; tensors as in `tc_tensor_t`; a
+// list or split-size array NULL or holding its `_len` count of elements.
+enum tc_status_t tc_reduce_scatter(struct tc_comm_t *comm,
+                                   struct tc_tensor_t output,
+                                   const struct tc_tensor_t *input_list,
+                                   size_t input_list_len,
+                                   tc_reduce_op_t op,
+                                   void *stream,
+                                   const struct tc_op_options_t *options,
+                                   struct tc_work_t **work);
+
+// Like `reduce_scatter`, where blocks differ in size: `input_list[rank]` matches
+// `output`.
+//
+// # Safety
+// Pointers as in the conventions atop torchcomms.h; tensors as in `tc_tensor_t`; a
+// list or split-size array NULL or holding its `_len` count of elements.
+enum tc_status_t tc_reduce_scatter_v(struct tc_comm_t *comm,
+                                     struct tc_tensor_t output,
+                                     const struct tc_tensor_t *input_list,
+                                     size_t input_list_len,
+                                     tc_reduce_op_t op,
+                                     void *stream,
+                                     const struct tc_op_options_t *options,
+                                     struct tc_work_t **work);
+
+// Reduces `input` (size blocks of `output`'s elements) over every rank with `op`;
+// this rank gets block `rank` in `output`.
+//
+// # Safety
+// Pointers as in the conventions atop torchcomms.h; tensors as in `tc_tensor_t`; a
+// list or split-size array NULL or holding its `_len` count of elements.
+enum tc_status_t tc_reduce_scatter_single(struct tc_comm_t *comm,
+                                          struct tc_tensor_t output,
+                                          struct tc_tensor_t input,
+                                          tc_reduce_op_t op,
+                                          void *stream,
+                                          const struct tc_op_options_t *options,
+                                          struct tc_work_t **work);
+
+// Sends block `j` of `input` (size equal blocks) to rank `j`; block `i` of `output`
+// comes from rank `i`.
+//
+// # Safety
+// Pointers as in the conventions atop torchcomms.h; tensors as in `tc_tensor_t`; a
+// list or split-size array NULL or holding its `_len` count of elements.
+enum tc_status_t tc_all_to_all_single(struct tc_comm_t *comm,
+                                      struct tc_tensor_t output,
+                                      struct tc_tensor_t input,
+                                      void *stream,
+                                      const struct tc_op_options_t *options,
+                                      struct tc_work_t **work);
+
+// All-to-all with split sizes counted in rows of dimension 0: `input_split_sizes[j]`
+// rows go to rank `j`, `output_split_sizes[i]` rows come from rank `i`.
+//
+// # Safety
+// Pointers as in the conventions atop torchcomms.h; tensors as in `tc_tensor_t`; a
+// list or split-size array NULL or holding its `_len` count of elements.
+enum tc_status_t tc_all_to_all_v_single(struct tc_comm_t *comm,
+                                        struct tc_tensor_t output,
+                                        struct tc_tensor_t input,
+                                        const size_t *output_split_sizes,
+                                        size_t output_split_sizes_len,
+                                        const size_t *input_split_sizes,
+                                        size_t input_split_sizes_len,
+                                        void *stream,
+                                        const struct tc_op_options_t *options,
+                                        struct tc_work_t **work);
+
+// `input_tensor_list[j]` goes to rank `j`; `output_tensor_list[i]` comes from rank `i`.
+//
+// # Safety
+// Pointers as in the conventions atop torchcomms.h; tensors as in `tc_tensor_t`; a
+// list or split-size array NULL or holding its `_len` count of elements.
+enum tc_status_t tc_all_to_all(struct tc_comm_t *comm,
+                               const struct tc_tensor_t *output_tensor_list,
+                               size_t output_tensor_list_len,
+                               const struct tc_tensor_t *input_tensor_list,
+                               size_t input_tensor_list_len,
+                               void *stream,
+                               const struct tc_op_options_t *options,
+                               struct tc_work_t **work);
+
+// Returns once every rank has entered the barrier.
+//
+// # Safety
+// Pointers as in the conventions atop torchcomms.h; tensors as in `tc_tensor_t`; a
+// list or split-size array NULL or holding its `_len` count of elements.
+enum tc_status_t tc_barrier(struct tc_comm_t *comm,
+                            void *stream,
+                            const struct tc_op_options_t *options,
+                            struct tc_work_t **work);
+
+// Scatters `root`'s `input_tensor_list` (one tensor per rank) into every rank's
+// `output_tensor`; other ranks may pass an empty list.
+//
+// # Safety
+// Pointers as in the conventions atop torchcomms.h; tensors as in `tc_tensor_t`; a
+// list or split-size array NULL or holding its `_len` count of elements.
+enum tc_status_t tc_scatter(struct tc_comm_t *comm,
+                            struct tc_tensor_t output_tensor,
+                            const struct tc_tensor_t *input_tensor_list,
+                            size_t input_tensor_list_len,
+                            int32_t root,
+                            void *stream,
+                            const struct tc_op_options_t *options,
+                            struct tc_work_t **work);
+
+// Gathers every rank's `input_tensor` into `root`'s `output_tensor_list` (one tensor
+// per rank); other ranks may pass an empty list.
+//
+// # Safety
+// Pointers as in the conventions atop torchcomms.h; tensors as in `tc_tensor_t`; a
+// list or split-size array NULL or holding its `_len` count of elements.
+enum tc_status_t tc_gather(struct tc_comm_t *comm,
+                           const struct tc_tensor_t *output_tensor_list,
+                           size_t output_tensor_list_len,
+                           struct tc_tensor_t input_tensor,
+                           int32_t root,
+                           void *stream,
+                           const struct tc_op_options_t *options,
+                           struct tc_work_t **work);
+
+// Gathers every rank's `input` into `root`'s `output` (size blocks of `input`'s
+// elements, in rank order).
+//
+// # Safety
+// Pointers as in the conventions atop torchcomms.h; tensors as in `tc_tensor_t`; a
+// list or split-size array NULL or holding its `_len` count of elements.
+enum tc_status_t tc_gather_single(struct tc_comm_t *comm,
+                                  struct tc_tensor_t output,
+                                  struct tc_tensor_t input,
+                                  int32_t root,
+                                  void *stream,
+                                  const struct tc_op_options_t *options,
+                                  struct tc_work_t **work);
+
+// Gathers every rank's `input` into the output bound by `all_gather_p_init` (size
+// blocks of `input`'s elements, in rank order).
+//
+// # Safety
+// Pointers as in the conventions atop torchcomms.h; tensors as in `tc_tensor_t`; a
+// list or split-size array NULL or holding its `_len` count of elements.
+enum tc_status_t tc_all_gather_p_exec(struct tc_comm_t *comm,
+                                      struct tc_all_gather_p_t *handle,
+                                      struct tc_tensor_t input,
+                                      void *stream,
+                                      const struct tc_op_options_t *options,
+                                      struct tc_work_t **work);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -7,8 +7,8 @@
 use std::ffi::CString;
 use std::sync::{Arc, OnceLock};
 
-use ctran::bootstrap::tcp_store::TcpStore;
-use torchcomms::{TorchComm, Work};
+use torchcomms::{AllGatherP, TorchComm, Work};
+use torchcomms_core::bootstrap::tcp_store::TcpStore;
 
 /// A communicator (from `tc_comm_create`, `tc_comm_create_from_env` or `tc_comm_split`);
 /// release it with `tc_comm_destroy`.
@@ -40,6 +40,13 @@ impl tc_comm_t {
 #[derive(Debug)]
 pub struct tc_work_t {
     pub(crate) work: Work,
+}
+
+/// A persistent all-gather (from `tc_all_gather_p_init`): the output every
+/// `tc_all_gather_p_exec` fills; release it with `tc_all_gather_p_free`.
+#[derive(Debug)]
+pub struct tc_all_gather_p_t {
+    pub(crate) handle: AllGatherP,
 }
 
 /// A TCP key-value store (torch.distributed.TCPStore wire protocol) ranks bootstrap through;

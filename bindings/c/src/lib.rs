@@ -54,12 +54,12 @@ pub mod handles;
 pub mod status;
 pub mod types;
 
-pub use handles::{tc_comm_t, tc_store_t, tc_work_t};
+pub use handles::{tc_all_gather_p_t, tc_comm_t, tc_store_t, tc_work_t};
 pub use status::tc_status_t;
 pub use types::*;
 
 /// Transports the engine of this build can use (the socket transport today).
-pub const TRANSPORTS: &[&str] = ctran::transport::AVAILABLE;
+pub const TRANSPORTS: &[&str] = torchcomms_ctran::TRANSPORTS;
 
 /// Registers the backends this library links, by reference rather than only through link-time
 /// registration: a program linking the static library keeps only the objects it references,

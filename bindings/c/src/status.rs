@@ -106,8 +106,8 @@ impl From<torchcomms::Error> for CError {
     }
 }
 
-impl From<ctran::Error> for CError {
-    fn from(e: ctran::Error) -> Self {
+impl From<torchcomms_core::Error> for CError {
+    fn from(e: torchcomms_core::Error) -> Self {
         torchcomms::Error::Engine(e).into()
     }
 }

@@ -8,7 +8,8 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
-use crate::comm::{no_allocator, Backend, CommCore, Hints, NativeComm, PyTorchComm};
+use crate::comm::{no_allocator, Hints, PyTorchComm};
+use crate::core::{Backend, CommCore, NativeComm};
 use crate::error::{value_error, ResultExt};
 use crate::store::PyStore;
 use crate::tensor::parse_device;
@@ -197,7 +198,7 @@ pub(crate) fn new_comm(
 
     let dev = parse_device(&torch_device)?;
     let api_store = match store {
-        Some(s) => Some(Arc::new(PyStore::new(s)?) as Arc<dyn ctran::bootstrap::Store>),
+        Some(s) => Some(Arc::new(PyStore::new(s)?) as Arc<dyn torchcomms_core::bootstrap::Store>),
         None => None,
     };
     let api_opts = torchcomms::CommOptions {

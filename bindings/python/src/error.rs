@@ -33,8 +33,8 @@ impl From<Error> for CommError {
     }
 }
 
-impl From<ctran::Error> for CommError {
-    fn from(e: ctran::Error) -> Self {
+impl From<torchcomms_core::Error> for CommError {
+    fn from(e: torchcomms_core::Error) -> Self {
         CommError::from(Error::Engine(e))
     }
 }

@@ -7,9 +7,7 @@
 
 use std::sync::Arc;
 
-use torchcomms::{
-    Backend, CommOptions, Device, InitArgs, OpOptions, P2POp, ReduceOp, Result, Tensor, Work,
-};
+use torchcomms::{Backend, Call, CommOptions, Device, InitArgs, OpOptions, Result, Work};
 
 /// The name users pass to `new_comm`.
 pub(crate) const NAME: &str = "fake";
@@ -58,40 +56,7 @@ impl Backend for FakeBackend {
     fn device(&self) -> Device {
         self.device
     }
-    fn all_reduce(&self, _: &Tensor, _: ReduceOp, _: &OpOptions) -> Result<Work> {
-        Ok(Work::completed())
-    }
-    fn reduce(&self, _: &Tensor, _: usize, _: ReduceOp, _: &OpOptions) -> Result<Work> {
-        Ok(Work::completed())
-    }
-    fn broadcast(&self, _: &Tensor, _: usize, _: &OpOptions) -> Result<Work> {
-        Ok(Work::completed())
-    }
-    fn all_gather(&self, _: &[Tensor], _: &Tensor, _: &OpOptions) -> Result<Work> {
-        Ok(Work::completed())
-    }
-    fn reduce_scatter(&self, _: &Tensor, _: &[Tensor], _: ReduceOp, _: &OpOptions) -> Result<Work> {
-        Ok(Work::completed())
-    }
-    fn all_to_all(&self, _: &[Tensor], _: &[Tensor], _: &OpOptions) -> Result<Work> {
-        Ok(Work::completed())
-    }
-    fn scatter(&self, _: &Tensor, _: &[Tensor], _: usize, _: &OpOptions) -> Result<Work> {
-        Ok(Work::completed())
-    }
-    fn gather(&self, _: &[Tensor], _: &Tensor, _: usize, _: &OpOptions) -> Result<Work> {
-        Ok(Work::completed())
-    }
-    fn barrier(&self, _: &OpOptions) -> Result<Work> {
-        Ok(Work::completed())
-    }
-    fn send(&self, _: &Tensor, _: usize, _: &OpOptions) -> Result<Work> {
-        Ok(Work::completed())
-    }
-    fn recv(&self, _: &Tensor, _: usize, _: &OpOptions) -> Result<Work> {
-        Ok(Work::completed())
-    }
-    fn batch_p2p(&self, _: &[P2POp], _: &OpOptions) -> Result<Work> {
+    fn run(&self, _: Call, _: &OpOptions) -> Result<Work> {
         Ok(Work::completed())
     }
     fn split(

@@ -115,81 +115,72 @@ impl RemovableHandle {
     }
 }
 
-/// Defines a read-only hook-argument class. Fields are Python objects (the caller's tensors
-/// themselves, ints, lists); `hidden` fields start with `_` and are not part of upstream's API
-/// (our Python hooks use them: the reduce op, the work, the new communicator).
+/// Defines a read-only hook-argument class, named in Python as in Rust. Fields are Python
+/// objects (the caller's tensors themselves, ints, lists); fields named `_x` are not part of
+/// upstream's API (our Python hooks use them: the reduce op, the work, the new communicator)
+/// and `repr()` leaves them out.
 macro_rules! hook_args {
-    ($(#[$doc:meta])* $rust:ident, $py:literal { $($field:ident),* } hidden { $($hfield:ident => $hname:literal),* }) => {
+    ($(#[$doc:meta])* $name:ident { $($field:ident),* $(,)? }) => {
         $(#[$doc])*
-        #[pyclass(module = "torchcomms._comms", name = $py, frozen)]
+        #[pyclass(module = "torchcomms._comms", frozen)]
         #[derive(Debug)]
-        pub(crate) struct $rust {
+        pub(crate) struct $name {
             $(#[pyo3(get)] pub(crate) $field: Py<PyAny>,)*
-            $(#[pyo3(get, name = $hname)] pub(crate) $hfield: Py<PyAny>,)*
         }
 
         #[pymethods]
-        impl $rust {
+        impl $name {
             #[allow(unused_mut, unused_variables)]
             fn __repr__(&self, py: Python<'_>) -> String {
                 let mut parts: Vec<String> = Vec::new();
-                $(parts.push(format!("{}={}", stringify!($field),
-                    self.$field.bind(py).repr().map(|r| r.to_string()).unwrap_or_default()));)*
-                format!("{}({})", $py, parts.join(", "))
+                $(if !stringify!($field).starts_with('_') {
+                    parts.push(format!("{}={}", stringify!($field),
+                        self.$field.bind(py).repr().map(|r| r.to_string()).unwrap_or_default()));
+                })*
+                format!("{}({})", stringify!($name), parts.join(", "))
             }
         }
     };
 }
 
-hook_args!(SendPreHookArgs, "SendPreHookArgs" { tensor, peer, async_op } hidden {});
-hook_args!(RecvPreHookArgs, "RecvPreHookArgs" { tensor, peer, async_op } hidden {});
-hook_args!(BroadcastPreHookArgs, "BroadcastPreHookArgs" { tensor, root, async_op } hidden {});
-hook_args!(AllReducePreHookArgs, "AllReducePreHookArgs" { tensor, async_op } hidden { red_op => "_op" });
-hook_args!(ReducePreHookArgs, "ReducePreHookArgs" { tensor, root, async_op } hidden { red_op => "_op" });
-hook_args!(AllGatherPreHookArgs, "AllGatherPreHookArgs" { input, output, async_op } hidden {});
-hook_args!(AllGatherVPreHookArgs, "AllGatherVPreHookArgs" { input, output, async_op } hidden {});
-hook_args!(AllGatherSinglePreHookArgs, "AllGatherSinglePreHookArgs" { input, output, async_op } hidden {});
-hook_args!(ReduceScatterPreHookArgs, "ReduceScatterPreHookArgs" { input, output, async_op } hidden { red_op => "_op" });
-hook_args!(ReduceScatterVPreHookArgs, "ReduceScatterVPreHookArgs" { input, output, async_op } hidden { red_op => "_op" });
-hook_args!(ReduceScatterSinglePreHookArgs, "ReduceScatterSinglePreHookArgs" { input, output, async_op } hidden { red_op => "_op" });
-hook_args!(AllToAllSinglePreHookArgs, "AllToAllSinglePreHookArgs" { input, output, async_op } hidden {});
-hook_args!(AllToAllVSinglePreHookArgs, "AllToAllVSinglePreHookArgs" { input, output, input_split_sizes, output_split_sizes, async_op } hidden {});
-hook_args!(AllToAllPreHookArgs, "AllToAllPreHookArgs" { input, output, async_op } hidden {});
-hook_args!(BarrierPreHookArgs, "BarrierPreHookArgs" { async_op } hidden {});
-hook_args!(ScatterPreHookArgs, "ScatterPreHookArgs" { output, input, root, async_op } hidden {});
-hook_args!(GatherPreHookArgs, "GatherPreHookArgs" { input, output, root, async_op } hidden {});
-hook_args!(GatherSinglePreHookArgs, "GatherSinglePreHookArgs" { input, output, root, async_op } hidden {});
-hook_args!(SplitPreHookArgs, "SplitPreHookArgs" { ranks, name } hidden {});
-hook_args!(NewWindowPreHookArgs, "NewWindowPreHookArgs" {} hidden {});
-hook_args!(BatchOpIssuePreHookArgs, "BatchOpIssuePreHookArgs" { num_ops, async_op } hidden {});
-hook_args!(FinalizePreHookArgs, "FinalizePreHookArgs" {} hidden {});
-hook_args!(CollectivePostHookArgs, "CollectivePostHookArgs" {} hidden { work => "_work" });
-hook_args!(SplitPostHookArgs, "SplitPostHookArgs" {} hidden { new_comm => "_new_comm" });
-hook_args!(NewWindowPostHookArgs, "NewWindowPostHookArgs" {} hidden {});
-hook_args!(BatchOpIssuePostHookArgs, "BatchOpIssuePostHookArgs" {} hidden { work => "_work" });
-hook_args!(FinalizePostHookArgs, "FinalizePostHookArgs" {} hidden {});
+/// The pre-hook record of every operation of the table: upstream's fields, then `async_op`.
+macro_rules! pre_hook_classes {
+    ($(
+        $(#[doc = $doc:literal])*
+        $name:ident = $id:literal ( $($arg:ident : $kind:ident),* $(,)? )
+            hook { $($field:ident : $from:ident),* $(,)? }
+            check |$c:ident| $check:block
+            call $call:block
+    )*) => { pastey::paste! {
+        $(hook_args!(
+            #[doc = concat!("What pre-hooks get for `", stringify!($name), "`.")]
+            [<$name:camel PreHookArgs>] { $($field,)* async_op }
+        );)*
+
+        /// Registers the pre-hook classes of the table's operations.
+        fn register_pre_hook_classes(m: &Bound<'_, PyModule>) -> PyResult<()> {
+            $(m.add_class::<[<$name:camel PreHookArgs>]>()?;)*
+            Ok(())
+        }
+    }};
+}
+
+torchcomms_core::for_each_op!(pre_hook_classes);
+
+hook_args!(SplitPreHookArgs { ranks, name });
+hook_args!(NewWindowPreHookArgs {});
+hook_args!(BatchOpIssuePreHookArgs { num_ops, async_op });
+hook_args!(FinalizePreHookArgs {});
+hook_args!(CollectivePostHookArgs { _work });
+hook_args!(SplitPostHookArgs { _new_comm });
+hook_args!(NewWindowPostHookArgs {});
+hook_args!(BatchOpIssuePostHookArgs { _work });
+hook_args!(FinalizePostHookArgs {});
 
 /// Registers the hook-argument classes in the module.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<RemovableHandle>()?;
-    m.add_class::<SendPreHookArgs>()?;
-    m.add_class::<RecvPreHookArgs>()?;
-    m.add_class::<BroadcastPreHookArgs>()?;
-    m.add_class::<AllReducePreHookArgs>()?;
-    m.add_class::<ReducePreHookArgs>()?;
-    m.add_class::<AllGatherPreHookArgs>()?;
-    m.add_class::<AllGatherVPreHookArgs>()?;
-    m.add_class::<AllGatherSinglePreHookArgs>()?;
-    m.add_class::<ReduceScatterPreHookArgs>()?;
-    m.add_class::<ReduceScatterVPreHookArgs>()?;
-    m.add_class::<ReduceScatterSinglePreHookArgs>()?;
-    m.add_class::<AllToAllSinglePreHookArgs>()?;
-    m.add_class::<AllToAllVSinglePreHookArgs>()?;
-    m.add_class::<AllToAllPreHookArgs>()?;
-    m.add_class::<BarrierPreHookArgs>()?;
-    m.add_class::<ScatterPreHookArgs>()?;
-    m.add_class::<GatherPreHookArgs>()?;
-    m.add_class::<GatherSinglePreHookArgs>()?;
+    register_pre_hook_classes(m)?;
     m.add_class::<SplitPreHookArgs>()?;
     m.add_class::<NewWindowPreHookArgs>()?;
     m.add_class::<BatchOpIssuePreHookArgs>()?;

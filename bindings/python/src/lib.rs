@@ -14,13 +14,17 @@
 //! e.g. `debug` or `ctran=trace`; environment or `TORCHCOMMS_CONFIG` file) to see it on stderr.
 //! The default shows errors only.
 
+mod args;
 mod batch;
 mod comm;
+mod core;
 mod create;
 mod cvars;
 mod error;
 mod fake;
 mod hooks;
+mod ops;
+mod persistent;
 mod store;
 mod tensor;
 mod types;
@@ -90,6 +94,7 @@ fn _comms(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<types::PyReconfigureOptions>()?;
     m.add_class::<work::PyTorchWork>()?;
     m.add_class::<comm::PyTorchComm>()?;
+    m.add_class::<persistent::PyAllGatherP>()?;
     m.add_class::<create::PyTorchCommBackend>()?;
     m.add_class::<create::PyTorchCommWindow>()?;
     m.add_class::<batch::PyBatchSendRecv>()?;

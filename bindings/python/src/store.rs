@@ -7,9 +7,9 @@ use std::fmt;
 use std::net::{IpAddr, ToSocketAddrs, UdpSocket};
 use std::time::Duration;
 
-use ctran::bootstrap::Store;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
+use torchcomms_core::bootstrap::Store;
 
 /// A Python store object behind the engine's store trait.
 pub(crate) struct PyStore {
@@ -46,8 +46,8 @@ impl PyStore {
         op: &'static str,
         key: &str,
         f: impl FnOnce(&Bound<'_, PyAny>) -> PyResult<T>,
-    ) -> ctran::Result<T> {
-        Python::attach(|py| f(self.obj.bind(py))).map_err(|e| ctran::Error::Store {
+    ) -> torchcomms_core::Result<T> {
+        Python::attach(|py| f(self.obj.bind(py))).map_err(|e| torchcomms_core::Error::Store {
             op,
             key: key.to_string(),
             reason: format!("{} raised {e}", self.what),
@@ -70,27 +70,32 @@ fn route_to(host: &str, port: u16) -> Option<IpAddr> {
 }
 
 impl Store for PyStore {
-    fn set(&self, key: &str, value: &[u8]) -> ctran::Result<()> {
+    fn set(&self, key: &str, value: &[u8]) -> torchcomms_core::Result<()> {
         self.call("set", key, |s| {
             s.call_method1("set", (key, PyBytes::new(s.py(), value)))?;
             Ok(())
         })
     }
 
-    fn get(&self, key: &str, timeout: Duration) -> ctran::Result<Vec<u8>> {
+    fn get(&self, key: &str, timeout: Duration) -> torchcomms_core::Result<Vec<u8>> {
         self.call("get", key, |s| {
             s.call_method1("wait", (vec![key], timeout))?;
             s.call_method1("get", (key,))?.extract::<Vec<u8>>()
         })
     }
 
-    fn add(&self, key: &str, delta: i64) -> ctran::Result<i64> {
+    fn add(&self, key: &str, delta: i64) -> torchcomms_core::Result<i64> {
         self.call("add", key, |s| {
             s.call_method1("add", (key, delta))?.extract()
         })
     }
 
-    fn compare_set(&self, key: &str, expected: &[u8], desired: &[u8]) -> ctran::Result<Vec<u8>> {
+    fn compare_set(
+        &self,
+        key: &str,
+        expected: &[u8],
+        desired: &[u8],
+    ) -> torchcomms_core::Result<Vec<u8>> {
         self.call("compare_set", key, |s| {
             let py = s.py();
             s.call_method1(
@@ -101,20 +106,20 @@ impl Store for PyStore {
         })
     }
 
-    fn delete(&self, key: &str) -> ctran::Result<bool> {
+    fn delete(&self, key: &str) -> torchcomms_core::Result<bool> {
         self.call("delete", key, |s| {
             s.call_method1("delete_key", (key,))?.extract()
         })
     }
 
-    fn check(&self, keys: &[&str]) -> ctran::Result<bool> {
+    fn check(&self, keys: &[&str]) -> torchcomms_core::Result<bool> {
         let first = keys.first().copied().unwrap_or_default();
         self.call("check", first, |s| {
             s.call_method1("check", (keys.to_vec(),))?.extract()
         })
     }
 
-    fn wait(&self, keys: &[&str], timeout: Duration) -> ctran::Result<()> {
+    fn wait(&self, keys: &[&str], timeout: Duration) -> torchcomms_core::Result<()> {
         let first = keys.first().copied().unwrap_or_default();
         self.call("wait", first, |s| {
             s.call_method1("wait", (keys.to_vec(), timeout))?;

@@ -18,6 +18,13 @@ macro_rules! py_enum {
             $(#[pyo3(name = $name)] $var = $val,)*
         }
 
+        py_enum_methods!($rust, $py { $($var => $name),* });
+    };
+}
+
+/// The methods of a [`py_enum!`] (also for enums whose members are named by `rename_all`).
+macro_rules! py_enum_methods {
+    ($rust:ident, $py:literal { $($var:ident => $name:expr),* $(,)? }) => {
         #[pymethods]
         impl $rust {
             /// Member name, as upstream's pybind enums have it.
@@ -95,32 +102,38 @@ py_enum!(
     Separate = 1 => "WIN_ACCESS_TYPE_SEPARATE",
 });
 
-py_enum!(
-    /// The operation a hook fires for (upstream's values plus `batch_op_issue`).
-    OpName, "OpName" {
-    Send = 0 => "send",
-    Recv = 1 => "recv",
-    Broadcast = 2 => "broadcast",
-    AllReduce = 3 => "all_reduce",
-    Reduce = 4 => "reduce",
-    AllGather = 5 => "all_gather",
-    AllGatherV = 6 => "all_gather_v",
-    AllGatherSingle = 7 => "all_gather_single",
-    ReduceScatter = 8 => "reduce_scatter",
-    ReduceScatterV = 9 => "reduce_scatter_v",
-    ReduceScatterSingle = 10 => "reduce_scatter_single",
-    AllToAllSingle = 11 => "all_to_all_single",
-    AllToAllVSingle = 12 => "all_to_all_v_single",
-    AllToAll = 13 => "all_to_all",
-    Barrier = 14 => "barrier",
-    Scatter = 15 => "scatter",
-    Gather = 16 => "gather",
-    GatherSingle = 17 => "gather_single",
-    Split = 18 => "split",
-    NewWindow = 19 => "new_window",
-    Finalize = 20 => "finalize",
-    BatchOpIssue = 21 => "batch_op_issue",
-});
+/// `OpName`: the operations of the table under upstream's values, then the management calls
+/// hooks also fire for. Members are named in snake case (`OpName.all_reduce`).
+macro_rules! op_names {
+    ($(
+        $(#[doc = $doc:literal])*
+        $name:ident = $id:literal ( $($arg:ident : $kind:ident),* $(,)? )
+            hook { $($field:ident : $from:ident),* $(,)? }
+            check |$c:ident| $check:block
+            call $call:block
+    )*) => { pastey::paste! {
+        /// The operation a hook fires for (upstream's values plus `batch_op_issue`).
+        #[pyclass(module = "torchcomms._comms", name = "OpName", eq, eq_int, hash, frozen, from_py_object, rename_all = "snake_case")]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub(crate) enum OpName {
+            $([<$name:camel>] = $id,)*
+            Split = 18,
+            NewWindow = 19,
+            Finalize = 20,
+            BatchOpIssue = 21,
+        }
+
+        py_enum_methods!(OpName, "OpName" {
+            $([<$name:camel>] => stringify!($name),)*
+            Split => "split",
+            NewWindow => "new_window",
+            Finalize => "finalize",
+            BatchOpIssue => "batch_op_issue",
+        });
+    }};
+}
+
+torchcomms_core::for_each_op!(op_names);
 
 impl From<torchcomms::WorkStatus> for WorkStatus {
     fn from(s: torchcomms::WorkStatus) -> Self {

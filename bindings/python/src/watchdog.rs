@@ -18,7 +18,7 @@ use std::time::Duration;
 use pyo3::prelude::*;
 use torchcomms::{Work, WorkStatus};
 
-use crate::comm::CommCore;
+use crate::core::CommCore;
 
 /// How often the watchdog looks at works in flight.
 const POLL: Duration = Duration::from_millis(50);

@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex};
 
 use pyo3::prelude::*;
 
-use crate::comm::CommCore;
+use crate::core::CommCore;
 use crate::error::ResultExt;
 use crate::types::WorkStatus;
 

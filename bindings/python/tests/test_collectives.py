@@ -234,6 +234,30 @@ def test_all_gather_single(world: Any, dtype: torch.dtype, async_op: bool) -> No
     assert torch.equal(out, torch.cat([_data(q, 6, dtype) for q in range(WORLD)]))
 
 
+@pytest.mark.parametrize("dtype", DT)
+@MODES
+def test_all_gather_p(world: Any, dtype: torch.dtype, async_op: bool) -> None:
+    """A persistent all-gather: one bound output, filled by every execution."""
+    out = torch.empty(WORLD * 7, dtype=dtype)
+    handle = world.all_gather_p_init(out)
+    assert handle.output is out
+    for salt in range(3):
+        run(lambda a: world.all_gather_p_exec(handle, _data(RANK, 7, dtype, salt=salt), a), async_op)
+        assert torch.equal(out, torch.cat([_data(q, 7, dtype, salt=salt) for q in range(WORLD)]))
+    world.all_gather_p_free(handle)
+
+
+def test_all_gather_p_refuses_a_mismatched_input(world: Any) -> None:
+    handle = world.all_gather_p_init(torch.empty(WORLD * 4, dtype=torch.float32))
+    with pytest.raises(ValueError, match="all_gather_p_exec: invalid argument `input`: expected dtype float32"):
+        world.all_gather_p_exec(handle, torch.zeros(4, dtype=torch.int32), False)
+    with pytest.raises(ValueError, match=f"all_gather_p_exec: invalid argument `handle`: expected {WORLD * 3} elements"):
+        world.all_gather_p_exec(handle, torch.zeros(3, dtype=torch.float32), False)
+    with pytest.raises(TypeError, match="must be an AllGatherPHandle"):
+        world.all_gather_p_exec(object(), torch.zeros(4), False)
+    world.all_gather_p_free(handle)
+
+
 def _a2a_size(src: int, dst: int) -> int:
     return (src + 2 * dst) % 3 + 1
 

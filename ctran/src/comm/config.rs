@@ -8,8 +8,7 @@ use crate::error::{Error, Result};
 use crate::transport::shm::ShmConfig;
 use crate::transport::socket::SocketConfig;
 
-/// Default per-operation timeout when neither the caller nor `TORCHCOMM_TIMEOUT_SECONDS` set one.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
+pub use torchcomms_core::DEFAULT_TIMEOUT;
 
 /// Everything a communicator needs to know besides its store.
 #[derive(Debug, Clone)]

@@ -23,6 +23,7 @@
 //! Not capturable in CUDA graphs: the host half is driven per issue, and a replay would find
 //! its steps already done. An op issued while the caller's stream captures is refused.
 
+pub mod kernels;
 mod plan;
 mod staging;
 
@@ -36,9 +37,10 @@ use crossbeam_channel::{Receiver, Sender, TryRecvError};
 
 use crate::algos::select::Hints;
 use crate::comm::{Comm, KeepAlive};
-use crate::cuda::{self, Context, Event, GpeKernels, PinnedBuffer, RawStream, Stream};
+use crate::cuda::{self, Context, Event, PinnedBuffer, RawStream, Stream};
 use crate::error::{Error, Result};
 use crate::Op;
+use kernels::GpeKernels;
 
 use plan::Plan;
 use staging::{Staging, StagingPool};
@@ -147,7 +149,7 @@ impl DeviceStatus {
         let v = unsafe { std::ptr::read_volatile(self.word.as_ptr().cast::<u32>()) };
         match v {
             0 => None,
-            cuda::nvl_kernels::STATUS_TIMEOUT => Some(Error::Timeout {
+            crate::nvl::kernels::STATUS_TIMEOUT => Some(Error::Timeout {
                 op: op.into(),
                 seq: 0,
                 rank,

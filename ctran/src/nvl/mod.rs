@@ -19,6 +19,7 @@
 //! `4 x CTRAN_NVL_LL_MAX_BYTES` per rank, plus `CTRAN_NVL_PIPE_BYTES` of pipeline scratch) and
 //! nothing per operation: direct mode works in the user's buffers.
 
+pub mod kernels;
 pub mod pipeline;
 pub mod plan;
 pub mod registry;
@@ -30,14 +31,14 @@ use std::time::Duration;
 use crate::algos::select::Hints;
 use crate::comm::{Comm, KeepAlive};
 use crate::cuda::ipc::{self, Mapped, HANDLE_BYTES};
-use crate::cuda::nvl_kernels::{
-    LlParams, NvlKernels, P2pOp, P2pParams, PipeSync, Sync, COUNTER_BYTES, FLAG_BYTES, MAX_BLOCKS,
-    MAX_P2P, MAX_RANKS,
-};
 use crate::cuda::{Context, CudaError, DeviceBuffer, Event, PinnedBuffer, RawStream, Stream};
 use crate::error::{Error, Result};
 use crate::gpe::{cuda_err, DeviceStatus, GpeRequest, OpState};
 use crate::{Op, P2p, Span};
+use kernels::{
+    LlParams, NvlKernels, P2pOp, P2pParams, PipeSync, Sync, COUNTER_BYTES, FLAG_BYTES, MAX_BLOCKS,
+    MAX_P2P, MAX_RANKS,
+};
 
 use pipeline::{Lane, Step};
 use plan::{Layout, Mode};
@@ -554,7 +555,7 @@ impl Nvl {
                     Err(err) => {
                         // Peers have planned and will launch: meet them at both barriers
                         // with nothing to move, so they finish, and report the error here.
-                        let mut p = crate::cuda::nvl_kernels::CollParams::new(sync);
+                        let mut p = kernels::CollParams::new(sync);
                         p.end_barrier = 1;
                         let stream_err = self.launch_now(
                             &Launch::Coll(crate::DataType::U8, Box::new(p), self.direct_grid),
@@ -680,7 +681,7 @@ impl Nvl {
     fn run_pipeline(
         &self,
         dtype: crate::DataType,
-        reduction: &crate::cuda::nvl_kernels::CollParams,
+        reduction: &kernels::CollParams,
         steps: &[Step],
         main: RawStream,
     ) -> std::result::Result<(), CudaError> {
@@ -877,20 +878,12 @@ type Peers = Vec<Vec<(u64, usize)>>;
 
 enum Launch {
     /// Element type, parameters, blocks.
-    Coll(
-        crate::DataType,
-        Box<crate::cuda::nvl_kernels::CollParams>,
-        u32,
-    ),
+    Coll(crate::DataType, Box<kernels::CollParams>, u32),
     /// Element type, parameters, blocks (the staged grid: see the LL kernel).
     Ll(crate::DataType, Box<LlParams>, u32),
     P2p(Box<P2pParams>),
     /// Element type, the reduction's operator fields, the steps.
-    Pipeline(
-        crate::DataType,
-        Box<crate::cuda::nvl_kernels::CollParams>,
-        Vec<Step>,
-    ),
+    Pipeline(crate::DataType, Box<kernels::CollParams>, Vec<Step>),
 }
 
 impl Drop for Nvl {

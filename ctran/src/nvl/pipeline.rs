@@ -15,7 +15,7 @@
 //! the operation: after the start every peer's buffer and scratch are ours to write, after the
 //! end every peer has written ours. [`schedule`] lists the steps; the transport issues them.
 
-use crate::cuda::nvl_kernels::{PipeFlag, MAX_RANKS};
+use super::kernels::{PipeFlag, MAX_RANKS};
 
 use super::plan::{two_shot_slice, Layout};
 

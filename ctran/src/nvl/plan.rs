@@ -17,7 +17,7 @@
 //! no other rank touches slice r, so it is safe in place), all_gather and all_to_all push,
 //! reduce_scatter pulls. An end barrier tells every rank that peers are done with its buffers.
 
-use crate::cuda::nvl_kernels::{
+use super::kernels::{
     op_code, CollParams, LlParams, Seg, Sync, LL_DATA_BYTES, LL_LINE_BYTES, MAX_BLOCKS, MAX_RANKS,
     MAX_SEGS,
 };

@@ -138,6 +138,20 @@ static void gather_scatter_tests(tc_comm_t *comm, int r, int n) {
     for (int k = 0; k < n * M; k++)
         EXPECT(single[k] == (k / M) * 100 + k % M, "all_gather_single [%d] = %d", k, single[k]);
 
+    /* Persistent all-gather: the output is bound once and filled by every execution. */
+    static int32_t persistent[MAXR * M];
+    tc_all_gather_p_t *agp = NULL;
+    CHECK(tc_all_gather_p_init(comm, T(persistent, (size_t)n * M, TC_INT32), &agp));
+    for (int round = 0; round < 3; round++) {
+        for (int i = 0; i < M; i++) in[i] = round * 1000 + r * 100 + i;
+        CHECK(tc_all_gather_p_exec(comm, agp, T(in, M, TC_INT32), NULL, NULL, NULL));
+        for (int k = 0; k < n * M; k++)
+            EXPECT(persistent[k] == round * 1000 + (k / M) * 100 + k % M,
+                   "all_gather_p_exec round %d [%d] = %d", round, k, persistent[k]);
+    }
+    CHECK(tc_all_gather_p_free(agp));
+    for (int i = 0; i < M; i++) in[i] = r * 100 + i;
+
     /* all_gather_v: rank q contributes q + 1 elements, all equal to q. */
     int32_t vin[MAXR];
     for (int i = 0; i <= r; i++) vin[i] = r;

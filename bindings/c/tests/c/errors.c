@@ -128,9 +128,9 @@ static void argument_errors(tc_comm_t *comm, int rank, int size) {
     EXPECT(w == NULL, "no work on error");
     tc_tensor_t outs[2] = {t, T(NULL, 4, TC_FLOAT32)};
     EXPECT_ERROR(tc_all_gather(comm, outs, 2, t, NULL, NULL, NULL), TC_ERR_INVALID_ARGUMENT,
-                 "outputs[1].data");
+                 "tensor_list[1].data");
     EXPECT_ERROR(tc_all_gather(comm, NULL, 2, t, NULL, NULL, NULL), TC_ERR_INVALID_ARGUMENT,
-                 "`outputs`");
+                 "`tensor_list`");
     EXPECT_ERROR(tc_all_to_all_v_single(comm, t, t, NULL, 2, NULL, 2, NULL, NULL, NULL),
                  TC_ERR_INVALID_ARGUMENT, "output_split_sizes");
 

@@ -761,15 +761,18 @@ mod tests {
         let node = one_rank_node();
         let deadline = Instant::now() + Duration::from_secs(5);
         let t0 = Instant::now();
-        let mut told = Vec::new();
+        let told = std::cell::RefCell::new(Vec::new());
+        // Ready only once the wait was told it lasts (a preempted thread may see any time pass
+        // between two polls, so readiness by elapsed time alone could skip `Lasts`).
         wait_telling(
             &node,
-            &mut |w| told.push((w, t0.elapsed())),
-            |_| t0.elapsed() >= LONG_WAIT * 4,
+            &mut |w| told.borrow_mut().push((w, t0.elapsed())),
+            |_| told.borrow().iter().any(|(w, _)| *w == Waiting::Lasts),
             deadline,
             &mut || Ok(()),
         )
         .unwrap();
+        let mut told = told.into_inner();
         let kinds: Vec<Waiting> = told.iter().map(|(w, _)| *w).collect();
         assert_eq!(kinds, [Waiting::Begins, Waiting::Lasts], "once each");
         assert!(told[1].1 >= LONG_WAIT, "{told:?}");

@@ -79,6 +79,7 @@ _ENGINE_OP = {
     OpName.all_to_all_single: "all_to_all",
     OpName.all_to_all_v_single: "all_to_all",
     OpName.gather_single: "gather",
+    OpName.all_gather_p_exec: "all_gather",
 }
 
 # How far an engine timestamp may sit outside the hooks' window (colltrace may timestamp with
@@ -106,6 +107,7 @@ _IO = {
     OpName.reduce_scatter_v: (("*input",), ("output",)),
     OpName.scatter: (("*input",), ("output",)),
     OpName.all_to_all: (("*input",), ("*output",)),
+    OpName.all_gather_p_exec: (("input",), ()),
 }
 
 

@@ -1,7 +1,7 @@
 //! The reduction kernels of `kernels/reduce.cu` on one device: compiled at first use (see
 //! [`nvrtc`](super::nvrtc)), loaded once per device, launched on a caller's stream.
 //!
-//! The three steps follow [`Reducer`](crate::kernels::Reducer): **prescale** each input
+//! The three steps follow the CPU kernels of the ctran engine (`Reducer`): **prescale** each input
 //! (`PremulSum`, float `Avg`), **combine** pairs of partials, **finish** the result (integer
 //! `Avg`). Scalars are rounded to the element type on the host, exactly as the CPU kernels do.
 
@@ -14,7 +14,11 @@ use half::{bf16, f16};
 use super::driver::{driver, Context, Function, Module, RawStream};
 use super::error::{CudaError, Result};
 use super::nvrtc;
-use crate::{DataType, ReduceOp};
+use torchcomms_core::{DataType, ReduceOp};
+
+/// Helpers every kernel source of the project starts with (element loads and stores, the
+/// reduction functors); other crates' kernels prepend it too, so all share one definition.
+pub const COMMON_CUH: &str = include_str!("kernels/common.cuh");
 
 /// Source of the reduction kernels.
 pub const REDUCE_SOURCE: &str = concat!(
@@ -22,16 +26,16 @@ pub const REDUCE_SOURCE: &str = concat!(
     include_str!("kernels/reduce.cu")
 );
 /// Its name in logs and cache files.
-pub const REDUCE_SOURCE_NAME: &str = "ctran/src/cuda/kernels/reduce.cu";
+pub const REDUCE_SOURCE_NAME: &str = "cuda/src/kernels/reduce.cu";
 
 const BLOCK: u32 = 512;
 
 /// Kernels of one source loaded per device ordinal.
-pub(crate) type PerDevice<T> = OnceLock<Mutex<HashMap<u32, Arc<T>>>>;
+pub type PerDevice<T> = OnceLock<Mutex<HashMap<u32, Arc<T>>>>;
 
 /// The kernels of `source` on device `ctx`: compiled by NVRTC (or read from the disk cache) and
 /// loaded at the first call for that device, then shared; `make` wraps the loaded module.
-pub(crate) fn load_once<T>(
+pub fn load_once<T>(
     loaded: &PerDevice<T>,
     ctx: &Arc<Context>,
     name: &str,
@@ -132,7 +136,7 @@ impl ReduceKernels {
         n: usize,
         stream: RawStream,
     ) -> Result<()> {
-        crate::kernels::Reducer::new(dtype, op, 1).map_err(|e| CudaError::BadArgument {
+        op.check_dtype(dtype).map_err(|e| CudaError::BadArgument {
             call: "combine",
             detail: e.to_string(),
         })?;

@@ -1,4 +1,4 @@
-// Reduction kernels of ctran's GPU path, compiled at run time by NVRTC (see ../nvrtc.rs).
+// Reduction kernels of the GPU paths (ctran's and the nccl backend's bitwise reductions), compiled at run time by NVRTC (see ../nvrtc.rs).
 //
 // They follow the CPU kernels of ctran/src/kernels/reduce.rs step for step, so the GPU and the
 // CPU agree bit for bit:

@@ -1,3 +1,5 @@
+//! # torchcomms-cuda
+//!
 //! CUDA without the toolkit at build time: the driver and NVRTC are loaded at run time
 //! (cudarc's dynamic loading, libraries found by [`libs`]), and the kernels' CUDA C sources
 //! live in this folder and compile at first use for the device's architecture.
@@ -12,7 +14,7 @@
 //! whether it can be used, and every entry point returns [`CudaError`] otherwise.
 //!
 //! ```no_run
-//! use ctran::cuda::{self, Context, DeviceBuffer, RawStream, ReduceKernels};
+//! use torchcomms_cuda::{self as cuda, Context, DeviceBuffer, RawStream, ReduceKernels};
 //! # fn main() -> Result<(), cuda::CudaError> {
 //! if let Some(why) = cuda::unavailable_reason() {
 //!     println!("skipping: {why}");
@@ -23,7 +25,7 @@
 //! let k = ReduceKernels::get(&ctx)?;
 //! // SAFETY: `a` holds 4 f32 and outlives the kernel (the read below waits for it).
 //! unsafe {
-//!     k.combine(ctran::DataType::F32, ctran::ReduceOp::Sum, a.as_ptr(), a.as_ptr(), a.as_ptr(),
+//!     k.combine(torchcomms_core::DataType::F32, torchcomms_core::ReduceOp::Sum, a.as_ptr(), a.as_ptr(), a.as_ptr(),
 //!               4, RawStream::DEFAULT)?;
 //! }
 //! let mut out = [0u8; 16];
@@ -33,12 +35,10 @@
 
 pub mod driver;
 pub mod error;
-pub mod gpe_kernels;
 pub mod graph;
 pub mod ipc;
 pub mod kernels;
 pub mod libs;
-pub mod nvl_kernels;
 pub mod nvrtc;
 pub mod pinned;
 
@@ -47,7 +47,6 @@ pub use driver::{
     Module, RawStream, Stream,
 };
 pub use error::CudaError;
-pub use gpe_kernels::GpeKernels;
 pub use graph::{
     begin_capture, end_capture, relax_capture_mode_for_this_thread, CaptureMode, Graph,
 };

@@ -1,4 +1,4 @@
-//! The engine's error type: one variant per way an operation can fail, each carrying what a
+//! The error type every layer shares: one variant per way an operation can fail, each carrying what a
 //! person needs to find the cause (op, sequence number, rank, peer).
 
 use std::io;
@@ -8,7 +8,7 @@ use std::time::Duration;
 /// Result alias used throughout the engine.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Errors of the ctran engine. Cheap to clone, so a failed communicator can hand the error that
+/// Errors of communication, shared by every layer (the engine, the backends, the bindings). Cheap to clone, so a failed communicator can hand the error that
 /// broke it to every later caller.
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]

@@ -11,9 +11,9 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use ctran::bootstrap::tcp_store::{TcpStoreClient, TcpStoreServer};
-use ctran::bootstrap::Store;
-use ctran::Error;
+use torchcomms_core::bootstrap::tcp_store::{TcpStoreClient, TcpStoreServer};
+use torchcomms_core::bootstrap::Store;
+use torchcomms_core::Error;
 
 /// Generous: torch's import alone takes seconds on a loaded CI machine.
 const STEP: Duration = Duration::from_secs(60);

@@ -412,7 +412,7 @@ mod tests {
         let p = found(&[("PALS_RANKID", "1"), ("WORLD_SIZE", "2")]);
         assert_eq!((p.size, p.source), (2, "pals"));
 
-        let dir = std::env::temp_dir().join(format!("ctran-pbs-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("torchcomms-pbs-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let nodefile = dir.join("nodes");
         std::fs::write(&nodefile, "node1\nnode2\n\nnode3\n").unwrap();

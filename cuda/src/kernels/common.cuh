@@ -1,4 +1,4 @@
-// Element types shared by the CUDA sources of ctran (prepended to reduce.cu and nvl.cu at
+// Element types shared by the project's CUDA sources (prepended to reduce.cu and nvl.cu at
 // build time, since NVRTC compiles one string and we include no header).
 
 typedef unsigned char u8;

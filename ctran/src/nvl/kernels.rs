@@ -5,18 +5,24 @@
 use std::ffi::c_void;
 use std::sync::{Arc, OnceLock};
 
-use super::driver::{Context, Function, Module, RawStream};
-use super::error::{CudaError, Result};
-use super::kernels::{load_once, PerDevice};
+use crate::cuda::error::{CudaError, Result};
+use crate::cuda::kernels::{load_once, PerDevice};
+use crate::cuda::{Context, Function, Module, RawStream};
 use crate::DataType;
 
-/// Source of the NVLink kernels.
-pub const NVL_SOURCE: &str = concat!(
-    include_str!("kernels/common.cuh"),
-    include_str!("kernels/nvl.cu")
-);
+/// Source of the NVLink kernels: the project's common helpers, then `kernels/nvl.cu`.
+pub fn nvl_source() -> &'static str {
+    static SOURCE: OnceLock<String> = OnceLock::new();
+    SOURCE.get_or_init(|| {
+        [
+            crate::cuda::kernels::COMMON_CUH,
+            include_str!("kernels/nvl.cu"),
+        ]
+        .concat()
+    })
+}
 /// Its name in logs and cache files.
-pub const NVL_SOURCE_NAME: &str = "ctran/src/cuda/kernels/nvl.cu";
+pub const NVL_SOURCE_NAME: &str = "ctran/src/nvl/kernels/nvl.cu";
 
 /// Most ranks one kernel addresses (peers of one NVLink domain).
 pub const MAX_RANKS: usize = 8;
@@ -272,7 +278,7 @@ impl NvlKernels {
     /// The kernels of device `ctx`, compiled (or read from the cache) and loaded at first use.
     pub fn get(ctx: &Arc<Context>) -> Result<Arc<NvlKernels>> {
         static LOADED: PerDevice<NvlKernels> = OnceLock::new();
-        load_once(&LOADED, ctx, NVL_SOURCE_NAME, NVL_SOURCE, |module, _| {
+        load_once(&LOADED, ctx, NVL_SOURCE_NAME, nvl_source(), |module, _| {
             let mut coll = Vec::new();
             let mut pipe_reduce = Vec::new();
             let mut ll = Vec::new();

@@ -5,14 +5,14 @@
 use std::ffi::c_void;
 use std::sync::{Arc, OnceLock};
 
-use super::driver::{Context, Function, Module, RawStream};
-use super::error::Result;
-use super::kernels::{load_once, PerDevice};
+use crate::cuda::error::Result;
+use crate::cuda::kernels::{load_once, PerDevice};
+use crate::cuda::{Context, Function, Module, RawStream};
 
 /// Source of the flag kernels.
 pub const GPE_SOURCE: &str = include_str!("kernels/gpe.cu");
 /// Its name in logs and cache files.
-pub const GPE_SOURCE_NAME: &str = "ctran/src/cuda/kernels/gpe.cu";
+pub const GPE_SOURCE_NAME: &str = "ctran/src/gpe/kernels/gpe.cu";
 
 /// The flag kernels loaded on one device.
 #[derive(Debug)]

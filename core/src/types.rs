@@ -6,8 +6,8 @@ use std::str::FromStr;
 use crate::error::{Error, Result};
 
 /// Element type of a buffer. Mirrors the dtypes torch.distributed backends accept.
+// Exhaustive on purpose: every layer matches on it, and a new dtype must reach every match.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
 pub enum DataType {
     /// IEEE half precision.
     F16,
@@ -112,8 +112,8 @@ impl FromStr for DataType {
 /// Reduction operator. `PremulSum` multiplies every input by `factor` before summing
 /// (NCCL's `ncclRedOpCreatePreMulSum`); `Avg` sums then divides by the number of ranks
 /// (NCCL's `ncclAvg`; integer types divide with truncation).
+// Exhaustive on purpose, like `DataType`.
 #[derive(Debug, Clone, Copy, PartialEq)]
-#[non_exhaustive]
 pub enum ReduceOp {
     /// Sum.
     Sum,
@@ -172,7 +172,9 @@ impl ReduceOp {
         }
     }
 
-    /// Checks that this operator applies to `dtype`, with an error naming both if not.
+    /// Checks that this operator applies to `dtype`, with an error naming both if not: bitwise
+    /// operators need integers or bools, AVG and PREMUL_SUM need numbers, and PREMUL_SUM's
+    /// factor must be finite.
     pub fn check_dtype(self, dtype: DataType) -> Result<()> {
         if self.is_bitwise() && dtype.is_float() {
             return Err(Error::invalid(
@@ -180,6 +182,22 @@ impl ReduceOp {
                 "a bitwise reduce op (band, bor, bxor) only on integer or bool tensors",
                 format!("{} on {}", self.name(), dtype),
             ));
+        }
+        if dtype == DataType::Bool && matches!(self, ReduceOp::Avg | ReduceOp::PremulSum { .. }) {
+            return Err(Error::invalid(
+                "op",
+                "a reduce op that applies to bool (sum, prod, min, max, band, bor, bxor)",
+                format!("{} on {}", self.name(), dtype),
+            ));
+        }
+        if let ReduceOp::PremulSum { factor } = self {
+            if !factor.is_finite() {
+                return Err(Error::invalid(
+                    "op",
+                    "PREMUL_SUM with a finite factor",
+                    factor,
+                ));
+            }
         }
         Ok(())
     }
