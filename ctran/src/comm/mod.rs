@@ -164,8 +164,8 @@ impl Comm {
         };
         // The cost model is measured before the caller goes on with its own start-up work
         // (allocating and filling buffers), which competes for the cores: measured alongside
-        // it, a probe of a 2-rank calibration took 30-100 times its usual 3-7 us in 9 of 90
-        // creations, against 1 of 60 without. A failure there fails the first operation.
+        // it, a probe can take tens of times its usual few microseconds, and the model would
+        // be fitted to that. A failure there fails the first operation.
         calibration::calibrate(&comm);
         Ok(comm)
     }

@@ -1,10 +1,9 @@
 //! Direct broadcast: the root sends its whole buffer to every other rank, all transfers in
 //! flight at once: one latency step, for small messages (the root moves `n-1` buffers).
 //!
-//! Large buffers go in staging-chunk pieces, as the chain and the tree send them: one message of
-//! many megabytes was slower on TCP loopback. With 2 ranks at 64 MiB it took 1.02-1.25x the
-//! chain's time in three paired runs, in pieces 0.9-1.02x; with 4 and 8 ranks, 8-16% less time
-//! in pieces (`docs/perf/algorithms.md`, fourteenth session).
+//! Large buffers go in staging-chunk pieces, as the chain and the tree send them: over TCP on
+//! loopback one message of many megabytes is slower than the same bytes in pieces (in pieces,
+//! direct keeps pace with the chain on 2 ranks and takes about a tenth less time on 4 and 8).
 
 use crate::algos::ctx::OpCtx;
 use crate::algos::pipe;

@@ -125,9 +125,9 @@ fn ring_exchange(cx: &mut OpCtx<'_>, bytes: usize, rounds: usize) -> Result<f64>
 /// and messages of the algorithms: a tree all_reduce is a chain of `2 log n` hops with `2(n-1)`
 /// messages, in which most ranks wait at any time; the dissemination barrier has `log n` hops in
 /// which every rank sends; a direct all_gather has one hop and `n(n-1)` messages. On a host with
-/// more ranks than cores a hop that wakes a waiting rank costs far more than half an isolated
-/// round trip (6-30 us against 3-4 us on 4 ranks of 2 cores, docs/perf/algorithms.md), which
-/// only collectives like these show.
+/// more ranks than cores a hop that wakes a waiting rank costs several times half an isolated
+/// round trip (the waiting rank has to get a core that another rank may hold), which only
+/// collectives like these show.
 const PROBES: [Algo; 3] = [
     Algo::AllReduceTree,
     Algo::BarrierDissemination,
@@ -174,7 +174,7 @@ fn run_probe(cx: &mut OpCtx<'_>, probe: Algo) -> Result<()> {
 /// back the way the caller's operations are: a collective the caller waits for costs it two
 /// thread hand-offs besides the collective, and on a host with more threads than cores the
 /// collective itself runs alongside the callers' threads, which a measurement on the progress
-/// thread alone missed (docs/perf/algorithms.md, sixteenth session).
+/// thread alone would miss.
 pub trait Steps {
     /// This rank and the number of ranks.
     fn rank_size(&self) -> (usize, usize);
@@ -305,10 +305,9 @@ fn reduce_rate() -> f64 {
 /// maximum matters where some ranks configured them.
 /// The ring exchanges that beta comes from overlap, so a rank's own time depends on when it left
 /// the barrier: one that leaves late finds its data waiting, one that leaves early waits for its
-/// neighbour. With 8 ranks on 2 cores one calibration measured between -0.2 and 5.6 ns/B on
-/// different ranks, a mean of 2.1, while large collectives move about 2.6 ns/B per rank there:
-/// the maximum took the unluckiest phase. A slow link still shows in the mean, since it holds up
-/// the whole ring.
+/// neighbour. On a host with more ranks than cores the ranks' own values scatter widely around
+/// what large collectives move per byte, and the maximum would take the unluckiest phase; the
+/// mean stays close. A slow link still shows in the mean, since it holds up the whole ring.
 fn agree(cx: &mut OpCtx<'_>, local: [f64; 5]) -> Result<[f64; 5]> {
     let [alpha, mu, beta, gamma, share] = local;
     let mut most = [alpha, mu, gamma, share];
@@ -321,11 +320,10 @@ fn agree(cx: &mut OpCtx<'_>, local: [f64; 5]) -> Result<[f64; 5]> {
 /// Times the [`PROBES`] and an empty step, and agrees on each one's time: the slowest rank's,
 /// which is how long the collective took. A rank's time is the median of its rounds of all
 /// passes: with 2 ranks one pass of a probe lasts only tens of microseconds, and one disturbance
-/// of a few hundred could cover all its rounds (seen with a single pass: a tree all_reduce at
-/// 410 us instead of 6-7 us, while the probes after it took 3 us); spread over passes, it covers
-/// a third of them. Not the fastest pass: the tree's passes vary most (40-160 us on 4 ranks of 2
-/// cores), so its fastest would understate hops against the others. Returns the probes' seconds
-/// and the empty step's.
+/// of a few hundred could cover all its rounds of a single pass; spread over passes, it covers
+/// a third of them. Not the fastest pass: on a host with more ranks than cores the tree's passes
+/// vary most, by several times, so its fastest would understate hops against the others.
+/// Returns the probes' seconds and the empty step's.
 fn measure_probes(steps: &mut impl Steps) -> Result<([f64; PROBES.len()], f64)> {
     let mut rounds: [Vec<f64>; PROBES.len() + 1] = Default::default();
     for _ in 0..PROBE_PASSES {

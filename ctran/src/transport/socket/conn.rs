@@ -21,10 +21,10 @@ const FLAG_BYE: u32 = 2;
 const MAX_REASON: usize = 1024;
 
 /// Most payload bytes one system call sends or receives. Calls that copy many megabytes at once
-/// measured slower on TCP loopback (likely because the socket stays locked for the whole copy,
-/// so the segments that the other end moves meanwhile wait in a backlog): with 2 ranks a 64 MiB
-/// direct broadcast took 10-15.5 ms in 1 MiB calls against 18-19 ms in single calls, all_gather
-/// 8% less (`docs/perf/algorithms.md`, thirteenth session).
+/// are slower on TCP loopback, likely because the socket stays locked for the whole copy, so the
+/// segments that the other end moves meanwhile wait in a backlog; 1 MiB calls keep both ends
+/// moving (a 64 MiB broadcast between 2 ranks takes about two thirds of its time in single
+/// calls).
 const MAX_IO_BYTES: usize = 1 << 20;
 
 fn encode_header(len: usize, flags: u32) -> [u8; HEADER_LEN] {

@@ -7,7 +7,7 @@ model's `LOOPBACK_SEND_SHARE` stands for (ctran/src/algos/select/cost.rs): on lo
 sender's system call also runs the kernel's receive path, so a byte sent costs the sender more
 than it costs the receiver.
 
-    python3 scripts/bench/loopback_send_share.py [WRITE_BYTES ...]
+    python3 tools/loopback_send_share.py [WRITE_BYTES ...]
 """
 
 import os

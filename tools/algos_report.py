@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Markdown tables of `torchcomms-perf --algo all` runs (scripts/bench-algos.sh).
+"""Markdown tables of `torchcomms-perf --algo all` runs (tools/bench-algos.sh).
 
     algos_report.py DIR N [N ...]
 
@@ -34,8 +34,7 @@ TOLERANCE = 1.10
 DRAWS = 2000
 # Ops whose algorithms all send the same messages on 2 ranks: tree, chain and direct broadcast
 # each send the root's buffer, in the same staging-chunk pieces, to the one other rank; tree and
-# direct scatter and gather one block between the root and the other rank, in place (since
-# commit e160286; before it the trees copied through staging).
+# direct scatter and gather one block between the root and the other rank, in place.
 SAME_ON_TWO_RANKS = ("broadcast", "scatter", "gather")
 
 

@@ -3,16 +3,16 @@
 
     algos_pooled.py DIR [DIR ...]
 
-reads the directories that `KEEP=DIR scripts/bench-algos.sh` leaves (DIR/small-N.json and
+reads the directories that `KEEP=DIR tools/bench-algos.sh` leaves (DIR/small-N.json and
 DIR/large-N.json for every rank count N found) and counts, per (ranks, op, size), auto's ratio to
 each algorithm as one run measures it (the median over rounds of same-round ratios, as
 algos_report.py does), then the median of that ratio over the runs. Auto is within 10% at a point
 when that median is at most 1.10 against every algorithm.
 
-Why: on a shared 2-core VM one run's rounds are too few to tell 10% apart at every size. From
-1 MiB up (10 rounds of a few iterations), algorithms that send the very same messages on 2 ranks
-measured more than 10% apart at 1 MiB in 12 of 13 recorded runs, with a random sign. A median
-over runs takes that out; a miss that stays is the pick's doing. Runs may differ in what auto
+Why: on a shared 2-core VM one run's rounds are too few to tell 10% apart at every size: from
+1 MiB up (10 rounds of a few iterations), even algorithms that send the very same messages on 2
+ranks come out more than 10% apart at some sizes, with a random sign. A median over runs takes
+that out; a miss that stays is the pick's doing. Runs may differ in what auto
 picks (each calibrates its own cost model): the count is of auto as it ran.
 
 Prints the count, the points beyond 10% with every run's ratio, and the same median for the

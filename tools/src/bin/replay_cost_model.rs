@@ -1,12 +1,12 @@
 //! Replays recorded benchmark runs through the cost model: where would auto's pick be within
 //! 10% of the best algorithm? Tunes the model without running the benchmark again.
 //!
-//! Reads the directories that `KEEP=DIR scripts/bench-algos.sh` leaves: per rank count `N`,
+//! Reads the directories that `KEEP=DIR tools/bench-algos.sh` leaves: per rank count `N`,
 //! `small-N.json` and `large-N.json` (every algorithm's time in every round) and `small-N.err`
 //! and `large-N.err` (the engine's log: the model calibrated in that run, and the shape of each
 //! call). For every (ranks, op, size) it asks this build's model for its pick, with the run's own
 //! parameters, and compares the pick's rounds with every other algorithm's, round by round, as
-//! `scripts/bench/algos_report.py` does (the median of same-round ratios). Prints the points
+//! `tools/algos_report.py` does (the median of same-round ratios). Prints the points
 //! beyond 10% (with `--all`, every point) and a count per directory; `--explain` adds, under each
 //! point printed, every algorithm's predicted time and its best measured round. Given several
 //! directories, it also counts by each point's median over them: one run's noise moves a few
@@ -18,8 +18,8 @@
 //! `N` ranks: how much do the picks depend on what a calibration measured?
 //!
 //! ```text
-//! cargo run --release -p ctran --example replay_cost_model -- /tmp/run1 /tmp/run2
-//! cargo run --release -p ctran --example replay_cost_model -- --latency 4=15:14 /tmp/run1
+//! cargo run --release -p torchcomms-tools --bin replay_cost_model -- /tmp/run1 /tmp/run2
+//! cargo run --release -p torchcomms-tools --bin replay_cost_model -- --latency 4=15:14 /tmp/run1
 //! ```
 
 use std::collections::BTreeMap;
@@ -62,7 +62,7 @@ fn model_of(log: &str) -> Result<CostModel, String> {
         0.5
     };
     let ranks_per_host = number(line, "ranks_per_host: ")?;
-    // Runs recorded before the share was agreed ran over TCP only (bench-algos.sh).
+    // Runs recorded before the share was agreed ran over TCP only (tools/bench-algos.sh).
     let send_share = match field(line, "send_share: ") {
         Some(v) if v.starts_with("Some(") => Some(number(v, "Some(")?),
         Some(_) => None,
@@ -324,7 +324,7 @@ fn explain(model: &CostModel, shape: &Shape, n: usize, algos: &BTreeMap<String, 
 fn main() {
     const USAGE: &str =
         "usage: replay_cost_model [--all] [--explain] [--latency N=ALPHA_US:MU_US]... DIR...  \
-                         (KEEP directories of scripts/bench-algos.sh)";
+                         (KEEP directories of tools/bench-algos.sh)";
     let mut show = Show {
         all: false,
         explain: false,
