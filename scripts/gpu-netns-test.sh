@@ -13,6 +13,7 @@
 #    alone (CTRAN_BACKENDS=socket,shm).
 # Env: BIN (torchcomms-perf), PYTHON, PYTHONPATH (where torchcomms and pytest import from),
 # IP_DIR (a folder holding `ip`, for machines without iproute2). Needs root and 2 x PER_HOST GPUs.
+# Exit status: 0 passed, 1 a failure, 77 skipped (not root, or no iproute2): nothing tested.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?output directory}
@@ -24,8 +25,8 @@ P=${PER_HOST:-1}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export TORCHCOMM_ABORT_ON_ERROR=0 TORCHCOMM_TIMEOUT_SECONDS=120
 if [ "$(id -u)" != 0 ] || ! ip netns list >/dev/null 2>&1; then
-    echo "SKIP: two-host GPU test needs root and iproute2"
-    exit 0
+    echo "SKIP: two-host GPU test needs root and iproute2 (exit status 77)"
+    exit 77
 fi
 mkdir -p "$OUT"
 trap 'scripts/netns-hosts.sh down' EXIT

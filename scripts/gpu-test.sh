@@ -20,6 +20,12 @@
 #    Then two hosts made of network namespaces, one GPU each, ctran over TCP
 #    (scripts/gpu-netns-test.sh: the Python suite, correctness, busbw against host tensors).
 # --skip-perf leaves out step 4 (the tables); --skip-netns the two-host part of step 2.
+#
+# Exit status: 0 every step that ran passed (the last line names any part skipped, e.g. the
+# two-host test without root); 1 a failure; 2 a usage error or missing binaries; 77 skipped: no
+# NVIDIA GPU here, nothing was tested (the automake convention for SKIP: a skip is never read
+# as a pass). torchcomms-gpu-test and scripts/gpu-netns-test.sh use the same 77; here a
+# torchcomms-gpu-test that finds no usable CUDA while nvidia-smi lists GPUs is a failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = --build ]; then
@@ -83,8 +89,8 @@ for b in "$PERF" "$GPUTEST"; do
 done
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 if [ "${NGPU:-0}" = 0 ]; then
-    echo "SKIP: no NVIDIA GPU (nvidia-smi lists none)"
-    exit 0
+    echo "gpu-test: SKIPPED (exit status 77): no NVIDIA GPU (nvidia-smi lists none), nothing tested"
+    exit 77
 fi
 {
     echo "- date: $(date -u +%Y-%m-%dT%H:%MZ)"
@@ -94,8 +100,20 @@ fi
 } | tee "$OUT/env.md"
 
 status=0
+# Parts that were skipped (a step that exited 77; the rank tests on one GPU): named on the
+# last line, never counted as passed.
+skipped=()
 echo "== 1. torchcomms-gpu-test"
-"${STEP[@]}" "$GPUTEST" 2>&1 | tee "$OUT/gpu-test.log" || status=1
+rc=0
+"${STEP[@]}" "$GPUTEST" 2>&1 | tee "$OUT/gpu-test.log" || rc=$?
+if [ "$rc" = 77 ]; then
+    echo "gpu-test: torchcomms-gpu-test found no usable CUDA although nvidia-smi lists $NGPU GPU(s): a failure"
+    status=1
+elif [ "$rc" != 0 ]; then
+    status=1
+fi
+# With one GPU it tests the kernels and prints "SKIP ranks" (exit status 0).
+grep -q '^SKIP ranks' "$OUT/gpu-test.log" && skipped+=("rank tests of torchcomms-gpu-test (need 2 GPUs)")
 
 echo "== 2. Python: torchcomms on CUDA tensors (nccl backend)"
 WHEEL_DIR=${WHEEL_DIR:-.gpu/wheel}
@@ -126,13 +144,18 @@ if "$PYTHON" -m pip install --quiet --no-deps --no-index --target "$PYTARGET" "$
     done
     if [ "$SKIP_NETNS" = 0 ]; then
         echo "-- two hosts (network namespaces), one GPU each, ctran over TCP"
+        rc=0
         PYTHONPATH="$PYTARGET${PYTHONPATH:+:$PYTHONPATH}" BIN=$BIN timeout -k 10 "${NETNS_TIMEOUT:-900}" \
-            scripts/gpu-netns-test.sh "$OUT" 2>&1 | tee "$OUT/netns.log" || status=1
+            scripts/gpu-netns-test.sh "$OUT" 2>&1 | tee "$OUT/netns.log" || rc=$?
+        # 77: gpu-netns-test.sh skipped (no root or no iproute2).
+        case $rc in 0) ;; 77) skipped+=("two hosts") ;; *) status=1 ;; esac
         if [ "$NGPU" -ge 4 ]; then
             echo "-- two hosts, two GPUs each: NVLink inside a host, TCP between them"
+            rc=0
             PER_HOST=2 PYTHONPATH="$PYTARGET${PYTHONPATH:+:$PYTHONPATH}" BIN=$BIN \
                 timeout -k 10 "${NETNS_TIMEOUT:-900}" scripts/gpu-netns-test.sh "$OUT/mixed" 2>&1 |
-                tee "$OUT/netns-mixed.log" || status=1
+                tee "$OUT/netns-mixed.log" || rc=$?
+            case $rc in 0) ;; 77) skipped+=("two hosts of two GPUs") ;; *) status=1 ;; esac
         fi
     fi
     rm -rf "$PYTARGET"
@@ -171,8 +194,15 @@ for cfg in "nccl" "ctran" "ctran CTRAN_NVL_ALGO=low_latency" "ctran CTRAN_NVL_AL
     tail -n 3 "$OUT/correctness-$tag.log"
 done
 
+# The verdict, naming what did not run.
+verdict() {
+    local v=FAILED part
+    [ "$status" = 0 ] && v=PASSED
+    for part in ${skipped[@]+"${skipped[@]}"}; do v="$v; SKIPPED: $part"; done
+    echo "gpu-test: $v (logs in $OUT$1)"
+}
 if [ "$SKIP_PERF" = 1 ]; then
-    echo "gpu-test: $( [ $status = 0 ] && echo PASSED || echo FAILED ) (logs in $OUT; perf skipped)"
+    verdict "; perf skipped (--skip-perf)"
     exit $status
 fi
 echo "== 4. performance: torch.distributed+NCCL vs ours (nccl), f32, 8 B .. $MAX B"
@@ -192,5 +222,5 @@ if ls "$OUT"/torch-*.json "$OUT"/ours-*.json >/dev/null 2>&1; then
     "$PYTHON" scripts/bench/compare_gpu.py --torch "$OUT"/torch-*.json --ours "$OUT"/ours-*.json \
         --ctran "$OUT"/ctran-*.json | tee "$OUT/compare.md"
 fi
-echo "gpu-test: $( [ $status = 0 ] && echo PASSED || echo FAILED ) (logs in $OUT)"
+verdict ""
 exit $status

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test of the project: formatting, lints, Rust unit/integration/multi-process tests
-# (real processes over real sockets), and the interop tests against real PyTorch.
+# (real processes over real sockets), the C API (its header against cbindgen, and C and C++
+# programs compiled and run as ranks: bindings/c/tests, part of `cargo test`), the interop tests
+# against real PyTorch, and the Python package (scripts/test-python.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,9 +34,6 @@ else
     echo "== multi-host (network namespaces): NOT RUN - needs root (CI runs it)"
 fi
 
-for extra in scripts/test-c.sh scripts/test-python.sh; do
-    if [ -x "$extra" ]; then
-        echo "== $extra"
-        "$extra"
-    fi
-done
+# The C tests ran above under cargo test (bindings/c/tests); Python's suite needs its own build.
+echo "== scripts/test-python.sh"
+scripts/test-python.sh

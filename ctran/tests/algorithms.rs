@@ -1,8 +1,11 @@
 //! Every algorithm of every collective, chosen explicitly per call, checked against a reference
-//! on rank counts 1 to 9 and 16 (ranks are threads of this process, over real TCP on loopback),
-//! with sizes 0, 1, odd and large (staging chunks of 4 KiB, so large messages run the chunked and
-//! pipelined paths), every (dtype, op) pair at small sizes and a few at large ones; all_reduce
-//! results are compared byte for byte across ranks. Then selection: configuration, hints,
+//! over each transport between ranks of one host (ranks are threads of this process): real TCP
+//! on loopback (tests `*_over_tcp`, rank counts 1 to 9 and 16) and shared memory (`*_over_shm`,
+//! rank counts 2 to 9, see [`SHM_RANKS`]), with sizes 0, 1, odd and large (staging chunks
+//! of 4 KiB, so large messages run the chunked and pipelined paths), every (dtype, op) pair at
+//! small sizes and a few at large ones; all_reduce results are compared byte for byte across
+//! ranks. Each rank's trace (colltrace) must show every algorithm of the collective run, and every
+//! collective started over the transport the test names. Then selection: configuration, hints,
 //! errors that list the valid names, and auto agreeing on every rank.
 
 use std::sync::{Arc, Mutex};
@@ -16,8 +19,106 @@ use ctran::{Comm, CommConfig, DataType, Op, ReduceOp, Span};
 const CHUNK: usize = 4096;
 const RANKS: [usize; 10] = [1, 2, 3, 4, 5, 6, 7, 8, 9, 16];
 
+/// Rank counts of the matrix over shared memory: every count of [`RANKS`] but 1 (no peer to
+/// share memory with) and 16: sixteen ranks as threads over shared memory on a loaded 2-core
+/// machine cost as much as 2 to 9 together (the shm tests took about 11 s without 16 and 23 s
+/// with it; the whole file 30 s over TCP alone, 46 s with this list, 60 s with 16), and odd,
+/// even, power-of-two and other counts are all here.
+const SHM_RANKS: [usize; 8] = [2, 3, 4, 5, 6, 7, 8, 9];
+
+/// Records each rank's trace keeps: more than any matrix test runs on one communicator, so that
+/// the check of the algorithms that ran sees every operation.
+const TRACE_RECORDS: usize = 1 << 14;
+
 /// Serialises environment reads and writes within this test binary.
 static ENV: Mutex<()> = Mutex::new(());
+
+/// What carries an explicitly chosen algorithm's messages between the ranks (all on this host).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Transport {
+    /// TCP on loopback (`CTRAN_BACKENDS=socket`).
+    Tcp,
+    /// Shared memory: with `use_shm` the mapper routes every peer on this host through the
+    /// shm transport's FIFOs (`CTRAN_BACKENDS=socket,shm`; an explicit algorithm never takes
+    /// the shared-memory collectives).
+    Shm,
+}
+
+impl Transport {
+    /// The transport as colltrace names it (`CommDump::transport`, `Record::transport`).
+    fn name(self) -> &'static str {
+        match self {
+            Transport::Tcp => "socket",
+            Transport::Shm => "shm",
+        }
+    }
+
+    /// Rank counts the matrix runs on over this transport.
+    fn ranks(self) -> &'static [usize] {
+        match self {
+            Transport::Tcp => &RANKS,
+            Transport::Shm => &SHM_RANKS,
+        }
+    }
+}
+
+/// [`with_ranks`] over transport `t`; before finalizing, each rank checks its trace: the
+/// communicator is connected over `t` alone, every collective that started ran over it, and
+/// every algorithm of each of `colls` ran at least once.
+fn with_ranks_over<R: Send>(
+    t: Transport,
+    colls: &[Collective],
+    n: usize,
+    name: &str,
+    f: impl Fn(&Comm) -> R + Sync,
+) -> Vec<R> {
+    with_ranks(
+        n,
+        &format!("{name}-{}", t.name()),
+        |cfg| {
+            cfg.use_shm = t == Transport::Shm;
+            cfg.trace.buffer_size = TRACE_RECORDS;
+        },
+        |c| {
+            let r = f(c);
+            assert_ran_over(c, t, colls);
+            r
+        },
+    )
+}
+
+/// See [`with_ranks_over`].
+fn assert_ran_over(c: &Comm, t: Transport, colls: &[Collective]) {
+    let dump = c.trace().snapshot();
+    let who = format!("rank {} of {}, over {}", c.rank(), c.size(), t.name());
+    assert_eq!(
+        dump.transport.as_deref(),
+        Some(t.name()),
+        "{who}: connected"
+    );
+    assert_eq!(dump.dropped, 0, "{who}: the trace dropped records");
+    let mut ran = std::collections::BTreeSet::new();
+    for rec in dump.records.iter().filter(|r| r.algorithm.is_some()) {
+        assert_eq!(
+            rec.transport.as_deref(),
+            Some(t.name()),
+            "{who}: {} (seq {}) with {:?}",
+            rec.op,
+            rec.seq,
+            rec.algorithm
+        );
+        ran.insert((rec.op.clone(), rec.algorithm.clone().unwrap_or_default()));
+    }
+    for &coll in colls {
+        for algo in algos(coll) {
+            assert!(
+                ran.contains(&(coll.name().to_string(), algo.to_string())),
+                "{who}: {} with {algo} never ran; ran {ran:?}",
+                coll.name()
+            );
+        }
+    }
+}
 
 fn with_ranks<R: Send>(
     n: usize,
@@ -253,53 +354,59 @@ fn offsets(sizes: &[usize]) -> Vec<usize> {
 // ---------------------------------------------------------------------------------------------
 
 #[test]
-fn all_reduce_every_algorithm_is_exact_and_bitwise_identical_on_every_rank() {
-    for n in RANKS {
-        let results = with_ranks(
-            n,
-            "ar",
-            |_| {},
-            |c| {
-                let me = c.rank();
-                let mut out = Vec::new();
-                for algo in algos(Collective::AllReduce) {
-                    for (d, op, count) in reduction_cases(n) {
-                        let mut buf = inputs(d, op, me, 0, count);
-                        let buf_span = span_of(&mut buf);
-                        run(
-                            c,
-                            Op::AllReduce {
-                                buf: buf_span,
-                                dtype: d,
-                                op,
-                            },
-                            algo,
-                        );
-                        check_reduced(&buf, d, op, n, 0, &format!("all_reduce {algo} n={n}"));
-                        out.push(buf);
-                    }
-                    // Rounding-sensitive values: every rank must still end with the same bytes.
-                    let count = 2 * n * CHUNK / 4 + 5;
-                    let mut f = Vec::with_capacity(count * 4);
-                    for i in 0..count {
-                        let x = ((me * 7919 + i * 31) % 1000) as f32 * 0.1 - 50.0;
-                        f.extend(x.to_le_bytes());
-                    }
-                    let fs = span_of(&mut f);
+fn all_reduce_every_algorithm_is_exact_and_bitwise_identical_on_every_rank_over_tcp() {
+    all_reduce_every_algorithm_is_exact_and_bitwise_identical_on_every_rank(Transport::Tcp);
+}
+
+#[test]
+fn all_reduce_every_algorithm_is_exact_and_bitwise_identical_on_every_rank_over_shm() {
+    all_reduce_every_algorithm_is_exact_and_bitwise_identical_on_every_rank(Transport::Shm);
+}
+
+/// all_reduce: every algorithm, every (dtype, op) pair at sizes 0, 1, 7 and a few large; exact
+/// results, bitwise the same on every rank.
+fn all_reduce_every_algorithm_is_exact_and_bitwise_identical_on_every_rank(t: Transport) {
+    for &n in t.ranks() {
+        let results = with_ranks_over(t, &[Collective::AllReduce], n, "ar", |c| {
+            let me = c.rank();
+            let mut out = Vec::new();
+            for algo in algos(Collective::AllReduce) {
+                for (d, op, count) in reduction_cases(n) {
+                    let mut buf = inputs(d, op, me, 0, count);
+                    let buf_span = span_of(&mut buf);
                     run(
                         c,
                         Op::AllReduce {
-                            buf: fs,
-                            dtype: DataType::F32,
-                            op: ReduceOp::Avg,
+                            buf: buf_span,
+                            dtype: d,
+                            op,
                         },
                         algo,
                     );
-                    out.push(f);
+                    check_reduced(&buf, d, op, n, 0, &format!("all_reduce {algo} n={n}"));
+                    out.push(buf);
                 }
-                out
-            },
-        );
+                // Rounding-sensitive values: every rank must still end with the same bytes.
+                let count = 2 * n * CHUNK / 4 + 5;
+                let mut f = Vec::with_capacity(count * 4);
+                for i in 0..count {
+                    let x = ((me * 7919 + i * 31) % 1000) as f32 * 0.1 - 50.0;
+                    f.extend(x.to_le_bytes());
+                }
+                let fs = span_of(&mut f);
+                run(
+                    c,
+                    Op::AllReduce {
+                        buf: fs,
+                        dtype: DataType::F32,
+                        op: ReduceOp::Avg,
+                    },
+                    algo,
+                );
+                out.push(f);
+            }
+            out
+        });
         for (r, res) in results.iter().enumerate().skip(1) {
             assert!(
                 res == &results[0],
@@ -310,40 +417,45 @@ fn all_reduce_every_algorithm_is_exact_and_bitwise_identical_on_every_rank() {
 }
 
 #[test]
-fn reduce_every_algorithm_root_and_pair() {
-    for n in RANKS {
-        with_ranks(
-            n,
-            "red",
-            |_| {},
-            |c| {
-                let me = c.rank();
-                for algo in algos(Collective::Reduce) {
-                    for root in roots(n) {
-                        for (d, op, count) in reduction_cases(n) {
-                            let mut buf = inputs(d, op, me, 0, count);
-                            let orig = buf.clone();
-                            let s = span_of(&mut buf);
-                            run(
-                                c,
-                                Op::Reduce {
-                                    buf: s,
-                                    dtype: d,
-                                    op,
-                                    root,
-                                },
-                                algo,
-                            );
-                            if me == root {
-                                check_reduced(&buf, d, op, n, 0, &format!("reduce {algo} n={n}"));
-                            } else {
-                                assert_eq!(buf, orig, "reduce {algo}: non-root buffer changed");
-                            }
+fn reduce_every_algorithm_root_and_pair_over_tcp() {
+    reduce_every_algorithm_root_and_pair(Transport::Tcp);
+}
+
+#[test]
+fn reduce_every_algorithm_root_and_pair_over_shm() {
+    reduce_every_algorithm_root_and_pair(Transport::Shm);
+}
+
+/// reduce: every algorithm, three roots, every (dtype, op) pair; non-roots' buffers untouched.
+fn reduce_every_algorithm_root_and_pair(t: Transport) {
+    for &n in t.ranks() {
+        with_ranks_over(t, &[Collective::Reduce], n, "red", |c| {
+            let me = c.rank();
+            for algo in algos(Collective::Reduce) {
+                for root in roots(n) {
+                    for (d, op, count) in reduction_cases(n) {
+                        let mut buf = inputs(d, op, me, 0, count);
+                        let orig = buf.clone();
+                        let s = span_of(&mut buf);
+                        run(
+                            c,
+                            Op::Reduce {
+                                buf: s,
+                                dtype: d,
+                                op,
+                                root,
+                            },
+                            algo,
+                        );
+                        if me == root {
+                            check_reduced(&buf, d, op, n, 0, &format!("reduce {algo} n={n}"));
+                        } else {
+                            assert_eq!(buf, orig, "reduce {algo}: non-root buffer changed");
                         }
                     }
                 }
-            },
-        );
+            }
+        });
     }
 }
 
@@ -354,89 +466,94 @@ fn roots(n: usize) -> Vec<usize> {
 }
 
 #[test]
-fn reduce_scatter_every_algorithm_equal_uneven_and_in_place() {
-    for n in RANKS {
-        with_ranks(
-            n,
-            "rs",
-            |_| {},
-            |c| {
-                let me = c.rank();
-                for algo in algos(Collective::ReduceScatter) {
-                    for (d, op, count) in reduction_cases(n) {
-                        // Large cases: spread the large count over the blocks.
-                        let block = if count > 7 { count / n + 1 } else { count };
-                        let es = d.size_bytes();
-                        // Equal blocks in one tensor, the output aliasing this rank's block.
-                        let mut input = inputs(d, op, me, 0, n * block);
-                        let whole = span_of(&mut input);
-                        let ins: Vec<Span> = (0..n)
-                            .map(|j| whole.sub(j * block * es, block * es))
-                            .collect();
-                        run(
-                            c,
-                            Op::ReduceScatter {
-                                inputs: ins.clone(),
-                                output: ins[me],
-                                dtype: d,
-                                op,
-                            },
-                            algo,
-                        );
-                        let got = &input[me * block * es..(me + 1) * block * es];
-                        check_reduced(
-                            got,
-                            d,
+fn reduce_scatter_every_algorithm_equal_uneven_and_in_place_over_tcp() {
+    reduce_scatter_every_algorithm_equal_uneven_and_in_place(Transport::Tcp);
+}
+
+#[test]
+fn reduce_scatter_every_algorithm_equal_uneven_and_in_place_over_shm() {
+    reduce_scatter_every_algorithm_equal_uneven_and_in_place(Transport::Shm);
+}
+
+/// reduce_scatter: every algorithm, equal blocks in place and uneven blocks (reduce_scatter_v).
+fn reduce_scatter_every_algorithm_equal_uneven_and_in_place(t: Transport) {
+    for &n in t.ranks() {
+        with_ranks_over(t, &[Collective::ReduceScatter], n, "rs", |c| {
+            let me = c.rank();
+            for algo in algos(Collective::ReduceScatter) {
+                for (d, op, count) in reduction_cases(n) {
+                    // Large cases: spread the large count over the blocks.
+                    let block = if count > 7 { count / n + 1 } else { count };
+                    let es = d.size_bytes();
+                    // Equal blocks in one tensor, the output aliasing this rank's block.
+                    let mut input = inputs(d, op, me, 0, n * block);
+                    let whole = span_of(&mut input);
+                    let ins: Vec<Span> = (0..n)
+                        .map(|j| whole.sub(j * block * es, block * es))
+                        .collect();
+                    run(
+                        c,
+                        Op::ReduceScatter {
+                            inputs: ins.clone(),
+                            output: ins[me],
+                            dtype: d,
                             op,
-                            n,
-                            me * block,
-                            &format!("reduce_scatter {algo} n={n} in place"),
-                        );
-                    }
-                    // reduce_scatter_v: blocks of different sizes (some empty), separate buffers.
-                    for (d, op) in [
-                        (DataType::I64, ReduceOp::Sum),
-                        (DataType::F16, ReduceOp::Max),
-                    ] {
-                        let sizes: Vec<usize> = (0..n)
-                            .map(|j| {
-                                (j * 5 + 3) % 9
-                                    + if j % 3 == 0 {
-                                        0
-                                    } else {
-                                        2 * CHUNK / d.size_bytes() / (j + 1)
-                                    }
-                            })
-                            .collect();
-                        let starts = offsets(&sizes);
-                        let mut blocks: Vec<Vec<u8>> = (0..n)
-                            .map(|j| inputs(d, op, me, starts[j], sizes[j]))
-                            .collect();
-                        let ins: Vec<Span> = blocks.iter_mut().map(|b| span_of(b)).collect();
-                        let mut out = vec![0u8; sizes[me] * d.size_bytes()];
-                        let o = span_of(&mut out);
-                        run(
-                            c,
-                            Op::ReduceScatter {
-                                inputs: ins,
-                                output: o,
-                                dtype: d,
-                                op,
-                            },
-                            algo,
-                        );
-                        check_reduced(
-                            &out,
-                            d,
-                            op,
-                            n,
-                            starts[me],
-                            &format!("reduce_scatter_v {algo} n={n}"),
-                        );
-                    }
+                        },
+                        algo,
+                    );
+                    let got = &input[me * block * es..(me + 1) * block * es];
+                    check_reduced(
+                        got,
+                        d,
+                        op,
+                        n,
+                        me * block,
+                        &format!("reduce_scatter {algo} n={n} in place"),
+                    );
                 }
-            },
-        );
+                // reduce_scatter_v: blocks of different sizes (some empty), separate buffers.
+                for (d, op) in [
+                    (DataType::I64, ReduceOp::Sum),
+                    (DataType::F16, ReduceOp::Max),
+                ] {
+                    let sizes: Vec<usize> = (0..n)
+                        .map(|j| {
+                            (j * 5 + 3) % 9
+                                + if j % 3 == 0 {
+                                    0
+                                } else {
+                                    2 * CHUNK / d.size_bytes() / (j + 1)
+                                }
+                        })
+                        .collect();
+                    let starts = offsets(&sizes);
+                    let mut blocks: Vec<Vec<u8>> = (0..n)
+                        .map(|j| inputs(d, op, me, starts[j], sizes[j]))
+                        .collect();
+                    let ins: Vec<Span> = blocks.iter_mut().map(|b| span_of(b)).collect();
+                    let mut out = vec![0u8; sizes[me] * d.size_bytes()];
+                    let o = span_of(&mut out);
+                    run(
+                        c,
+                        Op::ReduceScatter {
+                            inputs: ins,
+                            output: o,
+                            dtype: d,
+                            op,
+                        },
+                        algo,
+                    );
+                    check_reduced(
+                        &out,
+                        d,
+                        op,
+                        n,
+                        starts[me],
+                        &format!("reduce_scatter_v {algo} n={n}"),
+                    );
+                }
+            }
+        });
     }
 }
 
@@ -448,187 +565,211 @@ fn block_bytes(j: usize, len: usize, salt: usize) -> Vec<u8> {
 }
 
 #[test]
-fn all_gather_every_algorithm_equal_uneven_and_split_buffers() {
-    for n in RANKS {
-        with_ranks(
-            n,
-            "ag",
-            |_| {},
-            |c| {
-                let me = c.rank();
-                for algo in algos(Collective::AllGather) {
-                    for b in [0, 1, 7, 3 * CHUNK + 5] {
-                        // One output tensor (all_gather_single), input separate.
-                        let mut input = block_bytes(me, b, 1);
-                        let mut out = vec![0u8; n * b];
-                        let o = span_of(&mut out);
-                        let outs = (0..n).map(|j| o.sub(j * b, b)).collect();
-                        run(
-                            c,
-                            Op::AllGather {
-                                input: span_of(&mut input),
-                                outputs: outs,
-                            },
-                            algo,
-                        );
-                        for j in 0..n {
-                            assert_eq!(
-                                &out[j * b..(j + 1) * b],
-                                &block_bytes(j, b, 1)[..],
-                                "all_gather {algo} n={n} b={b} block {j}"
-                            );
-                        }
-                    }
-                    // all_gather_v into separate buffers, sizes differ (some empty).
-                    let sizes: Vec<usize> = (0..n)
-                        .map(|j| {
-                            if j % 4 == 1 {
-                                0
-                            } else {
-                                (j * 977) % (2 * CHUNK) + 1
-                            }
-                        })
-                        .collect();
-                    let mut input = block_bytes(me, sizes[me], 2);
-                    let mut outs: Vec<Vec<u8>> = sizes.iter().map(|&s| vec![0u8; s]).collect();
-                    let spans = outs.iter_mut().map(|v| span_of(v)).collect();
+fn all_gather_every_algorithm_equal_uneven_and_split_buffers_over_tcp() {
+    all_gather_every_algorithm_equal_uneven_and_split_buffers(Transport::Tcp);
+}
+
+#[test]
+fn all_gather_every_algorithm_equal_uneven_and_split_buffers_over_shm() {
+    all_gather_every_algorithm_equal_uneven_and_split_buffers(Transport::Shm);
+}
+
+/// all_gather: every algorithm, equal blocks into one tensor and uneven ones into separate buffers.
+fn all_gather_every_algorithm_equal_uneven_and_split_buffers(t: Transport) {
+    for &n in t.ranks() {
+        with_ranks_over(t, &[Collective::AllGather], n, "ag", |c| {
+            let me = c.rank();
+            for algo in algos(Collective::AllGather) {
+                for b in [0, 1, 7, 3 * CHUNK + 5] {
+                    // One output tensor (all_gather_single), input separate.
+                    let mut input = block_bytes(me, b, 1);
+                    let mut out = vec![0u8; n * b];
+                    let o = span_of(&mut out);
+                    let outs = (0..n).map(|j| o.sub(j * b, b)).collect();
                     run(
                         c,
                         Op::AllGather {
                             input: span_of(&mut input),
-                            outputs: spans,
+                            outputs: outs,
                         },
                         algo,
                     );
-                    for (j, o) in outs.iter().enumerate() {
+                    for j in 0..n {
                         assert_eq!(
-                            o,
-                            &block_bytes(j, sizes[j], 2),
-                            "all_gather_v {algo} n={n} block {j}"
+                            &out[j * b..(j + 1) * b],
+                            &block_bytes(j, b, 1)[..],
+                            "all_gather {algo} n={n} b={b} block {j}"
                         );
                     }
                 }
-            },
-        );
-    }
-}
-
-#[test]
-fn broadcast_every_algorithm_and_root() {
-    for n in RANKS {
-        with_ranks(
-            n,
-            "bc",
-            |_| {},
-            |c| {
-                let me = c.rank();
-                for algo in algos(Collective::Broadcast) {
-                    for root in roots(n) {
-                        for len in [0, 1, 7, 5 * CHUNK + 3] {
-                            let mut buf = if me == root {
-                                block_bytes(root, len, 3)
-                            } else {
-                                vec![0u8; len]
-                            };
-                            run(
-                                c,
-                                Op::Broadcast {
-                                    buf: span_of(&mut buf),
-                                    root,
-                                },
-                                algo,
-                            );
-                            assert_eq!(
-                                buf,
-                                block_bytes(root, len, 3),
-                                "broadcast {algo} n={n} root={root} len={len}"
-                            );
+                // all_gather_v into separate buffers, sizes differ (some empty).
+                let sizes: Vec<usize> = (0..n)
+                    .map(|j| {
+                        if j % 4 == 1 {
+                            0
+                        } else {
+                            (j * 977) % (2 * CHUNK) + 1
                         }
-                    }
+                    })
+                    .collect();
+                let mut input = block_bytes(me, sizes[me], 2);
+                let mut outs: Vec<Vec<u8>> = sizes.iter().map(|&s| vec![0u8; s]).collect();
+                let spans = outs.iter_mut().map(|v| span_of(v)).collect();
+                run(
+                    c,
+                    Op::AllGather {
+                        input: span_of(&mut input),
+                        outputs: spans,
+                    },
+                    algo,
+                );
+                for (j, o) in outs.iter().enumerate() {
+                    assert_eq!(
+                        o,
+                        &block_bytes(j, sizes[j], 2),
+                        "all_gather_v {algo} n={n} block {j}"
+                    );
                 }
-            },
-        );
+            }
+        });
     }
 }
 
 #[test]
-fn all_to_all_every_algorithm_equal_and_uneven() {
-    for n in RANKS {
-        with_ranks(
-            n,
-            "a2a",
-            |_| {},
-            |c| {
-                let me = c.rank();
-                let payload =
-                    |from: usize, to: usize, len: usize| block_bytes(from * 17 + to, len, 4);
-                for algo in algos(Collective::AllToAll) {
-                    // Equal blocks in one tensor each way (all_to_all_single); bruck only while all
-                    // blocks fit a chunk.
-                    for b in [0, 1, 7, CHUNK / 16, 2 * CHUNK + 1] {
-                        if algo == "bruck" && n * b > CHUNK {
-                            continue;
-                        }
-                        let mut input: Vec<u8> = (0..n).flat_map(|j| payload(me, j, b)).collect();
-                        let mut out = vec![0u8; n * b];
-                        let (i, o) = (span_of(&mut input), span_of(&mut out));
-                        run_uniform(
+fn broadcast_every_algorithm_and_root_over_tcp() {
+    broadcast_every_algorithm_and_root(Transport::Tcp);
+}
+
+#[test]
+fn broadcast_every_algorithm_and_root_over_shm() {
+    broadcast_every_algorithm_and_root(Transport::Shm);
+}
+
+/// broadcast: every algorithm, three roots, sizes 0, 1, 7 and several chunks.
+fn broadcast_every_algorithm_and_root(t: Transport) {
+    for &n in t.ranks() {
+        with_ranks_over(t, &[Collective::Broadcast], n, "bc", |c| {
+            let me = c.rank();
+            for algo in algos(Collective::Broadcast) {
+                for root in roots(n) {
+                    for len in [0, 1, 7, 5 * CHUNK + 3] {
+                        let mut buf = if me == root {
+                            block_bytes(root, len, 3)
+                        } else {
+                            vec![0u8; len]
+                        };
+                        run(
                             c,
-                            Op::AllToAll {
-                                inputs: (0..n).map(|j| i.sub(j * b, b)).collect(),
-                                outputs: (0..n).map(|j| o.sub(j * b, b)).collect(),
+                            Op::Broadcast {
+                                buf: span_of(&mut buf),
+                                root,
                             },
                             algo,
                         );
-                        for j in 0..n {
-                            assert_eq!(
-                                &out[j * b..(j + 1) * b],
-                                &payload(j, me, b)[..],
-                                "all_to_all {algo} n={n} b={b} from {j}"
-                            );
-                        }
-                    }
-                    if algo == "bruck" {
-                        continue;
-                    }
-                    // all_to_all_v: the block from i to j has its own size.
-                    let size =
-                        |from: usize, to: usize| (from * 7 + to * 13) % 11 * ((from + to) % 3) * 97;
-                    let mut ins: Vec<Vec<u8>> =
-                        (0..n).map(|j| payload(me, j, size(me, j))).collect();
-                    let mut outs: Vec<Vec<u8>> = (0..n).map(|j| vec![0u8; size(j, me)]).collect();
-                    let (is, os) = (
-                        ins.iter_mut().map(|v| span_of(v)).collect(),
-                        outs.iter_mut().map(|v| span_of(v)).collect(),
-                    );
-                    run(
-                        c,
-                        Op::AllToAll {
-                            inputs: is,
-                            outputs: os,
-                        },
-                        algo,
-                    );
-                    for (j, o) in outs.iter().enumerate() {
                         assert_eq!(
-                            o,
-                            &payload(j, me, size(j, me)),
-                            "all_to_all_v {algo} n={n} from {j}"
+                            buf,
+                            block_bytes(root, len, 3),
+                            "broadcast {algo} n={n} root={root} len={len}"
                         );
                     }
                 }
-            },
-        );
+            }
+        });
     }
 }
 
 #[test]
-fn scatter_and_gather_every_algorithm_and_root() {
-    for n in RANKS {
-        with_ranks(
+fn all_to_all_every_algorithm_equal_and_uneven_over_tcp() {
+    all_to_all_every_algorithm_equal_and_uneven(Transport::Tcp);
+}
+
+#[test]
+fn all_to_all_every_algorithm_equal_and_uneven_over_shm() {
+    all_to_all_every_algorithm_equal_and_uneven(Transport::Shm);
+}
+
+/// all_to_all: every algorithm, equal blocks (all_to_all_single) and uneven ones (all_to_all_v).
+fn all_to_all_every_algorithm_equal_and_uneven(t: Transport) {
+    for &n in t.ranks() {
+        with_ranks_over(t, &[Collective::AllToAll], n, "a2a", |c| {
+            let me = c.rank();
+            let payload = |from: usize, to: usize, len: usize| block_bytes(from * 17 + to, len, 4);
+            for algo in algos(Collective::AllToAll) {
+                // Equal blocks in one tensor each way (all_to_all_single); bruck only while all
+                // blocks fit a chunk.
+                for b in [0, 1, 7, CHUNK / 16, 2 * CHUNK + 1] {
+                    if algo == "bruck" && n * b > CHUNK {
+                        continue;
+                    }
+                    let mut input: Vec<u8> = (0..n).flat_map(|j| payload(me, j, b)).collect();
+                    let mut out = vec![0u8; n * b];
+                    let (i, o) = (span_of(&mut input), span_of(&mut out));
+                    run_uniform(
+                        c,
+                        Op::AllToAll {
+                            inputs: (0..n).map(|j| i.sub(j * b, b)).collect(),
+                            outputs: (0..n).map(|j| o.sub(j * b, b)).collect(),
+                        },
+                        algo,
+                    );
+                    for j in 0..n {
+                        assert_eq!(
+                            &out[j * b..(j + 1) * b],
+                            &payload(j, me, b)[..],
+                            "all_to_all {algo} n={n} b={b} from {j}"
+                        );
+                    }
+                }
+                if algo == "bruck" {
+                    continue;
+                }
+                // all_to_all_v: the block from i to j has its own size.
+                let size =
+                    |from: usize, to: usize| (from * 7 + to * 13) % 11 * ((from + to) % 3) * 97;
+                let mut ins: Vec<Vec<u8>> = (0..n).map(|j| payload(me, j, size(me, j))).collect();
+                let mut outs: Vec<Vec<u8>> = (0..n).map(|j| vec![0u8; size(j, me)]).collect();
+                let (is, os) = (
+                    ins.iter_mut().map(|v| span_of(v)).collect(),
+                    outs.iter_mut().map(|v| span_of(v)).collect(),
+                );
+                run(
+                    c,
+                    Op::AllToAll {
+                        inputs: is,
+                        outputs: os,
+                    },
+                    algo,
+                );
+                for (j, o) in outs.iter().enumerate() {
+                    assert_eq!(
+                        o,
+                        &payload(j, me, size(j, me)),
+                        "all_to_all_v {algo} n={n} from {j}"
+                    );
+                }
+            }
+        });
+    }
+}
+
+#[test]
+fn scatter_and_gather_every_algorithm_and_root_over_tcp() {
+    scatter_and_gather_every_algorithm_and_root(Transport::Tcp);
+}
+
+#[test]
+fn scatter_and_gather_every_algorithm_and_root_over_shm() {
+    scatter_and_gather_every_algorithm_and_root(Transport::Shm);
+}
+
+/// scatter and gather: every algorithm, three roots, sizes up to several chunks.
+fn scatter_and_gather_every_algorithm_and_root(t: Transport) {
+    for &n in t.ranks() {
+        with_ranks_over(
+            t,
+            &[Collective::Scatter, Collective::Gather],
             n,
             "sg",
-            |_| {},
             |c| {
                 let me = c.rank();
                 for root in roots(n) {

@@ -1,7 +1,7 @@
 //! # torchcomms-gpu-test
 //!
 //! GPU checks of the CUDA layer and of the `nccl` backend, run from a prebuilt binary on a GPU
-//! machine (`scripts/gpu-test.sh`). Without a driver or a GPU it prints why and exits 0.
+//! machine (`scripts/gpu-test.sh`). Without a driver or a GPU it prints why and exits 77.
 //!
 //! 1. Environment: driver, devices, NVRTC and NCCL (versions and where they were found).
 //! 2. Kernels: every (dtype, op) of `ctran/src/cuda/kernels/reduce.cu` against the CPU kernels,
@@ -12,7 +12,7 @@
 //!    the error reported on every rank.
 //!
 //! The every op × dtype × reduce-op suite is `torchcomms-perf --device cuda --backend nccl -c 1`.
-//! Exit status: 0 all passed (or skipped with a printed reason), 1 a failure.
+//! Exit status (also printed by `--help`): see [`USAGE`].
 
 use std::net::{Ipv4Addr, TcpListener};
 use std::process::{Command, ExitCode};
@@ -26,7 +26,37 @@ use ctran::{DataType, Device, ReduceOp};
 use torchcomms::{new_comm, CommOptions, OpOptions, Tensor, TorchComm};
 use torchcomms_nccl as nccl;
 
+/// What `--help` prints.
+const USAGE: &str = "\
+usage: torchcomms-gpu-test   (no arguments; GPU_TEST_NRANKS=N limits the rank tests to N GPUs)
+
+GPU checks of the CUDA layer and of the nccl backend: environment, the NVRTC reduction kernels
+against the CPU kernels, and (with 2 or more GPUs) the rank tests, one process per GPU.
+
+exit status:
+  0   every check that ran passed (with fewer than 2 GPUs the rank tests print SKIP and the
+      kernel checks alone decide)
+  1   a check failed
+  77  skipped: no usable CUDA here (no driver, or no device), nothing was tested; the
+      automake convention for SKIP, so that a skip is never read as a pass
+";
+
+/// Exit status of a run that tested nothing because there is no usable CUDA here.
+const EXIT_SKIPPED: u8 = 77;
+
+/// How a run that did not fail ended.
+enum Outcome {
+    /// Checks ran and passed.
+    Passed,
+    /// Nothing could be tested here.
+    Skipped,
+}
+
 fn main() -> ExitCode {
+    if std::env::args().skip(1).any(|a| a == "-h" || a == "--help") {
+        print!("{USAGE}");
+        return ExitCode::SUCCESS;
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -35,11 +65,15 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let r = match std::env::var("TORCHCOMM_RANK") {
-        Ok(_) => rank_main(),
+        Ok(_) => rank_main().map(|()| Outcome::Passed),
         Err(_) => parent_main(),
     };
     match r {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(Outcome::Passed) => ExitCode::SUCCESS,
+        Ok(Outcome::Skipped) => {
+            println!("torchcomms-gpu-test: SKIPPED (exit status {EXIT_SKIPPED}): nothing tested");
+            ExitCode::from(EXIT_SKIPPED)
+        }
         Err(e) => {
             eprintln!("torchcomms-gpu-test: FAILED: {e:#}");
             ExitCode::FAILURE
@@ -47,10 +81,10 @@ fn main() -> ExitCode {
     }
 }
 
-fn parent_main() -> Result<()> {
+fn parent_main() -> Result<Outcome> {
     if let Some(why) = cuda::unavailable_reason() {
         println!("SKIP: no usable CUDA here: {why}");
-        return Ok(());
+        return Ok(Outcome::Skipped);
     }
     let d = cuda::driver()?;
     println!(
@@ -92,9 +126,9 @@ fn parent_main() -> Result<()> {
         .unwrap_or(d.device_count as usize);
     if n < 2 {
         println!("SKIP ranks: {n} GPU(s); the rank tests need 2");
-        return Ok(());
+        return Ok(Outcome::Passed);
     }
-    launch(n)
+    launch(n).map(|()| Outcome::Passed)
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -562,6 +562,10 @@ fn suite(args: &[String]) -> Result<()> {
         "SUITE OK rank {rank}/{n}: {} checks, {} refused",
         s.checks, s.refused
     );
+    // Which path the shared-memory collectives took: the tests that force or forbid
+    // cross-memory attach check these counts.
+    let cma = ctran::transport::shm::cma_stats();
+    println!("CMA rank {rank}: {} reads, {} bytes", cma.reads, cma.bytes);
     Ok(())
 }
 

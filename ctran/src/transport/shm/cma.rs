@@ -7,8 +7,24 @@
 //! of local ranks at init and only uses it when every probe succeeded.
 
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::span::Span;
+
+/// Reads made for collectives by this process, and their bytes (see [`super::cma_stats`]).
+static READS: AtomicU64 = AtomicU64::new(0);
+static BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// Counts one finished read of `bytes` made for a collective (the probe's are not counted).
+pub(crate) fn count(bytes: usize) {
+    READS.fetch_add(1, Ordering::Relaxed);
+    BYTES.fetch_add(bytes as u64, Ordering::Relaxed);
+}
+
+/// (reads, bytes) counted so far.
+pub(crate) fn counted() -> (u64, u64) {
+    (READS.load(Ordering::Relaxed), BYTES.load(Ordering::Relaxed))
+}
 
 /// Copies `local.len()` bytes at `remote` in process `pid` into `local`.
 ///

@@ -285,14 +285,16 @@ impl ShmCtx<'_> {
             });
         }
         let pid = self.shm.node.control(j).pid.load(Ordering::Relaxed);
-        cma::read(pid, addr + offset, local).map_err(|e| {
-            // A peer that died is the likely cause; its closed connection says so for sure.
-            let cause = (self.alive)().err();
-            ShmFail::Peer(cause.unwrap_or_else(|| TransportError::PeerLost {
-                peer: self.global(j),
-                reason: format!("cross-memory read of its buffer failed: {e}"),
-            }))
-        })
+        cma::read(pid, addr + offset, local)
+            .map(|()| cma::count(local.len()))
+            .map_err(|e| {
+                // A peer that died is the likely cause; its closed connection says so for sure.
+                let cause = (self.alive)().err();
+                ShmFail::Peer(cause.unwrap_or_else(|| TransportError::PeerLost {
+                    peer: self.global(j),
+                    reason: format!("cross-memory read of its buffer failed: {e}"),
+                }))
+            })
     }
 
     /// Announces this rank's arrival and waits for everyone's.

@@ -81,6 +81,23 @@ fn probe_cma(node: &Node, probe: &u64, enabled: bool, deadline: Instant) -> Resu
     Ok((0..n).all(|j| node.control(j).cma_state.load(Ordering::Acquire) == 1))
 }
 
+/// How much the shared-memory collectives of this process (every communicator together) read
+/// straight from other ranks' memory by cross-memory attach; the probes at init are not
+/// counted. Two relaxed counters per read; tests use them to show that the path ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CmaStats {
+    /// Ranges read (each by one or more `process_vm_readv` calls).
+    pub reads: u64,
+    /// Bytes read.
+    pub bytes: u64,
+}
+
+/// What this process has read by cross-memory attach so far (see [`CmaStats`]).
+pub fn cma_stats() -> CmaStats {
+    let (reads, bytes) = cma::counted();
+    CmaStats { reads, bytes }
+}
+
 /// Request ids of this transport live above this bit, apart from the socket transport's.
 pub(crate) const ID_BASE: u64 = 1 << 62;
 
