@@ -161,7 +161,7 @@ fn transports(
 /// receive) and grows them slowly on loopback, so a message above about 64 KiB waits for the
 /// receiver's window updates. Measured with 2 ranks of 2 cores: auto at 128-512 KiB took 0.46-0.6
 /// of the time with 4 MiB buffers, broadcast at 8-64 MiB 0.63-0.77. With more ranks than cores
-/// (4 on 2) the larger buffers gained nothing (`docs/perf/algorithms.md`, fourteenth session).
+/// (4 on 2) the larger buffers gained nothing (`docs/perf/algorithms.md`).
 const LOCAL_BUF_BYTES: usize = 4 << 20;
 
 /// How long a waiting caller or idle progress thread spins when cores allow (`CTRAN_WAIT_SPIN_US`

@@ -174,7 +174,7 @@ fn run_probe(cx: &mut OpCtx<'_>, probe: Algo) -> Result<()> {
 /// back the way the caller's operations are: a collective the caller waits for costs it two
 /// thread hand-offs besides the collective, and on a host with more threads than cores the
 /// collective itself runs alongside the callers' threads, which a measurement on the progress
-/// thread alone missed (docs/perf/algorithms.md, sixteenth session).
+/// thread alone missed (docs/perf/algorithms.md).
 pub trait Steps {
     /// This rank and the number of ranks.
     fn rank_size(&self) -> (usize, usize);

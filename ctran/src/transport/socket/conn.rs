@@ -24,7 +24,7 @@ const MAX_REASON: usize = 1024;
 /// measured slower on TCP loopback (likely because the socket stays locked for the whole copy,
 /// so the segments that the other end moves meanwhile wait in a backlog): with 2 ranks a 64 MiB
 /// direct broadcast took 10-15.5 ms in 1 MiB calls against 18-19 ms in single calls, all_gather
-/// 8% less (`docs/perf/algorithms.md`, thirteenth session).
+/// 8% less (`docs/perf/algorithms.md`).
 const MAX_IO_BYTES: usize = 1 << 20;
 
 fn encode_header(len: usize, flags: u32) -> [u8; HEADER_LEN] {
