@@ -3,12 +3,12 @@
 //! so no store is needed after the first communicator).
 
 use std::collections::HashMap;
-use std::hash::{DefaultHasher, Hash, Hasher};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, ToSocketAddrs};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::cpus::{host_cores, RankCpus, RANK_CPUS_BYTES};
+use super::stable_hash::StableHasher;
 use super::{Comm, CommConfig, Op};
 use crate::bootstrap::{PrefixStore, Store};
 use crate::error::{Error, Result};
@@ -78,9 +78,11 @@ pub(crate) fn host_id() -> u64 {
     let host = nix::unistd::gethostname()
         .map(|h| h.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let mut h = DefaultHasher::new();
-    (read("/proc/sys/kernel/random/boot_id").trim(), netns, host).hash(&mut h);
-    h.finish()
+    StableHasher::new()
+        .str(read("/proc/sys/kernel/random/boot_id").trim())
+        .str(&netns)
+        .str(&host)
+        .finish()
 }
 
 /// The transports of a communicator, the cores of this rank's host and the waker of its
@@ -129,9 +131,8 @@ fn transports(
         socket.set_buffers(peers, LOCAL_BUF_BYTES);
     }
     let shm = if config.use_shm && local.len() > 1 {
-        let mut h = DefaultHasher::new();
-        (secret, me).hash(&mut h);
-        let name = format!("/tcrs-{}-{:016x}", local[0], h.finish());
+        let h = StableHasher::new().bytes(secret).u64(me).finish();
+        let name = format!("/tcrs-{}-{h:016x}", local[0]);
         let shm = ShmTransport::attach(
             &name,
             config.rank,
@@ -348,12 +349,7 @@ fn split_inner(
     config.shm = parent.config().shm.clone();
     config.abort_process_on_error = abort_process_on_error;
     let color = ranks.iter().copied().min();
-    let list_hash = {
-        let mut h = DefaultHasher::new();
-        ranks.hash(&mut h);
-        name.hash(&mut h);
-        h.finish()
-    };
+    let list_hash = StableHasher::new().usizes(ranks).str(name).finish();
     let secret = random_secret();
     let listener = if joining {
         Some(listen(&config, None)?)
