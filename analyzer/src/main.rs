@@ -192,7 +192,7 @@ fn serve(
         let path = req.url().split('?').next().unwrap_or("/").to_string();
         let (body, ctype, code) = match source.collect(timeout) {
             Err(e) => (
-                format!("{{\"error\":{:?}}}", e.to_string()),
+                serde_json::json!({ "error": e.to_string() }).to_string(),
                 "application/json",
                 500,
             ),
@@ -209,7 +209,8 @@ fn serve(
                 ),
                 "/api/dumps" => (serde_json::to_string(&dumps)?, "application/json", 200),
                 _ => (
-                    "{\"error\":\"not found: /, /api/verdict, /api/dumps\"}".into(),
+                    serde_json::json!({ "error": "not found: /, /api/verdict, /api/dumps" })
+                        .to_string(),
                     "application/json",
                     404,
                 ),

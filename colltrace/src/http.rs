@@ -38,6 +38,16 @@ fn json(body: Vec<u8>, code: u16) -> tiny_http::Response<std::io::Cursor<Vec<u8>
         .with_header(ct)
 }
 
+/// `{"error": message}`, escaped as JSON needs.
+fn error(message: &str, code: u16) -> tiny_http::Response<std::io::Cursor<Vec<u8>>> {
+    json(
+        serde_json::json!({ "error": message })
+            .to_string()
+            .into_bytes(),
+        code,
+    )
+}
+
 fn serve(addr: SocketAddr) -> Result<SocketAddr, String> {
     let server = tiny_http::Server::http(addr).map_err(|e| e.to_string())?;
     let bound = server
@@ -54,30 +64,23 @@ fn serve(addr: SocketAddr) -> Result<SocketAddr, String> {
                         let dumps = crate::registry::snapshot(Trigger::Live, None);
                         match serde_json::to_vec(&dumps) {
                             Ok(b) => json(b, 200),
-                            Err(e) => json(
-                                format!("{{\"error\":{:?}}}", e.to_string()).into_bytes(),
-                                500,
-                            ),
+                            Err(e) => error(&e.to_string(), 500),
                         }
                     }
-                    (tiny_http::Method::Get, "/health") => json(b"{\"ok\":true}".to_vec(), 200),
+                    (tiny_http::Method::Get, "/health") => json(
+                        serde_json::json!({ "ok": true }).to_string().into_bytes(),
+                        200,
+                    ),
                     (tiny_http::Method::Post, "/dump") => {
                         match crate::registry::dump_configured(
                             Trigger::Api,
                             Some("requested over HTTP"),
                         ) {
                             Ok(p) => json(serde_json::to_vec(&p).unwrap_or_default(), 200),
-                            Err(e) => json(
-                                format!("{{\"error\":{:?}}}", e.to_string()).into_bytes(),
-                                500,
-                            ),
+                            Err(e) => error(&e.to_string(), 500),
                         }
                     }
-                    _ => json(
-                        b"{\"error\":\"not found: GET /colltrace, GET /health, POST /dump\"}"
-                            .to_vec(),
-                        404,
-                    ),
+                    _ => error("not found: GET /colltrace, GET /health, POST /dump", 404),
                 };
                 if let Err(e) = req.respond(resp) {
                     tracing::debug!("colltrace: http response: {e}");

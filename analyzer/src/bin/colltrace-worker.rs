@@ -19,19 +19,46 @@
 
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
+use clap::{Parser, ValueEnum};
 use torchcomms::{new_comm, CommOptions, Device, OpOptions, ReduceOp, Tensor, TorchComm};
 use torchcomms_ctran as _;
 
-fn arg(args: &[String], flag: &str, default: usize) -> Result<usize> {
-    match args.iter().position(|a| a == flag) {
-        Some(i) => args
-            .get(i + 1)
-            .context("missing value")
-            .and_then(|v| v.parse().context("not a number"))
-            .with_context(|| format!("{flag} N")),
-        None => Ok(default),
-    }
+/// What goes wrong in the job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Scenario {
+    /// Rank `--rank` skips the `--at`-th all_reduce.
+    Skip,
+    /// Rank `--rank` passes 64 elements instead of 2 to the `--at`-th all_reduce.
+    Mismatch,
+    /// Rank `--rank` sleeps `--delay-ms` before every all_reduce.
+    Slow,
+    /// Rank `--rank` exits without creating the communicator.
+    Absent,
+}
+
+/// One rank of the colltrace/analyzer multi-process tests.
+#[derive(Debug, Parser)]
+#[command(name = "colltrace-worker")]
+struct Args {
+    /// The scenario.
+    #[arg(value_enum)]
+    scenario: Scenario,
+    /// All-reduces to run.
+    #[arg(long, default_value_t = 5)]
+    iters: usize,
+    /// The rank that misbehaves.
+    #[arg(long, default_value_t = 2)]
+    rank: usize,
+    /// Which all_reduce it misbehaves in (0-based).
+    #[arg(long, default_value_t = 2)]
+    at: usize,
+    /// Delay of the slow rank, in ms.
+    #[arg(long = "delay-ms", default_value_t = 100)]
+    delay_ms: u64,
+    /// How long every rank stays up after its last operation, in ms.
+    #[arg(long = "hold-ms", default_value_t = 0)]
+    hold_ms: u64,
 }
 
 fn all_reduce(comm: &TorchComm, count: usize, async_op: bool) -> torchcomms::Result<()> {
@@ -44,28 +71,26 @@ fn all_reduce(comm: &TorchComm, count: usize, async_op: bool) -> torchcomms::Res
     comm.all_reduce(&t, ReduceOp::Sum, &opts)?.wait()
 }
 
-fn run(scenario: &str, args: &[String]) -> Result<()> {
-    let iters = arg(args, "--iters", 5)?;
-    let odd = arg(args, "--rank", 2)?;
-    let at = arg(args, "--at", 2)?;
-    let delay = arg(args, "--delay-ms", 100)?;
-    let hold = arg(args, "--hold-ms", 0)?;
+fn run(args: &Args) -> Result<()> {
+    let scenario = args.scenario;
+    let odd = args.rank;
     // The rank the launcher gave this process (an input, not a tunable).
-    if scenario == "absent" && std::env::var("TORCHCOMM_RANK").ok() == Some(odd.to_string()) {
+    if scenario == Scenario::Absent && std::env::var("TORCHCOMM_RANK").ok() == Some(odd.to_string())
+    {
         println!("RESULT absent");
         return Ok(());
     }
     let comm = new_comm("ctran", Device::Cpu, "world", CommOptions::from_env()?)?;
     let me = comm.get_rank();
     let mut result: torchcomms::Result<()> = Ok(());
-    for i in 0..iters {
+    for i in 0..args.iters {
         let count = match scenario {
-            "skip" if me == odd && i == at => continue,
-            "mismatch" if me == odd && i == at => 64,
+            Scenario::Skip if me == odd && i == args.at => continue,
+            Scenario::Mismatch if me == odd && i == args.at => 64,
             _ => 2,
         };
-        if scenario == "slow" && me == odd {
-            std::thread::sleep(Duration::from_millis(delay as u64));
+        if scenario == Scenario::Slow && me == odd {
+            std::thread::sleep(Duration::from_millis(args.delay_ms));
         }
         result = all_reduce(&comm, count, i % 2 == 1);
         if result.is_err() {
@@ -75,10 +100,10 @@ fn run(scenario: &str, args: &[String]) -> Result<()> {
     if result.is_ok() {
         result = comm.barrier(&OpOptions::sync()).and_then(|w| w.wait());
     }
-    if hold > 0 {
-        std::thread::sleep(Duration::from_millis(hold as u64));
+    if args.hold_ms > 0 {
+        std::thread::sleep(Duration::from_millis(args.hold_ms));
     }
-    if scenario != "skip" {
+    if scenario != Scenario::Skip {
         let files = colltrace::dump_all(&colltrace::trace_dir())?;
         println!("DUMPED {files:?}");
     }
@@ -100,24 +125,21 @@ fn main() {
         )
         .with_writer(std::io::stderr)
         .try_init();
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let scenario = args.first().map(String::as_str).unwrap_or("");
-    let r = match scenario {
-        "skip" | "mismatch" | "slow" => run(scenario, &args),
-        "absent" => match run(scenario, &args) {
-            // The communicator cannot be created without the absent rank: that is the point.
-            Err(e) => {
-                println!("RESULT error: {e:#}");
-                Ok(())
-            }
-            ok => ok,
-        },
-        other => Err(anyhow::anyhow!(
-            "unknown scenario {other:?}: expected skip, mismatch, slow or absent"
-        )),
+    let args = Args::parse();
+    let r = match run(&args) {
+        // The communicator cannot be created without the absent rank: that is the point.
+        Err(e) if args.scenario == Scenario::Absent => {
+            println!("RESULT error: {e:#}");
+            Ok(())
+        }
+        r => r,
     };
     if let Err(e) = r {
-        eprintln!("colltrace-worker {scenario}: {e:#}");
+        let scenario = args
+            .scenario
+            .to_possible_value()
+            .expect("no skipped variant");
+        eprintln!("colltrace-worker {}: {e:#}", scenario.get_name());
         std::process::exit(1);
     }
 }

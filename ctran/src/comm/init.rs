@@ -3,12 +3,14 @@
 //! so no store is needed after the first communicator).
 
 use std::collections::HashMap;
-use std::hash::{DefaultHasher, Hash, Hasher};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, ToSocketAddrs};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use bytemuck::{Pod, Zeroable};
+
 use super::cpus::{host_cores, RankCpus, RANK_CPUS_BYTES};
+use super::stable_hash::StableHasher;
 use super::{Comm, CommConfig, Op};
 use crate::bootstrap::{PrefixStore, Store};
 use crate::error::{Error, Result};
@@ -78,9 +80,11 @@ pub(crate) fn host_id() -> u64 {
     let host = nix::unistd::gethostname()
         .map(|h| h.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let mut h = DefaultHasher::new();
-    (read("/proc/sys/kernel/random/boot_id").trim(), netns, host).hash(&mut h);
-    h.finish()
+    StableHasher::new()
+        .str(read("/proc/sys/kernel/random/boot_id").trim())
+        .str(&netns)
+        .str(&host)
+        .finish()
 }
 
 /// The transports of a communicator, the cores of this rank's host and the waker of its
@@ -129,9 +133,8 @@ fn transports(
         socket.set_buffers(peers, LOCAL_BUF_BYTES);
     }
     let shm = if config.use_shm && local.len() > 1 {
-        let mut h = DefaultHasher::new();
-        (secret, me).hash(&mut h);
-        let name = format!("/tcrs-{}-{:016x}", local[0], h.finish());
+        let h = StableHasher::new().bytes(secret).u64(me).finish();
+        let name = format!("/tcrs-{}-{h:016x}", local[0]);
         let shm = ShmTransport::attach(
             &name,
             config.rank,
@@ -161,7 +164,7 @@ fn transports(
 /// receive) and grows them slowly on loopback, so a message above about 64 KiB waits for the
 /// receiver's window updates. Measured with 2 ranks of 2 cores: auto at 128-512 KiB took 0.46-0.6
 /// of the time with 4 MiB buffers, broadcast at 8-64 MiB 0.63-0.77. With more ranks than cores
-/// (4 on 2) the larger buffers gained nothing (`docs/perf/algorithms.md`, fourteenth session).
+/// (4 on 2) the larger buffers gained nothing (`docs/perf/algorithms.md`).
 const LOCAL_BUF_BYTES: usize = 4 << 20;
 
 /// How long a waiting caller or idle progress thread spins when cores allow (`CTRAN_WAIT_SPIN_US`
@@ -249,9 +252,30 @@ fn connect_with_store(
     Ok(comm)
 }
 
-/// What each parent rank tells the others during a split (fixed size, so it rides one
-/// all_gather).
+/// What each parent rank tells the others during a split, as it is on the wire (fixed size, so
+/// it rides one all_gather): integers little-endian.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct WireRecord {
+    /// The new communicator's lowest parent rank, or -1 when this rank is not in it.
+    color: i64,
+    /// This rank's position in the new communicator.
+    index: u64,
+    list_hash: u64,
+    secret: [u8; 16],
+    /// Listening address (IPv4 mapped into IPv6) and port; zero when not in the new one.
+    ip6: [u8; 16],
+    port: u16,
+    /// Zero.
+    reserved: [u8; 6],
+    host: u64,
+    cpus: [u8; RANK_CPUS_BYTES],
+}
+
+/// Bytes of a [`WireRecord`].
 const RECORD: usize = 72 + RANK_CPUS_BYTES;
+
+const _: () = assert!(std::mem::size_of::<WireRecord>() == RECORD);
 
 fn encode_record(
     color: Option<usize>,
@@ -260,22 +284,27 @@ fn encode_record(
     secret: &[u8; 16],
     addr: Option<SocketAddr>,
 ) -> [u8; RECORD] {
-    let mut b = [0u8; RECORD];
-    b[0..8].copy_from_slice(&color.map_or(-1i64, |c| c as i64).to_le_bytes());
-    b[8..16].copy_from_slice(&(index as u64).to_le_bytes());
-    b[16..24].copy_from_slice(&list_hash.to_le_bytes());
-    b[24..40].copy_from_slice(secret);
-    if let Some(a) = addr {
-        let ip6 = match a.ip() {
-            IpAddr::V4(v4) => v4.to_ipv6_mapped(),
-            IpAddr::V6(v6) => v6,
-        };
-        b[40..56].copy_from_slice(&ip6.octets());
-        b[56..58].copy_from_slice(&a.port().to_le_bytes());
-    }
-    b[64..72].copy_from_slice(&host_id().to_le_bytes());
-    b[72..].copy_from_slice(&RankCpus::of_this_thread().to_bytes());
-    b
+    let (ip6, port) = match addr {
+        Some(a) => {
+            let ip6 = match a.ip() {
+                IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+                IpAddr::V6(v6) => v6,
+            };
+            (ip6.octets(), a.port())
+        }
+        None => ([0; 16], 0),
+    };
+    bytemuck::cast(WireRecord {
+        color: color.map_or(-1i64, |c| c as i64).to_le(),
+        index: (index as u64).to_le(),
+        list_hash: list_hash.to_le(),
+        secret: *secret,
+        ip6,
+        port: port.to_le(),
+        reserved: [0; 6],
+        host: host_id().to_le(),
+        cpus: RankCpus::of_this_thread().to_bytes(),
+    })
 }
 
 struct Record {
@@ -289,20 +318,18 @@ struct Record {
 }
 
 fn decode_record(b: &[u8]) -> Record {
-    let color = i64::from_le_bytes(b[0..8].try_into().expect("8 bytes"));
-    let ip6 = Ipv6Addr::from(<[u8; 16]>::try_from(&b[40..56]).expect("16 bytes"));
+    // The gathered buffer gives no alignment: read the record by value.
+    let w: WireRecord = bytemuck::pod_read_unaligned(b);
+    let ip6 = Ipv6Addr::from(w.ip6);
     let ip = ip6.to_ipv4_mapped().map_or(IpAddr::V6(ip6), IpAddr::V4);
     Record {
-        color: usize::try_from(color).ok(),
-        index: u64::from_le_bytes(b[8..16].try_into().expect("8 bytes")) as usize,
-        list_hash: u64::from_le_bytes(b[16..24].try_into().expect("8 bytes")),
-        secret: b[24..40].try_into().expect("16 bytes"),
-        host: u64::from_le_bytes(b[64..72].try_into().expect("8 bytes")),
-        cpus: RankCpus::from_bytes(&b[72..]).expect("a record holds a CPU set"),
-        addr: SocketAddr::new(
-            ip,
-            u16::from_le_bytes(b[56..58].try_into().expect("2 bytes")),
-        ),
+        color: usize::try_from(i64::from_le(w.color)).ok(),
+        index: u64::from_le(w.index) as usize,
+        list_hash: u64::from_le(w.list_hash),
+        secret: w.secret,
+        host: u64::from_le(w.host),
+        cpus: RankCpus::from_bytes(&w.cpus).expect("a record holds a CPU set"),
+        addr: SocketAddr::new(ip, u16::from_le(w.port)),
     }
 }
 
@@ -348,12 +375,7 @@ fn split_inner(
     config.shm = parent.config().shm.clone();
     config.abort_process_on_error = abort_process_on_error;
     let color = ranks.iter().copied().min();
-    let list_hash = {
-        let mut h = DefaultHasher::new();
-        ranks.hash(&mut h);
-        name.hash(&mut h);
-        h.finish()
-    };
+    let list_hash = StableHasher::new().usizes(ranks).str(name).finish();
     let secret = random_secret();
     let listener = if joining {
         Some(listen(&config, None)?)
@@ -426,4 +448,33 @@ fn split_inner(
     })();
     super::trace::end_init(&trace, step, &child);
     child.map(Some)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_split_record_keeps_its_wire_layout() {
+        let addr: SocketAddr = "10.1.2.3:4567".parse().unwrap();
+        let b = encode_record(Some(2), 5, 0xABCD, &[9; 16], Some(addr));
+        assert_eq!(b[0..8], 2i64.to_le_bytes());
+        assert_eq!(b[8..16], 5u64.to_le_bytes());
+        assert_eq!(b[16..24], 0xABCDu64.to_le_bytes());
+        assert_eq!(b[24..40], [9; 16]);
+        let ip6 = std::net::Ipv4Addr::new(10, 1, 2, 3)
+            .to_ipv6_mapped()
+            .octets();
+        assert_eq!(b[40..56], ip6);
+        assert_eq!(b[56..58], 4567u16.to_le_bytes());
+        assert_eq!(b[58..64], [0; 6]);
+        assert_eq!(b[64..72], host_id().to_le_bytes());
+        let r = decode_record(&b[..]);
+        assert_eq!(
+            (r.color, r.index, r.list_hash, r.addr),
+            (Some(2), 5, 0xABCD, addr)
+        );
+        let none = decode_record(&encode_record(None, 0, 0, &[0; 16], None));
+        assert_eq!(none.color, None);
+    }
 }

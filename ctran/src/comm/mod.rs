@@ -9,6 +9,7 @@ mod init;
 pub mod op;
 pub mod request;
 mod spin;
+pub(crate) mod stable_hash;
 mod trace;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -23,7 +23,6 @@
 //! 3. ring all_reduces of the parameters (configured values where given), so every rank holds
 //!    bitwise the same model and auto picks the same algorithm everywhere (see [`agree`]).
 
-use std::hash::{DefaultHasher, Hash, Hasher};
 use std::time::Instant;
 
 use crate::algos::all_gather;
@@ -31,6 +30,7 @@ use crate::algos::all_reduce;
 use crate::algos::barrier;
 use crate::algos::ctx::OpCtx;
 use crate::algos::select::{cost, Algo, Collective, CostModel, CostOverrides, Shape};
+use crate::comm::stable_hash::StableHasher;
 use crate::error::Result;
 use crate::kernels::Reducer;
 use crate::span::Span;
@@ -51,15 +51,11 @@ const RECORD: usize = 24;
 /// `comm::host_id` it leaves out the network namespace: ranks in namespaces of one machine are
 /// separate hosts to the transports but compete for the same cores.
 fn host_id() -> u64 {
-    let mut h = DefaultHasher::new();
-    nix::unistd::gethostname()
+    let host = nix::unistd::gethostname()
         .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_default()
-        .hash(&mut h);
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .unwrap_or_default()
-        .hash(&mut h);
-    h.finish()
+        .unwrap_or_default();
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    StableHasher::new().str(&host).str(&boot).finish()
 }
 
 fn span_of<T>(v: &mut [T]) -> Span {

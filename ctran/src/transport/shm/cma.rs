@@ -6,8 +6,12 @@
 //! `ptrace_scope`, seccomp filters in containers), so the transport probes it between every pair
 //! of local ranks at init and only uses it when every probe succeeded.
 
-use std::io;
+use std::io::{self, IoSliceMut};
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use nix::errno::Errno;
+use nix::sys::uio::{process_vm_readv, RemoteIoVec};
+use nix::unistd::Pid;
 
 use crate::span::Span;
 
@@ -33,36 +37,34 @@ pub(crate) fn counted() -> (u64, u64) {
 /// barrier). A bad address or a gone process is an error, never memory unsafety here: the kernel
 /// checks the remote range, and `local` is a valid span by its own contract.
 pub(crate) fn read(pid: u32, remote: usize, local: Span) -> io::Result<()> {
+    let pid = Pid::from_raw(pid as libc::pid_t);
+    // SAFETY: `local` is this rank's destination for the operation: valid for writes of its
+    // length (Span's contract) and read or written by no one else until the copy returns (the
+    // collectives hand each destination to one reader at a time).
+    unsafe { local.with_mut_slice(|dst| read_into(pid, remote, dst)) }
+}
+
+/// [`read`] into a slice, through nix's `process_vm_readv`, which lets the kernel validate the
+/// remote range (EFAULT instead of touching anything of ours).
+fn read_into(pid: Pid, remote: usize, dst: &mut [u8]) -> io::Result<()> {
     let mut done = 0usize;
-    while done < local.len() {
-        let dst = local.sub(done, local.len() - done);
-        let liov = libc::iovec {
-            iov_base: dst.as_ptr().cast(),
-            iov_len: dst.len(),
-        };
-        let riov = libc::iovec {
-            iov_base: (remote + done) as *mut libc::c_void,
-            iov_len: dst.len(),
-        };
-        // SAFETY: `liov` describes `dst`, memory valid for writes of `dst.len()` bytes that no one
-        // else touches during the operation (Span's contract); the kernel validates `riov` in the
-        // other process and fails with EFAULT instead of touching anything of ours. Both iovec
-        // arrays live on this stack frame for the duration of the call.
-        let n = unsafe { libc::process_vm_readv(pid as libc::pid_t, &liov, 1, &riov, 1, 0) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
+    while done < dst.len() {
+        let rest = &mut dst[done..];
+        let riov = [RemoteIoVec {
+            base: remote + done,
+            len: rest.len(),
+        }];
+        match process_vm_readv(pid, &mut [IoSliceMut::new(rest)], &riov) {
+            Err(Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "process_vm_readv moved no byte",
+                ))
             }
-            return Err(e);
+            Ok(n) => done += n,
         }
-        if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "process_vm_readv moved no byte",
-            ));
-        }
-        done += n as usize;
     }
     Ok(())
 }

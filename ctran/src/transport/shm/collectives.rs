@@ -19,13 +19,13 @@
 //! disagree fail with a [`ShmFail::Mismatch`] naming the peer and the sizes rather than reading
 //! past a buffer or waiting for rounds that never come.
 
-use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::node::WaitEnd;
 use super::{cma, ShmTransport};
 use crate::algos::ctx::{chunks, combine, combine_input, finish, load_input, partition, prescale};
+use crate::comm::stable_hash::StableHasher;
 use crate::kernels::Reducer;
 use crate::span::Span;
 use crate::transport::TransportError;
@@ -76,15 +76,9 @@ impl Kind {
     }
 }
 
-fn hash_of(v: impl Hash) -> u64 {
-    let mut h = DefaultHasher::new();
-    v.hash(&mut h);
-    h.finish()
-}
-
 /// Element type and reduce op, which every rank of a reduction must agree on.
-fn red_args(red: &Reducer, extra: impl Hash) -> u64 {
-    hash_of((format!("{:?}/{:?}", red.dtype(), red.op()), extra))
+fn red_args(red: &Reducer) -> StableHasher {
+    StableHasher::new().str(&format!("{:?}/{:?}", red.dtype(), red.op()))
 }
 
 /// What this rank is about to do, as it publishes it.
@@ -384,7 +378,7 @@ pub fn all_reduce(cx: &mut ShmCtx<'_>, buf: Span, red: &Reducer) -> Result<(), S
     let d = Desc {
         kind: Kind::AllReduce,
         bytes: buf.len(),
-        args: red_args(red, ()),
+        args: red_args(red).finish(),
     };
     // Its cross-memory path reads every byte twice (inputs, then results), so it pays off
     // later than the single-read collectives'.
@@ -537,7 +531,7 @@ pub fn all_gather(cx: &mut ShmCtx<'_>, input: Span, outputs: &[Span]) -> Result<
     let d = Desc {
         kind: Kind::AllGather,
         bytes: input.len(),
-        args: hash_of(&lens),
+        args: StableHasher::new().usizes(&lens).finish(),
     };
     let expect = |j: usize| lens[j];
     if cx.use_cma(lens.iter().sum()) {
@@ -578,7 +572,7 @@ pub fn broadcast(cx: &mut ShmCtx<'_>, buf: Span, root: usize) -> Result<(), ShmF
     let d = Desc {
         kind: Kind::Broadcast,
         bytes: buf.len(),
-        args: hash_of(root),
+        args: StableHasher::new().u64(root as u64).finish(),
     };
     if cx.use_cma(buf.len()) {
         cx.publish(d, &[buf]);
@@ -621,7 +615,7 @@ pub fn reduce_scatter(
     let d = Desc {
         kind: Kind::ReduceScatter,
         bytes: output.len(),
-        args: red_args(red, &lens),
+        args: red_args(red).usizes(&lens).finish(),
     };
     let expect = |j: usize| lens[j];
     if cx.use_cma(lens.iter().sum()) {
@@ -671,7 +665,7 @@ pub fn reduce(cx: &mut ShmCtx<'_>, buf: Span, red: &Reducer, root: usize) -> Res
     let d = Desc {
         kind: Kind::Reduce,
         bytes: buf.len(),
-        args: red_args(red, root),
+        args: red_args(red).u64(root as u64).finish(),
     };
     if cx.use_cma(buf.len()) {
         cx.publish(d, &[buf]);

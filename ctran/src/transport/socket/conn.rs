@@ -6,6 +6,7 @@ use std::collections::VecDeque;
 use std::io::{self, IoSlice, IoSliceMut, Read};
 use std::os::fd::{AsRawFd, RawFd};
 
+use bytemuck::{Pod, Zeroable};
 use socket2::Socket;
 
 use crate::span::Span;
@@ -27,12 +28,36 @@ const MAX_REASON: usize = 1024;
 /// calls).
 const MAX_IO_BYTES: usize = 1 << 20;
 
+/// The header that precedes every message, as it is on the wire: every field little-endian.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+struct Header {
+    magic: u32,
+    flags: u32,
+    /// Payload bytes.
+    len: u64,
+}
+
+const _: () = assert!(std::mem::size_of::<Header>() == HEADER_LEN);
+
+impl Header {
+    /// The header as it is read from the wire.
+    fn read(b: &[u8; HEADER_LEN]) -> Header {
+        let h: Header = bytemuck::cast(*b);
+        Header {
+            magic: u32::from_le(h.magic),
+            flags: u32::from_le(h.flags),
+            len: u64::from_le(h.len),
+        }
+    }
+}
+
 fn encode_header(len: usize, flags: u32) -> [u8; HEADER_LEN] {
-    let mut h = [0u8; HEADER_LEN];
-    h[0..4].copy_from_slice(&MAGIC.to_le_bytes());
-    h[4..8].copy_from_slice(&flags.to_le_bytes());
-    h[8..16].copy_from_slice(&(len as u64).to_le_bytes());
-    h
+    bytemuck::cast(Header {
+        magic: MAGIC.to_le(),
+        flags: flags.to_le(),
+        len: (len as u64).to_le(),
+    })
 }
 
 #[derive(Debug)]
@@ -373,8 +398,8 @@ impl Conn {
 }
 
 fn is_bye(header: &[u8; HEADER_LEN]) -> bool {
-    u32::from_le_bytes(header[0..4].try_into().expect("4 bytes")) == MAGIC
-        && u32::from_le_bytes(header[4..8].try_into().expect("4 bytes")) & FLAG_BYE != 0
+    let h = Header::read(header);
+    h.magic == MAGIC && h.flags & FLAG_BYE != 0
 }
 
 /// Checks a just-completed header against the receive posted for it (`read` bytes of the
@@ -386,9 +411,8 @@ fn check_header(
     data: Span,
     read: usize,
 ) -> Result<(), TransportError> {
-    let word = |at: usize| u32::from_le_bytes(header[at..at + 4].try_into().expect("4 bytes"));
-    let (magic, flags) = (word(0), word(4));
-    let len = u64::from_le_bytes(header[8..16].try_into().expect("8 bytes")) as usize;
+    let Header { magic, flags, len } = Header::read(header);
+    let len = len as usize;
     if magic != MAGIC {
         return Err(TransportError::PeerLost {
             peer,
@@ -424,4 +448,21 @@ fn check_header(
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_header_keeps_its_wire_layout() {
+        let h = encode_header(0x0102_0304_0506, FLAG_BYE);
+        let mut want = [0u8; HEADER_LEN];
+        want[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        want[4..8].copy_from_slice(&FLAG_BYE.to_le_bytes());
+        want[8..16].copy_from_slice(&0x0102_0304_0506u64.to_le_bytes());
+        assert_eq!(h, want);
+        assert!(is_bye(&h));
+        assert!(!is_bye(&encode_header(7, FLAG_ABORT)));
+    }
 }

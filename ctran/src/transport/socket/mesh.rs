@@ -10,6 +10,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytemuck::{Pod, Zeroable};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 use super::conn::Conn;
@@ -94,14 +95,45 @@ pub struct MeshPlan {
     pub secret: [u8; 16],
 }
 
+/// What a connecting rank sends first, as it is on the wire: integers little-endian.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+struct Hello {
+    magic: [u8; 8],
+    version: u32,
+    /// The connecting rank.
+    from: u32,
+    /// The rank it means to reach.
+    to: u32,
+    /// Zero.
+    reserved: [u8; 12],
+    secret: [u8; 16],
+}
+
+const _: () = assert!(std::mem::size_of::<Hello>() == HELLO_LEN);
+
+impl Hello {
+    /// The hello as it is read from the wire.
+    fn read(b: &[u8; HELLO_LEN]) -> Hello {
+        let h: Hello = bytemuck::cast(*b);
+        Hello {
+            version: u32::from_le(h.version),
+            from: u32::from_le(h.from),
+            to: u32::from_le(h.to),
+            ..h
+        }
+    }
+}
+
 fn hello(plan: &MeshPlan, to: usize) -> [u8; HELLO_LEN] {
-    let mut h = [0u8; HELLO_LEN];
-    h[0..8].copy_from_slice(HELLO_MAGIC);
-    h[8..12].copy_from_slice(&HELLO_VERSION.to_le_bytes());
-    h[12..16].copy_from_slice(&(plan.rank as u32).to_le_bytes());
-    h[16..20].copy_from_slice(&(to as u32).to_le_bytes());
-    h[32..48].copy_from_slice(&plan.secret);
-    h
+    bytemuck::cast(Hello {
+        magic: *HELLO_MAGIC,
+        version: HELLO_VERSION.to_le(),
+        from: (plan.rank as u32).to_le(),
+        to: (to as u32).to_le(),
+        reserved: [0; 12],
+        secret: plan.secret,
+    })
 }
 
 /// Constant-time comparison, so the secret cannot be guessed byte by byte from timing.
@@ -115,20 +147,20 @@ fn check_hello(
     plan: &MeshPlan,
     connected: &[bool],
 ) -> std::result::Result<usize, String> {
-    if &h[0..8] != HELLO_MAGIC {
+    let h = Hello::read(h);
+    if &h.magic != HELLO_MAGIC {
         return Err("not a torchcomms-rs peer (bad magic)".into());
     }
-    let version = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes"));
+    let version = h.version;
     if version != HELLO_VERSION {
         return Err(format!(
             "protocol version {version}, expected {HELLO_VERSION}"
         ));
     }
-    if !secret_matches(&h[32..48], &plan.secret) {
+    if !secret_matches(&h.secret, &plan.secret) {
         return Err("wrong communicator secret".into());
     }
-    let from = u32::from_le_bytes(h[12..16].try_into().expect("4 bytes")) as usize;
-    let to = u32::from_le_bytes(h[16..20].try_into().expect("4 bytes")) as usize;
+    let (from, to) = (h.from as usize, h.to as usize);
     if to != plan.rank {
         return Err(format!(
             "addressed to rank {to}, this is rank {}",
@@ -324,4 +356,31 @@ pub fn default_listen_ip(toward: Option<IpAddr>) -> IpAddr {
         }
     }
     IpAddr::V4(Ipv4Addr::LOCALHOST)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_hello_keeps_its_wire_layout_and_is_checked() {
+        let plan = |rank| MeshPlan {
+            comm: "t".into(),
+            rank,
+            addrs: Vec::new(),
+            secret: [7; 16],
+        };
+        let h = hello(&plan(1), 3);
+        let mut want = [0u8; HELLO_LEN];
+        want[0..8].copy_from_slice(HELLO_MAGIC);
+        want[8..12].copy_from_slice(&HELLO_VERSION.to_le_bytes());
+        want[12..16].copy_from_slice(&1u32.to_le_bytes());
+        want[16..20].copy_from_slice(&3u32.to_le_bytes());
+        want[32..48].copy_from_slice(&[7; 16]);
+        assert_eq!(h, want);
+        assert_eq!(check_hello(&h, &plan(3), &[false; 4]), Ok(1));
+        let mut other = plan(3);
+        other.secret = [8; 16];
+        assert!(check_hello(&h, &other, &[false; 4]).is_err());
+    }
 }
