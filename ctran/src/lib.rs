@@ -16,9 +16,11 @@ pub use span::Span;
 pub use types::{DataType, Device, ReduceOp};
 pub mod algos;
 pub mod comm;
+pub mod engine;
 pub mod gpe;
 pub mod mixed;
 pub mod nvl;
+pub mod shm_collectives;
 pub mod transport;
 
 pub use comm::{Comm, CommConfig, Op, P2p, Request, RequestStatus};

@@ -12,13 +12,13 @@ use crossbeam_channel::{Receiver, TryRecvError};
 use super::op::Op;
 use super::request::Request;
 use super::Shared;
-use crate::algos::select::{Choice, Pick};
+use crate::algos::select::Pick;
 use crate::algos::staging::Staging;
 use crate::algos::{self, OpCtx};
+use crate::engine::select::{self, Path};
 use crate::error::Error;
-use crate::kernels::Reducer;
+use crate::shm_collectives::{self, ShmCtx, ShmFail, Waiting};
 use crate::transport::mapper::Mapper;
-use crate::transport::shm::collectives::{self, ShmCtx, ShmFail, Waiting};
 use crate::transport::socket::Waker;
 use crate::transport::{ReqId, Transport};
 
@@ -302,48 +302,51 @@ impl Executor {
             task.complete(&mut self.tracer, &self.shared.tasks_done, Ok(()));
             return;
         }
-        if task.op.is_p2p() {
-            self.write_unwritten();
-            let transport = Some(self.net.describe());
-            let info = || super::trace::op_info(&task.op, task.timeout, None);
-            self.tracer.start(&mut task.trace, info, transport, None);
-            let posted = {
-                let mut cx = self.ctx(name, task.seq, task.timeout);
-                algos::post_p2p(&mut cx, &task.op)
-            };
-            match posted {
-                Ok(reqs) => {
-                    let deadline = Instant::now() + task.timeout;
-                    self.inflight.push(InFlight {
-                        reqs,
-                        task,
-                        deadline,
-                    });
-                }
-                Err(e) => self.fail_task(task, e),
-            }
-            return;
-        }
-        // An explicitly chosen algorithm runs as chosen, also where shared memory could.
-        let shm = match task.algo.choice {
-            Choice::Auto => self.run_on_shm(&mut task),
-            Choice::Fixed(_) => None,
-        };
-        let result = match shm {
-            Some(Ok(())) => {
-                if let Some(u) = task.complete_deferred(&mut self.tracer, &self.shared.tasks_done) {
-                    if self.unwritten.len() == UNWRITTEN_MAX {
-                        // None of the last operations waited: the oldest, after the signal.
-                        Unwritten::write_oldest(&mut self.unwritten, &mut self.tracer);
+        let path = select::host_path(
+            &task.op,
+            task.algo,
+            self.net.shm_reach(),
+            &self.shared.selector,
+        );
+        let result = match path {
+            Path::P2p => {
+                self.write_unwritten();
+                let transport = Some(self.net.describe());
+                let info = || super::trace::op_info(&task.op, task.timeout, None);
+                self.tracer.start(&mut task.trace, info, transport, None);
+                let posted = {
+                    let mut cx = self.ctx(name, task.seq, task.timeout);
+                    algos::post_p2p(&mut cx, &task.op)
+                };
+                match posted {
+                    Ok(reqs) => {
+                        let deadline = Instant::now() + task.timeout;
+                        self.inflight.push(InFlight {
+                            reqs,
+                            task,
+                            deadline,
+                        });
                     }
-                    self.unwritten.push_back(u);
+                    Err(e) => self.fail_task(task, e),
                 }
                 return;
             }
-            Some(r) => r,
-            None => {
+            Path::ShmCollective => match self.run_on_shm(&mut task) {
+                Ok(()) => {
+                    let done = &self.shared.tasks_done;
+                    if let Some(u) = task.complete_deferred(&mut self.tracer, done) {
+                        if self.unwritten.len() == UNWRITTEN_MAX {
+                            // None of the last operations waited: the oldest, after the signal.
+                            Unwritten::write_oldest(&mut self.unwritten, &mut self.tracer);
+                        }
+                        self.unwritten.push_back(u);
+                    }
+                    return;
+                }
+                Err(e) => Err(e),
+            },
+            Path::Algorithm(algo) => {
                 self.write_unwritten();
-                let algo = self.shared.selector.resolve(&task.op, task.algo);
                 let transport = Some(self.net.describe());
                 let algo_name = algo.map(|a| a.name());
                 let info = || super::trace::op_info(&task.op, task.timeout, None);
@@ -352,6 +355,10 @@ impl Executor {
                 let mut cx = self.ctx(name, task.seq, task.timeout);
                 algos::run_collective(&mut cx, &task.op, algo)
             }
+            other => Err(Error::NotSupported(format!(
+                "{name} on the {} path from the progress thread",
+                other.name()
+            ))),
         };
         match result {
             Ok(()) => task.complete(&mut self.tracer, &self.shared.tasks_done, Ok(())),
@@ -359,15 +366,16 @@ impl Executor {
         }
     }
 
-    /// Runs `task` with a shared-memory collective when every rank is on this host and one
-    /// exists for the operation; `None` leaves it to the generic algorithms.
-    fn run_on_shm(&mut self, task: &mut Task) -> Option<crate::error::Result<()>> {
+    /// Runs `task` as a shared-memory collective (the selector's choice: every rank is on this
+    /// host and the operation has a shared-memory form).
+    fn run_on_shm(&mut self, task: &mut Task) -> crate::error::Result<()> {
         let (rank, size) = (self.shared.rank, self.shared.size);
-        let (shm, mut alive) = self.net.whole_comm_shm()?;
-        if matches!(task.op, Op::AllToAll { .. }) && !shm.uses_cma() {
-            // Only cross-memory attach has an all_to_all of its own.
-            return None;
-        }
+        let Some((shm, mut alive)) = self.net.whole_comm_shm() else {
+            return Err(Error::NotSupported(format!(
+                "{} over shared memory: some rank is on another host",
+                task.op.name()
+            )));
+        };
         // It starts now. Trace records are written where this rank waits for its peers: the
         // oldest unwritten one when a wait begins, all of them and this one's start when a
         // wait lasts; else after the caller was told ([`Task::complete_deferred`]).
@@ -389,72 +397,40 @@ impl Executor {
             alive: &mut alive,
             waiting: &mut waiting,
         };
-        let reducer = |dtype, op| Reducer::new(dtype, op, size);
         // Err: the op's arguments were refused before it ran.
-        let outcome = match &task.op {
-            Op::AllReduce { buf, dtype, op } => {
-                reducer(*dtype, *op).map(|red| collectives::all_reduce(&mut cx, *buf, &red))
-            }
-            Op::Reduce {
-                buf,
-                dtype,
-                op,
-                root,
-            } => reducer(*dtype, *op).map(|red| collectives::reduce(&mut cx, *buf, &red, *root)),
-            Op::ReduceScatter {
-                inputs,
-                output,
-                dtype,
-                op,
-            } => reducer(*dtype, *op)
-                .map(|red| collectives::reduce_scatter(&mut cx, inputs, *output, &red)),
-            Op::AllGather { input, outputs } => {
-                Ok(collectives::all_gather(&mut cx, *input, outputs))
-            }
-            Op::Broadcast { buf, root } => Ok(collectives::broadcast(&mut cx, *buf, *root)),
-            Op::AllToAll { inputs, outputs } => {
-                Ok(collectives::all_to_all(&mut cx, inputs, outputs))
-            }
-            _ => return None,
-        };
+        let outcome = shm_collectives::run(&mut cx, &task.op, size);
         drop(alive);
         if matches!(outcome, Ok(Ok(()))) {
-            return Some(Ok(()));
+            return Ok(());
         }
         // A failure is recorded (started, then failed) before the error reaches the caller.
         waiting(Waiting::Lasts);
-        let outcome = match outcome {
-            Ok(outcome) => outcome,
-            Err(refused) => return Some(Err(refused)),
-        };
-        Some(outcome.map_err(|fail| {
-            match fail {
-                ShmFail::Deadline { waiting_for } => Error::Timeout {
-                    op: task.op.name().into(),
-                    seq: task.seq,
-                    rank,
-                    peer: waiting_for,
-                    timeout: task.timeout,
-                },
-                ShmFail::Mismatch { peer, detail } => Error::Mismatch {
-                    op: task.op.name().into(),
-                    seq: task.seq,
-                    rank,
-                    peer,
-                    detail,
-                },
-                ShmFail::Peer(e) => OpCtx::new(
-                    rank,
-                    size,
-                    task.op.name(),
-                    task.seq,
-                    task.timeout,
-                    &mut self.net,
-                    &mut self.staging,
-                )
-                .error(e),
-            }
-        }))
+        outcome?.map_err(|fail| match fail {
+            ShmFail::Deadline { waiting_for } => Error::Timeout {
+                op: task.op.name().into(),
+                seq: task.seq,
+                rank,
+                peer: waiting_for,
+                timeout: task.timeout,
+            },
+            ShmFail::Mismatch { peer, detail } => Error::Mismatch {
+                op: task.op.name().into(),
+                seq: task.seq,
+                rank,
+                peer,
+                detail,
+            },
+            ShmFail::Peer(e) => OpCtx::new(
+                rank,
+                size,
+                task.op.name(),
+                task.seq,
+                task.timeout,
+                &mut self.net,
+                &mut self.staging,
+            )
+            .error(e),
+        })
     }
 
     /// Runs a step of the communicator's own work; its failure fails the communicator, as an

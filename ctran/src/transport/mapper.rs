@@ -3,6 +3,7 @@
 
 use std::time::{Duration, Instant};
 
+use crate::engine::select::ShmReach;
 use crate::span::Span;
 use crate::transport::shm::{ShmTransport, ID_BASE};
 use crate::transport::socket::SocketTransport;
@@ -37,6 +38,15 @@ impl Mapper {
         let peers: Vec<usize> = shm.local_peers().collect();
         let socket = &mut self.socket;
         Some((shm, move || socket.probe_idle(peers.iter().copied())))
+    }
+
+    /// How far shared memory reaches: every rank of the communicator (and whether cross-memory
+    /// attach works among them), or not.
+    pub fn shm_reach(&self) -> ShmReach {
+        match &self.shm {
+            Some(s) if s.is_whole_comm() => ShmReach::WholeComm { cma: s.uses_cma() },
+            _ => ShmReach::Partial,
+        }
     }
 
     /// The transport names in use (for traces and `--print` output).

@@ -4,14 +4,13 @@
 //! single-producer single-consumer FIFO of fixed-size slots (so every generic algorithm and
 //! point-to-point transfer runs over shared memory with one copy in and one copy out), and per
 //! rank two collective buffers that the shared-memory collectives
-//! ([`collectives`]) read from each other directly. Waiting ranks spin briefly, then sleep on a
+//! ([`crate::shm_collectives`]) read from each other directly. Waiting ranks spin briefly, then sleep on a
 //! futex doorbell that peers ring, so oversubscribed ranks leave the CPU to the ranks doing work.
 
-mod cma;
-pub mod collectives;
+pub(crate) mod cma;
 mod futex;
-mod layout;
-mod node;
+pub(crate) mod layout;
+pub(crate) mod node;
 mod segment;
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -153,11 +152,12 @@ struct PendingRecv {
 /// Shared-memory connections to the ranks of this host.
 #[derive(Debug)]
 pub struct ShmTransport {
-    node: Node,
+    /// The segment (the shared-memory collectives read peers' buffers through it).
+    pub(crate) node: Node,
     /// Local index of each global rank (None: on another host).
     local_of: Vec<Option<usize>>,
     /// Global rank of each local index.
-    global_of: Vec<usize>,
+    pub(crate) global_of: Vec<usize>,
     sends: Vec<VecDeque<PendingSend>>,
     recvs: Vec<VecDeque<PendingRecv>>,
     next_id: u64,
@@ -168,7 +168,7 @@ pub struct ShmTransport {
     /// Collective buffers used so far (their parity picks the buffer) and barriers passed.
     pub(crate) coll_rounds: u64,
     pub(crate) arrivals: u64,
-    /// Which of the two descriptors the current collective published (see `collectives`).
+    /// Which of the two descriptors the current collective published (see `crate::shm_collectives`).
     pub(crate) published: usize,
     /// Every local rank can read every other's memory (cross-memory attach), agreed at init.
     pub(crate) cma: bool,

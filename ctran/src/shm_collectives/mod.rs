@@ -8,7 +8,7 @@
 //! slice is reduced by exactly one rank, so all ranks end with bitwise the same result.
 //!
 //! Large messages skip the shared buffers when every local rank can read the others' memory
-//! (cross-memory attach, probed at init; see [`super::cma`]): ranks publish their buffers'
+//! (cross-memory attach, probed at init; see [`crate::transport::shm::cma`]): ranks publish their buffers'
 //! addresses with the first barrier and copy straight from each other's buffers, one copy
 //! instead of two. all_reduce then reduces its own slice in place, reading the peers' pieces of
 //! it through a small cache-resident buffer, and reads every other reduced slice from its owner;
@@ -22,13 +22,59 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::node::WaitEnd;
-use super::{cma, ShmTransport};
 use crate::algos::ctx::{chunks, combine, combine_input, finish, load_input, partition, prescale};
 use crate::comm::stable_hash::StableHasher;
+use crate::comm::Op;
+use crate::error::{Error, Result};
 use crate::kernels::Reducer;
 use crate::span::Span;
+use crate::transport::shm::node::{Node, WaitEnd};
+use crate::transport::shm::{cma, ShmTransport};
 use crate::transport::TransportError;
+
+/// Whether `op` has a shared-memory form; all_to_all has one only through cross-memory attach
+/// (`cma`), the other collectives always.
+pub fn runs(op: &Op, cma: bool) -> bool {
+    match op {
+        Op::AllReduce { .. }
+        | Op::Reduce { .. }
+        | Op::ReduceScatter { .. }
+        | Op::AllGather { .. }
+        | Op::Broadcast { .. } => true,
+        Op::AllToAll { .. } => cma,
+        _ => false,
+    }
+}
+
+/// Runs `op` (one [`runs`] accepts) over shared memory among `nranks` ranks. The outer error:
+/// its arguments were refused before anything moved.
+pub fn run(cx: &mut ShmCtx<'_>, op: &Op, nranks: usize) -> Result<Result<(), ShmFail>> {
+    let reducer = |dtype, op| Reducer::new(dtype, op, nranks);
+    Ok(match op {
+        Op::AllReduce { buf, dtype, op } => all_reduce(cx, *buf, &reducer(*dtype, *op)?),
+        Op::Reduce {
+            buf,
+            dtype,
+            op,
+            root,
+        } => reduce(cx, *buf, &reducer(*dtype, *op)?, *root),
+        Op::ReduceScatter {
+            inputs,
+            output,
+            dtype,
+            op,
+        } => reduce_scatter(cx, inputs, *output, &reducer(*dtype, *op)?),
+        Op::AllGather { input, outputs } => all_gather(cx, *input, outputs),
+        Op::Broadcast { buf, root } => broadcast(cx, *buf, *root),
+        Op::AllToAll { inputs, outputs } => all_to_all(cx, inputs, outputs),
+        other => {
+            return Err(Error::NotSupported(format!(
+                "{} as a shared-memory collective",
+                other.name()
+            )))
+        }
+    })
+}
 
 /// Why a shared-memory collective stopped.
 #[derive(Debug)]
@@ -126,11 +172,11 @@ pub const LONG_WAIT: Duration = Duration::from_micros(50);
 /// nanoseconds, a clock read as much.
 const POLLS_BEFORE_CLOCK: u32 = 16;
 
-/// [`Node::wait_for`](super::node::Node::wait_for) that tells `waiting` how far it has gone.
+/// [`Node::wait_for`](Node::wait_for) that tells `waiting` how far it has gone.
 fn wait_telling(
-    node: &super::node::Node,
+    node: &Node,
     waiting: &mut dyn FnMut(Waiting),
-    mut done: impl FnMut(&super::node::Node) -> bool,
+    mut done: impl FnMut(&Node) -> bool,
     deadline: Instant,
     alive: &mut dyn FnMut() -> Result<(), TransportError>,
 ) -> Result<(), WaitEnd> {
@@ -138,7 +184,7 @@ fn wait_telling(
     // When the wait counts as lasting (the clock is read from the 16th poll on).
     let mut lasts_at: Option<Instant> = None;
     let mut told_lasts = false;
-    let telling = |n: &super::node::Node| {
+    let telling = |n: &Node| {
         if done(n) {
             return true;
         }
@@ -300,7 +346,7 @@ impl ShmCtx<'_> {
             .arrived
             .store(target, Ordering::Release);
         node.ring_others();
-        let all_in = |n: &super::node::Node| {
+        let all_in = |n: &Node| {
             (0..n.nlocal()).all(|i| n.control(i).arrived.load(Ordering::Acquire) >= target)
         };
         match wait_telling(node, self.waiting, all_in, self.deadline, self.alive) {
@@ -389,7 +435,7 @@ pub fn all_reduce(cx: &mut ShmCtx<'_>, buf: Span, red: &Reducer) -> Result<(), S
     }
 }
 
-/// Bits of [`super::layout::Control::progress`] that count bytes.
+/// Bits of [`crate::transport::shm::layout::Control::progress`] that count bytes.
 const PROGRESS_BITS: u32 = 40;
 
 /// all_reduce by cross-memory attach: each rank reduces its slice in place, piece by piece,
@@ -459,7 +505,7 @@ fn all_reduce_cma(cx: &mut ShmCtx<'_>, buf: Span, red: &Reducer, d: Desc) -> Res
     }
     while !drain(cx, &mut copied)? {
         let want: Vec<usize> = slices.iter().map(|&(_, l)| l).collect();
-        let ready = |nd: &super::node::Node| {
+        let ready = |nd: &Node| {
             (0..n).filter(|&j| copied[j] < want[j]).any(|j| {
                 let v = nd.control(j).progress.load(Ordering::Acquire);
                 v & !((1 << PROGRESS_BITS) - 1) == tag
@@ -732,9 +778,8 @@ pub fn all_to_all(cx: &mut ShmCtx<'_>, inputs: &[Span], outputs: &[Span]) -> Res
 
 #[cfg(test)]
 mod tests {
-    use super::super::layout::Sizes;
-    use super::super::node::Node;
     use super::*;
+    use crate::transport::shm::layout::Sizes;
 
     fn one_rank_node() -> Node {
         let sizes = Sizes {

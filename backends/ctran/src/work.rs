@@ -1,0 +1,80 @@
+//! Work handles over the engine's requests: a host request, waited on by blocking; a device
+//! request, stream-ordered like ProcessGroupNCCL's works.
+
+use std::time::Duration;
+
+use ctran::gpe::GpeRequest;
+use ctran::{Request, RequestStatus};
+use torchcomms::{Error, Result, WorkHandle, WorkStatus};
+
+/// Work handle over a host request.
+#[derive(Debug)]
+pub(crate) struct CtranWork {
+    pub(crate) request: Request,
+    pub(crate) rank: usize,
+}
+
+impl WorkHandle for CtranWork {
+    fn wait(&self, timeout: Duration) -> Result<()> {
+        self.request
+            .wait_timeout(timeout, self.rank)
+            .map_err(|e| match e {
+                ctran::Error::Timeout { op, peer: None, .. } => Error::WaitTimeout {
+                    op,
+                    rank: self.rank,
+                    timeout,
+                },
+                e => Error::Engine(e),
+            })
+    }
+
+    fn status(&self) -> WorkStatus {
+        match self.request.status() {
+            RequestStatus::Queued => WorkStatus::NotStarted,
+            RequestStatus::Started => WorkStatus::InProgress,
+            RequestStatus::Completed => WorkStatus::Completed,
+            RequestStatus::Failed => match self.request.error() {
+                Some(e) if e.is_timeout() => WorkStatus::TimedOut,
+                _ => WorkStatus::Error,
+            },
+        }
+    }
+
+    fn error(&self) -> Option<Error> {
+        self.request.error().map(Error::Engine)
+    }
+}
+
+/// Work handle of an op on device buffers: stream-ordered like ProcessGroupNCCL's.
+#[derive(Debug)]
+pub(crate) struct GpuWork {
+    pub(crate) request: GpeRequest,
+    /// `wait()` blocks the host (a barrier, as ProcessGroupNCCL's does).
+    pub(crate) blocking: bool,
+}
+
+impl WorkHandle for GpuWork {
+    fn wait(&self, timeout: Duration) -> Result<()> {
+        if self.blocking {
+            return self.wait_blocking(timeout);
+        }
+        self.request.wait_on_stream().map_err(Error::Engine)
+    }
+
+    fn wait_blocking(&self, timeout: Duration) -> Result<()> {
+        self.request.wait_blocking(timeout).map_err(Error::Engine)
+    }
+
+    fn status(&self) -> WorkStatus {
+        match (self.request.is_completed(), self.request.error()) {
+            (_, Some(e)) if e.is_timeout() => WorkStatus::TimedOut,
+            (_, Some(_)) => WorkStatus::Error,
+            (true, None) => WorkStatus::Completed,
+            (false, None) => WorkStatus::InProgress,
+        }
+    }
+
+    fn error(&self) -> Option<Error> {
+        self.request.error().map(Error::Engine)
+    }
+}
