@@ -1,0 +1,115 @@
+//! The collectives that only move data: all_gather, broadcast and all_to_all.
+
+use crate::algos::ctx::chunks;
+use crate::comm::stable_hash::StableHasher;
+use crate::span::Span;
+
+use super::*;
+
+/// all_gather (blocks may differ in size): `outputs[j]` receives rank `j`'s input.
+pub fn all_gather(cx: &mut ShmCtx<'_>, input: Span, outputs: &[Span]) -> Result<(), ShmFail> {
+    let me = cx.me();
+    let lens: Vec<usize> = outputs.iter().map(Span::len).collect();
+    let d = Desc {
+        kind: Kind::AllGather,
+        bytes: input.len(),
+        args: StableHasher::new().usizes(&lens).finish(),
+    };
+    let expect = |j: usize| lens[j];
+    if cx.use_cma(lens.iter().sum()) {
+        cx.publish(d, &[input]);
+        cx.barrier()?;
+        cx.check(d, expect)?;
+        outputs[me].copy_from(&input);
+        for (j, out) in outputs.iter().enumerate().filter(|&(j, _)| j != me) {
+            cx.read(j, 0, 0, *out)?;
+        }
+        return cx.barrier();
+    }
+    let longest = lens.iter().copied().max().unwrap_or(0);
+    let cap = cx.capacity();
+    for off in (0..longest).step_by(cap) {
+        let piece = |s: &Span| s.sub(off.min(s.len()), s.len().saturating_sub(off).min(cap));
+        let mine = piece(&input);
+        cx.buf(me).copy_from(&mine);
+        if off == 0 {
+            cx.publish(d, &[]);
+        }
+        cx.barrier()?;
+        if off == 0 {
+            cx.check(d, expect)?;
+        }
+        for (j, out) in outputs.iter().enumerate() {
+            let dst = piece(out);
+            dst.copy_from(&cx.buf(j).sub(0, dst.len()));
+        }
+        cx.next_round();
+    }
+    Ok(())
+}
+
+/// broadcast of `root`'s `buf` (`root` is a local index).
+pub fn broadcast(cx: &mut ShmCtx<'_>, buf: Span, root: usize) -> Result<(), ShmFail> {
+    let me = cx.me();
+    let d = Desc {
+        kind: Kind::Broadcast,
+        bytes: buf.len(),
+        args: StableHasher::new().u64(root as u64).finish(),
+    };
+    if cx.use_cma(buf.len()) {
+        cx.publish(d, &[buf]);
+        cx.barrier()?;
+        cx.check(d, |_| buf.len())?;
+        if me != root {
+            cx.read(root, 0, 0, buf)?;
+        }
+        return cx.barrier();
+    }
+    for (off, len) in chunks(buf.len(), cx.capacity()) {
+        if me == root {
+            cx.buf(me).copy_from(&buf.sub(off, len));
+        }
+        if off == 0 {
+            cx.publish(d, &[]);
+        }
+        cx.barrier()?;
+        if off == 0 {
+            cx.check(d, |_| buf.len())?;
+        }
+        if me != root {
+            buf.sub(off, len).copy_from(&cx.buf(root).sub(0, len));
+        }
+        cx.next_round();
+    }
+    Ok(())
+}
+
+/// all_to_all by cross-memory attach (only when it is available): `outputs[j]` receives rank
+/// `j`'s `inputs[me]`, read straight from rank `j`'s memory.
+pub fn all_to_all(cx: &mut ShmCtx<'_>, inputs: &[Span], outputs: &[Span]) -> Result<(), ShmFail> {
+    let me = cx.me();
+    let d = Desc {
+        kind: Kind::AllToAll,
+        bytes: 0,
+        args: 0,
+    };
+    cx.publish(d, inputs);
+    cx.barrier()?;
+    cx.check(d, |_| 0)?;
+    outputs[me].copy_from(&inputs[me]);
+    for (j, out) in outputs.iter().enumerate().filter(|&(j, _)| j != me) {
+        let (_, len) = cx.peer_block(j, me);
+        if len != out.len() {
+            return Err(ShmFail::Mismatch {
+                peer: cx.global(j),
+                detail: format!(
+                    "all_to_all sizes disagree: this rank expects {} bytes from the peer, \
+                     the peer sends {len}",
+                    out.len()
+                ),
+            });
+        }
+        cx.read(j, me, 0, *out)?;
+    }
+    cx.barrier()
+}
