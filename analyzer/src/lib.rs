@@ -14,6 +14,7 @@
 //!
 //! The binary `comms-analyzer` (`report DIR`, `watch`, `serve`) is the usual entry point.
 
+pub mod cli;
 pub mod load;
 pub mod render;
 pub mod verdict;

@@ -17,7 +17,7 @@ fn worker() -> PathBuf {
 }
 
 fn analyzer() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_comms-analyzer"))
+    Command::new(env!("CARGO_BIN_EXE_analyzer-cli"))
 }
 
 /// A fresh, empty directory for one test's dumps.

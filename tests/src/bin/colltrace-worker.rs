@@ -1,4 +1,4 @@
-//! One rank of the colltrace/analyzer multi-process tests (`analyzer/tests/hang.rs`). Rank and
+//! One rank of the colltrace/analyzer multi-process tests (`tests/tests/hang.rs`). Rank and
 //! size come from the launcher environment (TORCHCOMM_RANK/SIZE, MASTER_ADDR/PORT), the trace
 //! settings from the cvars (TORCHCOMMS_TRACE_*); the scenario from the command line:
 //!
