@@ -78,7 +78,9 @@ done
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export TORCHCOMM_ABORT_ON_ERROR=0
 PYTHON=${PYTHON:-python3}
-export TORCHCOMMS_PYTHON=$PYTHON
+# The Rust binaries find the NVIDIA wheels' libraries (NCCL, NVRTC) in this Python's site-packages.
+TORCHCOMMS_SITE_PACKAGES=$("$PYTHON" -c 'import os, site; print(os.pathsep.join(site.getsitepackages() + [site.getusersitepackages()]))')
+export TORCHCOMMS_SITE_PACKAGES
 # Every step is bounded, so one hang cannot eat the machine's time.
 STEP=(timeout -k 10 "${STEP_TIMEOUT:-900}")
 mkdir -p "$OUT"

@@ -1,4 +1,5 @@
-//! Finding NVIDIA's shared libraries at run time, without a CUDA toolkit at build time.
+//! Finding NVIDIA's shared libraries at run time, without a CUDA toolkit at build time and
+//! without starting another process (some MPI launchers forbid fork).
 //!
 //! Every library is looked for, in order:
 //! 1. the library's own override variable (`NCCL_LIB_PATH`, `TORCHCOMMS_NVRTC_LIB`,
@@ -6,54 +7,85 @@
 //! 2. the folders of `LD_LIBRARY_PATH`;
 //! 3. `$CUDA_HOME`, `$CUDA_PATH` and `$CUDA_ROOT` (`lib64`, `lib`, `targets/<arch>-linux/lib`);
 //! 4. the `lib` folders of the `nvidia` Python package that PyTorch's wheels install
-//!    (`site-packages/nvidia/*/lib`, `nvidia/cu13/lib`), found by asking `python3`
-//!    (`TORCHCOMMS_PYTHON` names another interpreter, `TORCHCOMMS_NO_PYTHON_LIBS=1` skips this)
-//!    and under `$VIRTUAL_ENV` and `$CONDA_PREFIX`;
+//!    (`nvidia/*/lib`, `nvidia/cu13/lib`): the folders the embedding interpreter registered
+//!    ([`add_nvidia_roots`], which the Python package calls at import, from `nvidia.__path__`),
+//!    then the `site-packages` folders the environment names (`TORCHCOMMS_SITE_PACKAGES`,
+//!    `PYTHONPATH`, `$VIRTUAL_ENV`, `$CONDA_PREFIX`, `$PYTHONUSERBASE` or `~/.local`) and the
+//!    system's (`/usr/local/lib/python3*/`, `/usr/lib/python3*/`); `TORCHCOMMS_NO_PYTHON_LIBS=1`
+//!    skips this step;
 //! 5. the system loader's own search (`ld.so.cache`, `RUNPATH`), by file name.
 //!
-//! No absolute path is built in. A library is opened with `RTLD_GLOBAL`, so that a later
-//! `dlopen` of the same soname (cudarc's loaders open `libnvrtc.so.13` by name) finds it.
+//! No absolute path is built in beyond the system's Python prefixes. A library is opened with
+//! `RTLD_GLOBAL`, so that a later `dlopen` of the same soname (cudarc's loaders open
+//! `libnvrtc.so.13` by name) finds it.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use super::error::{CudaError, Result};
 
+/// `nvidia` package folders registered by an embedding interpreter.
+static REGISTERED: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// Registers folders of the `nvidia` Python namespace package (`nvidia.__path__` of the
+/// interpreter this library runs in): their `*/lib` folders are searched before any other
+/// Python environment's.
+pub fn add_nvidia_roots(roots: impl IntoIterator<Item = PathBuf>) {
+    let mut r = REGISTERED.lock().unwrap_or_else(|p| p.into_inner());
+    for root in roots {
+        if root.is_dir() && !r.contains(&root) {
+            r.push(root);
+        }
+    }
+}
+
 /// Folders searched for NVIDIA libraries (steps 2 to 4 above), without duplicates.
-pub fn search_dirs() -> &'static [PathBuf] {
-    static DIRS: OnceLock<Vec<PathBuf>> = OnceLock::new();
-    DIRS.get_or_init(|| {
-        let mut dirs: Vec<PathBuf> = Vec::new();
-        let mut push = |d: PathBuf| {
-            if d.is_dir() && !dirs.contains(&d) {
-                dirs.push(d);
-            }
-        };
-        // LD_LIBRARY_PATH, CUDA_HOME/CUDA_PATH/CUDA_ROOT (below), VIRTUAL_ENV and CONDA_PREFIX
-        // describe the machine's installation, set by the system, CUDA or the Python
-        // environment: inputs, read directly; our own knobs are cvars (cvars/cvars.toml).
+pub fn search_dirs() -> Vec<PathBuf> {
+    static FIXED: OnceLock<(Vec<PathBuf>, Vec<PathBuf>)> = OnceLock::new();
+    let (before, python) = FIXED.get_or_init(|| {
+        let mut before: Vec<PathBuf> = Vec::new();
+        // LD_LIBRARY_PATH, CUDA_HOME/CUDA_PATH/CUDA_ROOT (below), VIRTUAL_ENV, CONDA_PREFIX,
+        // PYTHONPATH and PYTHONUSERBASE describe the machine's installation, set by the
+        // system, CUDA or the Python environment: inputs, read directly; our own knobs are
+        // cvars (cvars/cvars.toml).
         if let Some(v) = std::env::var_os("LD_LIBRARY_PATH") {
-            std::env::split_paths(&v).for_each(&mut push);
+            before.extend(std::env::split_paths(&v));
         }
         for var in ["CUDA_HOME", "CUDA_PATH", "CUDA_ROOT"] {
             if let Some(root) = std::env::var_os(var).map(PathBuf::from) {
-                push(root.join("lib64"));
-                push(root.join("lib"));
-                push(
+                before.push(root.join("lib64"));
+                before.push(root.join("lib"));
+                before.push(
                     root.join("targets")
                         .join(format!("{}-linux", std::env::consts::ARCH))
                         .join("lib"),
                 );
             }
         }
-        for root in python_nvidia_roots() {
-            for d in nvidia_lib_dirs(&root) {
-                push(d);
-            }
+        let python = if torchcomms_cvars::current().torchcomms_no_python_libs() {
+            Vec::new()
+        } else {
+            site_packages()
+                .iter()
+                .map(|sp| sp.join("nvidia"))
+                .flat_map(|root| nvidia_lib_dirs(&root))
+                .collect()
+        };
+        (before, python)
+    });
+    let registered: Vec<PathBuf> = REGISTERED
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .flat_map(|root| nvidia_lib_dirs(root))
+        .collect();
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    for d in before.iter().chain(&registered).chain(python) {
+        if d.is_dir() && !dirs.contains(d) {
+            dirs.push(d.clone());
         }
-        dirs
-    })
+    }
+    dirs
 }
 
 /// The `lib` folders under one `nvidia` package folder: `nvidia/<pkg>/lib`.
@@ -72,49 +104,40 @@ fn nvidia_lib_dirs(root: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// Folders of the `nvidia` Python namespace package (PyTorch's CUDA wheels).
-fn python_nvidia_roots() -> Vec<PathBuf> {
-    let mut roots = Vec::new();
+/// `site-packages` (and Debian's `dist-packages`) folders of the Python environments the
+/// environment names, then the system's, most specific first.
+fn site_packages() -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = Vec::new();
     let cv = torchcomms_cvars::current();
-    if cv.torchcomms_no_python_libs() {
-        return roots;
+    out.extend(std::env::split_paths(cv.torchcomms_site_packages()));
+    if let Some(v) = std::env::var_os("PYTHONPATH") {
+        out.extend(std::env::split_paths(&v));
     }
-    let python = cv.torchcomms_python().to_string();
-    // Only the nvidia namespace package is imported (not torch), which takes milliseconds.
-    let script = "import sys\ntry:\n import nvidia\n print('\\n'.join(nvidia.__path__))\n\
-                  except Exception:\n pass\n";
-    match Command::new(&python)
-        .args(["-c", script])
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .output()
-    {
-        Ok(out) if out.status.success() => {
-            for line in String::from_utf8_lossy(&out.stdout).lines() {
-                let p = PathBuf::from(line.trim());
-                if !line.trim().is_empty() && p.is_dir() {
-                    roots.push(p);
-                }
-            }
-        }
-        Ok(_) => {}
-        Err(e) => tracing::debug!(%python, "no Python to ask for NVIDIA's wheels: {e}"),
+    let mut prefixes: Vec<PathBuf> = ["VIRTUAL_ENV", "CONDA_PREFIX", "PYTHONUSERBASE"]
+        .iter()
+        .filter_map(|v| std::env::var_os(v).map(PathBuf::from))
+        .collect();
+    if let Some(home) = std::env::var_os("HOME") {
+        prefixes.push(PathBuf::from(home).join(".local"));
     }
-    for var in ["VIRTUAL_ENV", "CONDA_PREFIX"] {
-        let Some(prefix) = std::env::var_os(var).map(PathBuf::from) else {
-            continue;
-        };
+    prefixes.extend(["/usr/local", "/usr"].map(PathBuf::from));
+    for prefix in prefixes {
         let Ok(entries) = std::fs::read_dir(prefix.join("lib")) else {
             continue;
         };
-        for e in entries.flatten() {
-            let nv = e.path().join("site-packages").join("nvidia");
-            if e.file_name().to_string_lossy().starts_with("python") && nv.is_dir() {
-                roots.push(nv);
-            }
+        let mut pythons: Vec<PathBuf> = entries
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("python3"))
+            .map(|e| e.path())
+            .collect();
+        pythons.sort();
+        for py in pythons {
+            out.push(py.join("site-packages"));
+            out.push(py.join("dist-packages"));
         }
     }
-    roots
+    out.retain(|d| d.is_dir());
+    out
 }
 
 /// The paths to try for a library: the override, then `names` in every search folder, then

@@ -77,9 +77,28 @@ fn _colltrace_snapshot(py: Python<'_>) -> PyResult<String> {
         .map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(format!("colltrace snapshot: {e}")))
 }
 
+/// Tells the CUDA loader where this interpreter's NVIDIA wheels are (`nvidia.__path__`), so
+/// NCCL and NVRTC load from the same wheels as PyTorch's, found without starting a process.
+fn register_nvidia_wheels(py: Python<'_>) {
+    let Ok(nvidia) = py.import("nvidia") else {
+        return; // no NVIDIA wheels in this environment
+    };
+    let paths = nvidia.getattr("__path__").and_then(|p| {
+        py.import("builtins")?
+            .getattr("list")?
+            .call1((p,))?
+            .extract::<Vec<std::path::PathBuf>>()
+    });
+    match paths {
+        Ok(p) => torchcomms_cuda::libs::add_nvidia_roots(p),
+        Err(e) => tracing::debug!("nvidia.__path__: {e}"),
+    }
+}
+
 #[pymodule]
 fn _comms(m: &Bound<'_, PyModule>) -> PyResult<()> {
     init_logging();
+    register_nvidia_wheels(m.py());
     fake::register();
     error::register(m)?;
     hooks::register(m)?;
