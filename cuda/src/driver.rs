@@ -10,6 +10,7 @@ use std::ffi::c_void;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 
+pub use cudarc::driver::DeviceRepr;
 use cudarc::driver::{result, sys};
 
 use super::error::{CudaError, DriverResultExt, Result};
@@ -542,14 +543,66 @@ unsafe impl Send for Function {}
 // SAFETY: as for Send.
 unsafe impl Sync for Function {}
 
+/// Most parameters a kernel of this project takes.
+const MAX_KERNEL_ARGS: usize = 8;
+
+/// A launch of a [`Function`] in the making: its arguments in the kernel's parameter order,
+/// each a value whose type cudarc's [`DeviceRepr`] vouches can be passed to a kernel (numbers,
+/// or `#[repr(C)]` parameter structs that implement it). The values are borrowed until the
+/// launch, which copies them.
+#[derive(Debug)]
+#[must_use = "a launch does nothing until `launch` is called"]
+pub struct LaunchArgs<'a> {
+    func: Function,
+    args: [*mut c_void; MAX_KERNEL_ARGS],
+    len: usize,
+    _values: std::marker::PhantomData<&'a ()>,
+}
+
+impl<'a> LaunchArgs<'a> {
+    /// Adds the next argument.
+    pub fn arg<T: DeviceRepr>(mut self, value: &'a T) -> Self {
+        assert!(
+            self.len < MAX_KERNEL_ARGS,
+            "kernels take at most {MAX_KERNEL_ARGS} parameters"
+        );
+        self.args[self.len] = (value as *const T).cast_mut().cast();
+        self.len += 1;
+        self
+    }
+
+    /// Launches on `stream` with a 1-D grid of `grid` blocks of `block` threads.
+    ///
+    /// # Safety
+    /// The arguments' types and order must match the kernel's parameters, and every device
+    /// address among them must stay valid, as the kernel uses it, until the kernel finishes.
+    /// The module must outlive the launch.
+    pub unsafe fn launch(mut self, grid: u32, block: u32, stream: RawStream) -> Result<()> {
+        let len = self.len;
+        // SAFETY: forwarded to the caller; the argument values are borrowed for 'a, past the
+        // call, which copies them.
+        unsafe { self.func.launch(grid, block, stream, &mut self.args[..len]) }
+    }
+}
+
 impl Function {
+    /// Starts a launch: add the arguments with [`LaunchArgs::arg`], then launch.
+    pub fn args<'a>(&self) -> LaunchArgs<'a> {
+        LaunchArgs {
+            func: *self,
+            args: [std::ptr::null_mut(); MAX_KERNEL_ARGS],
+            len: 0,
+            _values: std::marker::PhantomData,
+        }
+    }
+
     /// Launches on `stream` with a 1-D grid.
     ///
     /// # Safety
     /// `params` must point at values whose types and order match the kernel's parameters, and
     /// every device address among them must stay valid until the kernel finishes. The module
     /// must outlive the launch.
-    pub unsafe fn launch(
+    unsafe fn launch(
         &self,
         grid: u32,
         block: u32,

@@ -6,7 +6,6 @@
 //! `Avg`). Scalars are rounded to the element type on the host, exactly as the CPU kernels do.
 
 use std::collections::HashMap;
-use std::ffi::c_void;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use half::{bf16, f16};
@@ -153,17 +152,18 @@ impl ReduceKernels {
             ReduceOp::BXor => "bxor",
         };
         let f = self.function(&format!("tc_combine_{pair}_{}", dtype.name()), dtype, pair)?;
-        let (mut d, mut x, mut y, mut count) = (dst, a, b, n as u64);
-        let mut params: [*mut c_void; 4] = [
-            (&mut d as *mut u64).cast(),
-            (&mut x as *mut u64).cast(),
-            (&mut y as *mut u64).cast(),
-            (&mut count as *mut u64).cast(),
-        ];
+        let count = n as u64;
         self.ctx.bind()?;
         // SAFETY: the kernel takes (T*, const T*, const T*, u64); the caller vouches for the
         // buffers; the module lives as long as self.
-        unsafe { f.launch(self.grid(n), BLOCK, stream, &mut params) }
+        unsafe {
+            f.args()
+                .arg(&dst)
+                .arg(&a)
+                .arg(&b)
+                .arg(&count)
+                .launch(self.grid(n), BLOCK, stream)
+        }
     }
 
     /// `dst = src × factor` over `n` elements (prescale), `factor` rounded to the dtype first
@@ -183,7 +183,7 @@ impl ReduceKernels {
         if n == 0 {
             return Ok(());
         }
-        let mut factor = match dtype {
+        let factor = match dtype {
             DataType::F32 => f64::from(factor as f32),
             DataType::F16 => f64::from(f16::from_f32(factor as f32).to_f32()),
             DataType::BF16 => f64::from(bf16::from_f32(factor as f32).to_f32()),
@@ -196,16 +196,17 @@ impl ReduceKernels {
             _ => factor,
         };
         let f = self.function(&format!("tc_scale_{}", dtype.name()), dtype, "scale")?;
-        let (mut d, mut s, mut count) = (dst, src, n as u64);
-        let mut params: [*mut c_void; 4] = [
-            (&mut d as *mut u64).cast(),
-            (&mut s as *mut u64).cast(),
-            (&mut count as *mut u64).cast(),
-            (&mut factor as *mut f64).cast(),
-        ];
+        let count = n as u64;
         self.ctx.bind()?;
         // SAFETY: the kernel takes (T*, const T*, u64, double); see combine.
-        unsafe { f.launch(self.grid(n), BLOCK, stream, &mut params) }
+        unsafe {
+            f.args()
+                .arg(&dst)
+                .arg(&src)
+                .arg(&count)
+                .arg(&factor)
+                .launch(self.grid(n), BLOCK, stream)
+        }
     }
 
     /// `buf /= divisor` over `n` integer elements, truncating toward zero (integer `Avg`).
@@ -230,15 +231,16 @@ impl ReduceKernels {
             });
         }
         let f = self.function(&format!("tc_divide_{}", dtype.name()), dtype, "divide")?;
-        let (mut b, mut count, mut d) = (buf, n as u64, divisor);
-        let mut params: [*mut c_void; 3] = [
-            (&mut b as *mut u64).cast(),
-            (&mut count as *mut u64).cast(),
-            (&mut d as *mut i64).cast(),
-        ];
+        let count = n as u64;
         self.ctx.bind()?;
         // SAFETY: the kernel takes (T*, u64, i64); see combine.
-        unsafe { f.launch(self.grid(n), BLOCK, stream, &mut params) }
+        unsafe {
+            f.args()
+                .arg(&buf)
+                .arg(&count)
+                .arg(&divisor)
+                .launch(self.grid(n), BLOCK, stream)
+        }
     }
 
     /// Prescales `buf` in place for `op` over `nranks` ranks (nothing for most ops).

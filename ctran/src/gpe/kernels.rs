@@ -2,7 +2,6 @@
 //! memory, `wait` holds the stream until the host raises one. Compiled by NVRTC at first use
 //! and loaded once per device, like the reduction kernels.
 
-use std::ffi::c_void;
 use std::sync::{Arc, OnceLock};
 
 use crate::cuda::error::Result;
@@ -38,13 +37,10 @@ impl GpeKernels {
     }
 
     fn launch_flag(&self, f: Function, flag: u64, step: u64, stream: RawStream) -> Result<()> {
-        let (mut p, mut s) = (flag, step);
-        let mut params: [*mut c_void; 2] =
-            [(&mut p as *mut u64).cast(), (&mut s as *mut u64).cast()];
         self.ctx.bind()?;
         // SAFETY: both kernels take (volatile u64*, u64); the caller vouches for the flag's
         // address; the module lives as long as self.
-        unsafe { f.launch(1, 1, stream, &mut params) }
+        unsafe { f.args().arg(&flag).arg(&step).launch(1, 1, stream) }
     }
 
     /// On `stream`: raise the mapped counter at device address `flag` to `step`.

@@ -2,12 +2,11 @@
 //! one point-to-point kernel, with the parameter blocks they take by value. The layouts here
 //! mirror the CUDA structs field for field (`#[repr(C)]`, checked by size in a test).
 
-use std::ffi::c_void;
 use std::sync::{Arc, OnceLock};
 
 use crate::cuda::error::{CudaError, Result};
 use crate::cuda::kernels::{load_once, PerDevice};
-use crate::cuda::{Context, Function, Module, RawStream};
+use crate::cuda::{Context, DeviceRepr, Function, Module, RawStream};
 use crate::DataType;
 
 /// Source of the NVLink kernels: the project's common helpers, then `kernels/nvl.cu`.
@@ -245,6 +244,16 @@ pub struct P2pParams {
     pub ops: [P2pOp; MAX_P2P],
 }
 
+// SAFETY: each is a `#[repr(C)]` `Copy` struct of plain integers mirroring the CUDA struct
+// the kernel takes by value (sizes pinned by a test), so its bytes are a valid kernel argument.
+unsafe impl DeviceRepr for CollParams {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for LlParams {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for PipeSync {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for P2pParams {}
+
 /// The NVLink kernels loaded on one device.
 #[derive(Debug)]
 pub struct NvlKernels {
@@ -382,7 +391,7 @@ impl NvlKernels {
     /// # Safety
     /// `f` must take exactly one parameter with `P`'s layout, and the addresses in `p` must be
     /// valid as that kernel uses them until it finishes.
-    unsafe fn launch_with<P: Copy>(
+    unsafe fn launch_with<P: DeviceRepr>(
         &self,
         f: Function,
         grid: u32,
@@ -390,11 +399,9 @@ impl NvlKernels {
         p: &P,
         stream: RawStream,
     ) -> Result<()> {
-        let mut copy = *p;
-        let mut params: [*mut c_void; 1] = [(&mut copy as *mut P).cast()];
         self.ctx.bind()?;
-        // SAFETY: forwarded to the caller; `copy` outlives the launch call, which copies it.
-        unsafe { f.launch(grid, threads, stream, &mut params) }
+        // SAFETY: forwarded to the caller; the launch copies `p`.
+        unsafe { f.args().arg(p).launch(grid, threads, stream) }
     }
 }
 
