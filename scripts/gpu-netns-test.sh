@@ -2,7 +2,7 @@
 # CUDA tensors between two "hosts": two network namespaces joined by veths, PER_HOST GPUs and
 # ranks in each (the engine treats each namespace as its own host). With one GPU per host, ctran
 # carries device buffers over TCP through its GPU progress engine; with two, it mixes NVLink
-# inside each host with TCP between them (ctran/src/mixed.rs).
+# inside each host with TCP between them (ctran/src/mixed/).
 #
 #   PER_HOST=1|2 scripts/gpu-netns-test.sh OUT_DIR
 # 1. The Python CUDA suite (bindings/python/gpu_tests, ctran backend) under torchrun --nnodes 2.

@@ -249,7 +249,7 @@ def test_all_gather_p(world: Any, dtype: torch.dtype, async_op: bool) -> None:
 
 def test_all_gather_p_refuses_a_mismatched_input(world: Any) -> None:
     handle = world.all_gather_p_init(torch.empty(WORLD * 4, dtype=torch.float32))
-    with pytest.raises(ValueError, match="all_gather_p_exec: invalid argument `input`: expected dtype float32"):
+    with pytest.raises(ValueError, match="all_gather_p_exec: invalid argument `input`: expected dtype f32"):
         world.all_gather_p_exec(handle, torch.zeros(4, dtype=torch.int32), False)
     with pytest.raises(ValueError, match=f"all_gather_p_exec: invalid argument `handle`: expected {WORLD * 3} elements"):
         world.all_gather_p_exec(handle, torch.zeros(3, dtype=torch.float32), False)

@@ -4,7 +4,7 @@
 //! machine (`scripts/gpu-test.sh`). Without a driver or a GPU it prints why and exits 77.
 //!
 //! 1. Environment: driver, devices, NVRTC and NCCL (versions and where they were found).
-//! 2. Kernels: every (dtype, op) of `ctran/src/cuda/kernels/reduce.cu` against the CPU kernels,
+//! 2. Kernels: every (dtype, op) of `cuda/src/kernels/reduce.cu` against the CPU kernels,
 //!    bit for bit (combine, prescale, finish), and the kernel cache.
 //! 3. Ranks (one process per GPU, needs 2 GPUs): all_gather_v, reduce_scatter_v, all_to_all_v,
 //!    stream semantics (an op runs after the caller's stream, `wait()` orders the caller's

@@ -8,15 +8,15 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use ctran::bootstrap::tcp_store::{TcpStoreClient, TcpStoreServer};
-//! use ctran::bootstrap::Store;
+//! use torchcomms_core::bootstrap::tcp_store::{TcpStoreClient, TcpStoreServer};
+//! use torchcomms_core::bootstrap::Store;
 //!
 //! let server = TcpStoreServer::bind("127.0.0.1", 0)?;
 //! let client = TcpStoreClient::connect("127.0.0.1", server.port(), Duration::from_secs(5))?;
 //! client.set("greeting", b"hello")?;
 //! assert_eq!(client.get("greeting", Duration::from_secs(1))?, b"hello");
 //! assert_eq!(client.add("counter", 2)?, 2);
-//! # Ok::<(), ctran::Error>(())
+//! # Ok::<(), torchcomms_core::Error>(())
 //! ```
 //!
 //! Protocol notes (from torch's `TCPStore.cpp`, `TCPStoreBackend.cpp`,

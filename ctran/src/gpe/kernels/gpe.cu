@@ -1,5 +1,5 @@
 // Flags between a comm's stream and its GPU progress engine (ctran/src/gpe), in mapped host
-// memory. Compiled at run time by NVRTC (ctran/src/cuda/gpe_kernels.rs).
+// memory. Compiled at run time by NVRTC (ctran/src/gpe/kernels.rs).
 //
 // `posted` and `done` are 64-bit counters that only grow. The stream raises `posted` to the
 // number of a step once the step's inputs are in host staging; the host thread raises `done`

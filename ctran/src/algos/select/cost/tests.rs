@@ -47,7 +47,7 @@ fn model(q: usize) -> CostModel {
     }
 }
 
-/// Models that `scripts/bench-algos.sh` measured on a 2-core machine, for 4 and 8 ranks, alpha
+/// Models that `tools/bench-algos.sh` measured on a 2-core machine, for 4 and 8 ranks, alpha
 /// halved: it was measured as a one-way latency, of which a hop costs half. Beta here is the
 /// maximum over ranks; the mean that ranks agree on is lower (1.4-2.6 ns/B on 8 ranks), and the
 /// picks tested here stay the same with it.
