@@ -1,6 +1,7 @@
-"""Joins Gloo and torchcomms-perf JSON files and prints the ratio per row.
+"""Joins two sets of benchmark JSON files (Gloo against torchcomms-perf by default, or two
+builds of torchcomms-perf) and prints the ratio per row.
 
-    compare.py LABEL GLOO_JSON[,GLOO_JSON...] OURS_JSON[,OURS_JSON...]
+    compare.py LABEL GLOO_JSON[,GLOO_JSON...] OURS_JSON[,OURS_JSON...] [NAME_A,NAME_B]
 
 Several files per side are rounds of the same measurement (the bench script interleaves them);
 each row keeps its best (shortest) time over the rounds, so a burst of load from elsewhere on
@@ -25,9 +26,10 @@ def load(paths):
 
 def main() -> int:
     label, gloo_paths, ours_paths = sys.argv[1], sys.argv[2], sys.argv[3]
+    a, b = (sys.argv[4] if len(sys.argv) > 4 else "gloo,ours").split(",")
     gloo, ours = load(gloo_paths), load(ours_paths)
     print(f"\n### {label}\n")
-    print("| op | bytes | gloo us | ours us | gloo busbw GB/s | ours busbw GB/s | speedup (time) |")
+    print(f"| op | bytes | {a} us | {b} us | {a} busbw GB/s | {b} busbw GB/s | speedup (time) |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     missing = 0
     slower = []
@@ -43,8 +45,8 @@ def main() -> int:
         print(f"| {key[0]} | {key[1]} | {g['time_us']:.1f} | {o['time_us']:.1f} | {g['busbw_gbps']:.3f} | "
               f"{o['busbw_gbps']:.3f} | {ratio:.2f}x |")
     if missing:
-        print(f"\n({missing} gloo rows had no matching torchcomms-perf row)")
-    print(f"\nRows slower than Gloo: {', '.join(slower) if slower else 'none'}")
+        print(f"\n({missing} {a} rows had no matching {b} row)")
+    print(f"\nRows where {b} is slower than {a}: {', '.join(slower) if slower else 'none'}")
     return 0
 
 

@@ -35,13 +35,7 @@ macro_rules! api_type {
 }
 
 macro_rules! api_methods {
-    ($(
-        $(#[doc = $doc:literal])*
-        $name:ident = $id:literal ( $($arg:ident : $kind:ident),* $(,)? )
-            hook { $($field:ident : $from:ident),* $(,)? }
-            check |$c:ident| $check:block
-            call $call:block
-    )*) => {
+    ($([$name:ident $id:literal [$($doc:literal)*] [$($arg:ident $kind:ident)*] $hook:tt [$c:ident $check:block] [$call:block]])*) => {
         impl TorchComm {
             $(
                 $(#[doc = $doc])*

@@ -145,13 +145,7 @@ macro_rules! hook_args {
 
 /// The pre-hook record of every operation of the table: upstream's fields, then `async_op`.
 macro_rules! pre_hook_classes {
-    ($(
-        $(#[doc = $doc:literal])*
-        $name:ident = $id:literal ( $($arg:ident : $kind:ident),* $(,)? )
-            hook { $($field:ident : $from:ident),* $(,)? }
-            check |$c:ident| $check:block
-            call $call:block
-    )*) => { pastey::paste! {
+    ($([$name:ident $id:literal $doc:tt $args:tt [$($field:ident $from:ident)*] $($rest:tt)*])*) => { pastey::paste! {
         $(hook_args!(
             #[doc = concat!("What pre-hooks get for `", stringify!($name), "`.")]
             [<$name:camel PreHookArgs>] { $($field,)* async_op }

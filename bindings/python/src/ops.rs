@@ -60,13 +60,7 @@ macro_rules! py_arg {
 }
 
 macro_rules! py_methods {
-    ($(
-        $(#[doc = $doc:literal])*
-        $name:ident = $id:literal ( $($arg:ident : $kind:ident),* $(,)? )
-            hook { $($field:ident : $from:ident),* $(,)? }
-            check |$c:ident| $check:block
-            call $call:block
-    )*) => { pastey::paste! {
+    ($([$name:ident $id:literal [$($doc:literal)*] [$($arg:ident $kind:ident)*] [$($field:ident $from:ident)*] $($rest:tt)*])*) => { pastey::paste! {
         #[pymethods]
         impl PyTorchComm {
             $(

@@ -105,13 +105,7 @@ py_enum!(
 /// `OpName`: the operations of the table under upstream's values, then the management calls
 /// hooks also fire for. Members are named in snake case (`OpName.all_reduce`).
 macro_rules! op_names {
-    ($(
-        $(#[doc = $doc:literal])*
-        $name:ident = $id:literal ( $($arg:ident : $kind:ident),* $(,)? )
-            hook { $($field:ident : $from:ident),* $(,)? }
-            check |$c:ident| $check:block
-            call $call:block
-    )*) => { pastey::paste! {
+    ($([$name:ident $id:literal $($rest:tt)*])*) => { pastey::paste! {
         /// The operation a hook fires for (upstream's values plus `batch_op_issue`).
         #[pyclass(module = "torchcomms._comms", name = "OpName", eq, eq_int, hash, frozen, from_py_object, rename_all = "snake_case")]
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

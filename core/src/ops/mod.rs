@@ -59,13 +59,7 @@ impl OpSpec {
 }
 
 macro_rules! op_specs {
-    ($(
-        $(#[doc = $doc:literal])*
-        $name:ident = $id:literal ( $($arg:ident : $kind:ident),* $(,)? )
-            hook { $($field:ident : $from:ident),* $(,)? }
-            check |$c:ident| $check:block
-            call $call:block
-    )*) => {
+    ($([$name:ident $id:literal [$($doc:literal)*] [$($arg:ident $kind:ident)*] [$($field:ident $from:ident)*] $($rest:tt)*])*) => {
         /// Every operation of the table, in upstream's `OpName` order.
         pub const OPS: &[OpSpec] = &[$(
             OpSpec {

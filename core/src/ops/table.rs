@@ -25,11 +25,16 @@
 //! [`OPS`]: crate::ops::OPS
 //! [`ArgKind`]: crate::ops::ArgKind
 
-/// Calls `$callback! { rows }` with every row of the table (see the [module](crate::ops::table)).
+/// Calls `$callback! { rows }` with every row of the table (see the [module](crate::ops::table)),
+/// each row as one bracketed group, so a surface matches only the parts it uses:
+///
+/// ```text
+/// [name id [doc-lines] [arg Kind ...] [field from ...] [c { check }] [{ call }]]
+/// ```
 #[macro_export]
 macro_rules! for_each_op {
     ($callback:path) => {
-        $callback! {
+        $crate::__op_rows! { $callback;
             /// Sends `tensor` to rank `dst`.
             send = 0 (tensor: Tensor, dst: Rank)
                 hook { tensor: tensor, peer: dst }
@@ -317,5 +322,21 @@ macro_rules! for_each_op {
                     }
                 }
         }
+    };
+}
+
+/// Puts each row of the table in the bracketed form [`for_each_op!`](crate::for_each_op) hands to
+/// its callback.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __op_rows {
+    ($callback:path; $(
+        $(#[doc = $doc:literal])*
+        $name:ident = $id:literal ( $($arg:ident : $kind:ident),* $(,)? )
+            hook { $($field:ident : $from:ident),* $(,)? }
+            check |$c:ident| $check:block
+            call $call:block
+    )*) => {
+        $callback! { $([$name $id [$($doc)*] [$($arg $kind)*] [$($field $from)*] [$c $check] [$call]])* }
     };
 }

@@ -119,13 +119,7 @@ macro_rules! c_arg {
 }
 
 macro_rules! c_functions {
-    ($(
-        $(#[doc = $doc:literal])*
-        $name:ident = $id:literal ( $($arg:ident : $kind:ident),* $(,)? )
-            hook { $($field:ident : $from:ident),* $(,)? }
-            check |$c:ident| $check:block
-            call $call:block
-    )*) => {
+    ($([$name:ident $id:literal [$($doc:literal)*] [$($arg:ident $kind:ident)*] $($rest:tt)*])*) => {
         $(c_function!(@munch [[$(#[doc = $doc])*] $name call F] [] [] ($($arg : $kind,)*));)*
     };
 }
