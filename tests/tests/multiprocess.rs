@@ -330,6 +330,141 @@ fn shm_size_mismatch_fails_every_rank_naming_it() {
     }
 }
 
+/// Ranks that disagree about what a collective is (the reduce op, a dtype of the same size, the
+/// root, the collective itself, or the order of collectives) all fail, over TCP as over shared
+/// memory, naming the disagreement, well within the timeout: never success with wrong data.
+#[test]
+fn ranks_that_disagree_fail_every_rank_over_tcp_and_shared_memory() {
+    for backends in ["socket", "socket,shm"] {
+        for what in ["redop", "dtype", "root", "collective", "order"] {
+            let mut job = Job::new(4, &["disagree", "--what", what])
+                .env("CTRAN_BACKENDS", backends)
+                .env("TORCHCOMM_TIMEOUT_SECONDS", "30");
+            job.timeout = Duration::from_secs(60);
+            let outs = job.run(&worker());
+            let case = format!("{what} over {backends}");
+            assert_all_ok(&outs, &case);
+            for o in &outs {
+                let line = o
+                    .stdout
+                    .lines()
+                    .find(|l| l.starts_with(&format!("DISAGREE rank {}", o.rank)))
+                    .unwrap_or_else(|| panic!("{case}: rank {} printed {}", o.rank, o.stdout));
+                assert!(
+                    line.contains("disagree") || line.contains("mismatch"),
+                    "{case}: rank {} did not name the disagreement: {line}",
+                    o.rank
+                );
+                assert!(
+                    o.elapsed < Duration::from_secs(20),
+                    "{case}: rank {} took {:?} (a timeout, not a detected disagreement)",
+                    o.rank,
+                    o.elapsed
+                );
+            }
+        }
+    }
+}
+
+/// Where one rank's part of an operation is only sending, a receiver that refuses the data
+/// fails the sender too: in the operation itself for collectives, and for a point-to-point send
+/// (which completes once handed to the transport, as NCCL's) in the sender's next operation. A
+/// root that refuses its own arguments leaves the others failing at the timeout, never
+/// succeeding.
+#[test]
+fn a_refused_message_fails_its_sender_over_tcp_and_shared_memory() {
+    for backends in ["socket", "socket,shm"] {
+        for what in ["bcast-size", "a2av-splits", "gather-list", "send-size"] {
+            let mut job = Job::new(4, &["lopsided", "--what", what])
+                .env("CTRAN_BACKENDS", backends)
+                .env("TORCHCOMM_TIMEOUT_SECONDS", "5");
+            job.timeout = Duration::from_secs(60);
+            let outs = job.run(&worker());
+            let case = format!("{what} over {backends}");
+            assert_all_ok(&outs, &case);
+            for o in &outs {
+                let line = o
+                    .stdout
+                    .lines()
+                    .find(|l| l.starts_with(&format!("LOPSIDED rank {} ", o.rank)))
+                    .unwrap_or_else(|| panic!("{case}: rank {} printed {}", o.rank, o.stdout));
+                let in_op = line.contains(" op after ");
+                let expect_in_op = match what {
+                    "send-size" => o.rank == 1,
+                    _ => true,
+                };
+                assert!(
+                    in_op || !expect_in_op,
+                    "{case}: rank {} succeeded in the operation itself: {line}",
+                    o.rank
+                );
+                assert!(
+                    o.elapsed < Duration::from_secs(15),
+                    "{case}: rank {} took {:?}",
+                    o.rank,
+                    o.elapsed
+                );
+            }
+        }
+    }
+}
+
+/// A second thread issuing while another thread's operation is in flight is refused on every
+/// rank, naming the cause, and aborts the communicator (its in-flight receive fails too).
+#[test]
+fn a_second_thread_issuing_while_the_first_has_work_in_flight_is_refused() {
+    for backends in ["socket", "socket,shm"] {
+        let mut job = Job::new(3, &["two-threads"])
+            .env("CTRAN_BACKENDS", backends)
+            .env("TORCHCOMM_TIMEOUT_SECONDS", "30");
+        job.timeout = Duration::from_secs(60);
+        let outs = job.run(&worker());
+        assert_all_ok(&outs, backends);
+        for o in &outs {
+            assert!(
+                o.stdout.contains("second thread"),
+                "{backends}: rank {} printed {}",
+                o.rank,
+                o.stdout
+            );
+            assert!(
+                o.elapsed < Duration::from_secs(20),
+                "{backends}: rank {} took {:?}",
+                o.rank,
+                o.elapsed
+            );
+        }
+    }
+}
+
+/// A split that one rank never joins fails the others within the parent communicator's
+/// timeout (3 s here), not the 600 s default.
+#[test]
+fn a_split_without_a_peer_fails_within_the_parents_timeout() {
+    let mut job = Job::new(3, &["split-without-a-peer"]).env("TORCHCOMM_TIMEOUT_SECONDS", "3");
+    job.timeout = Duration::from_secs(60);
+    let outs = job.run(&worker());
+    assert_all_ok(&outs, "split without a peer");
+    for o in outs.iter().filter(|o| o.rank < 2) {
+        let line = o
+            .stdout
+            .lines()
+            .find(|l| l.starts_with("SPLIT rank"))
+            .unwrap_or_else(|| panic!("rank {} printed {}", o.rank, o.stdout));
+        let ms: u64 = line
+            .split(" after ")
+            .nth(1)
+            .and_then(|r| r.split(" ms").next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no time in {line}"));
+        assert!(
+            (2_500..12_000).contains(&ms),
+            "rank {}: the split failed after {ms} ms, not at the parent's 3 s timeout: {line}",
+            o.rank
+        );
+    }
+}
+
 /// A log without its colour escapes.
 fn plain(log: &str) -> String {
     let mut out = String::with_capacity(log.len());

@@ -111,7 +111,9 @@ impl TorchComm {
 
     /// Splits off a communicator of `ranks` (ranks of this communicator). A collective: every
     /// rank calls it; ranks passing an empty list get `None`. The new rank is the position of
-    /// this rank in `ranks`. The child gets fresh default options plus the given ones.
+    /// this rank in `ranks`. Without `options` the child gets fresh default options with this
+    /// communicator's timeout, so a failed peer during the split (and later) fails the others as
+    /// soon as it would fail this communicator.
     pub fn split(
         &self,
         ranks: &[usize],
@@ -142,7 +144,10 @@ impl TorchComm {
         if name.is_empty() {
             return Err(c.fail("name", "a non-empty name", "\"\""));
         }
-        let options = options.unwrap_or_default();
+        let options = options.unwrap_or_else(|| CommOptions {
+            timeout: self.options.timeout,
+            ..CommOptions::default()
+        });
         let child = self.backend.split(ranks, name, options.clone())?;
         Ok(child.map(|b| TorchComm::new(b, &self.backend_name, options)))
     }

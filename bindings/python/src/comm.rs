@@ -387,9 +387,12 @@ impl PyTorchComm {
         if let Some(h) = &hints {
             child_opts.hints = h.clone();
         }
-        if let Some(t) = timeout_arg(timeout, "split")? {
-            child_opts.timeout = t;
-        }
+        // Without a timeout of its own the split (and the child) wait as long as this
+        // communicator would, not the default.
+        child_opts.timeout = match timeout_arg(timeout, "split")? {
+            Some(t) => t,
+            None => c.settings().timeout,
+        };
         let op_id = hooks::next_op_id();
         hooks::run_pre(py, c.as_ref(), OpName::Split, op_id, |py| {
             pre(

@@ -8,7 +8,7 @@ use crate::algos::staging::Staging;
 use crate::error::{Error, Result};
 use crate::kernels::Reducer;
 use crate::span::Span;
-use crate::transport::{ReqId, Transport, TransportError};
+use crate::transport::{OpTag, ReqId, Transport, TransportError};
 
 /// The running context of one operation.
 #[derive(Debug)]
@@ -25,6 +25,9 @@ pub struct OpCtx<'a> {
     pub deadline: Instant,
     /// The timeout the deadline came from (for errors).
     pub timeout: Duration,
+    /// What peers must be running too: every message of this operation carries it, and a
+    /// message of another operation fails it.
+    pub tag: OpTag,
     net: &'a mut dyn Transport,
     /// Scratch memory.
     pub staging: &'a mut Staging,
@@ -50,9 +53,16 @@ impl<'a> OpCtx<'a> {
             seq,
             deadline,
             timeout,
+            tag: OpTag::internal(),
             net,
             staging,
         }
+    }
+
+    /// The same context for the operation `tag` names (the communicator's own work otherwise).
+    pub fn with_tag(mut self, tag: OpTag) -> OpCtx<'a> {
+        self.tag = tag;
+        self
     }
 
     /// Turns a transport failure into an engine error with this operation's context.
@@ -76,6 +86,17 @@ impl<'a> OpCtx<'a> {
                 peer,
                 detail: format!("this rank expected {expected} bytes, the peer sent {got}"),
             },
+            TransportError::Disagree {
+                peer,
+                expected,
+                got,
+            } => Error::Mismatch {
+                op: self.op.into(),
+                seq: self.seq,
+                rank: self.rank,
+                peer,
+                detail: format!("ranks disagree about the operation: this rank runs {expected}, peer {peer} runs {got}"),
+            },
             TransportError::Aborted => Error::Aborted {
                 comm: String::new(),
                 reason: format!(
@@ -88,12 +109,17 @@ impl<'a> OpCtx<'a> {
 
     /// Posts a send.
     pub fn send(&mut self, peer: usize, data: Span) -> Result<ReqId> {
-        self.net.post_send(peer, data).map_err(|e| self.error(e))
+        let confirm = self.tag.needs_confirmation();
+        self.net
+            .post_send(peer, data, self.tag, confirm)
+            .map_err(|e| self.error(e))
     }
 
     /// Posts a receive of exactly `data.len()` bytes.
     pub fn recv(&mut self, peer: usize, data: Span) -> Result<ReqId> {
-        self.net.post_recv(peer, data).map_err(|e| self.error(e))
+        self.net
+            .post_recv(peer, data, self.tag)
+            .map_err(|e| self.error(e))
     }
 
     /// Waits for one request, moving every other posted request forward meanwhile.
@@ -126,6 +152,31 @@ impl<'a> OpCtx<'a> {
             .progress(Instant::now(), false)
             .map_err(|e| self.error(e))?;
         self.net.test(req).map_err(|e| self.error(e))
+    }
+
+    /// Waits until every receiver accepted this rank's confirmed sends (see
+    /// [`OpTag::needs_confirmation`]), so a rank whose part was only sending fails with a
+    /// receiver that refused its message instead of succeeding alone.
+    pub fn wait_confirmed(&mut self) -> Result<()> {
+        loop {
+            match self.net.unconfirmed() {
+                Ok(false) => return Ok(()),
+                Ok(true) => {}
+                Err(e) => return Err(self.error(e)),
+            }
+            if Instant::now() >= self.deadline {
+                return Err(Error::Timeout {
+                    op: self.op.into(),
+                    seq: self.seq,
+                    rank: self.rank,
+                    peer: None,
+                    timeout: self.timeout,
+                });
+            }
+            self.net
+                .progress(self.deadline, false)
+                .map_err(|e| self.error(e))?;
+        }
     }
 
     /// Waits for every request in `reqs` and empties it.

@@ -302,6 +302,9 @@ impl Executor {
             task.complete(&mut self.tracer, &self.shared.tasks_done, Ok(()));
             return;
         }
+        if !task.op.is_p2p() {
+            self.net.begin_collective(task.op.tag(task.seq));
+        }
         let path = select::host_path(
             &task.op,
             task.algo,
@@ -315,7 +318,9 @@ impl Executor {
                 let info = || super::trace::op_info(&task.op, task.timeout, None);
                 self.tracer.start(&mut task.trace, info, transport, None);
                 let posted = {
-                    let mut cx = self.ctx(name, task.seq, task.timeout);
+                    let mut cx = self
+                        .ctx(name, task.seq, task.timeout)
+                        .with_tag(task.op.tag(task.seq));
                     algos::post_p2p(&mut cx, &task.op)
                 };
                 match posted {
@@ -352,8 +357,10 @@ impl Executor {
                 let info = || super::trace::op_info(&task.op, task.timeout, None);
                 self.tracer
                     .start(&mut task.trace, info, transport, algo_name);
-                let mut cx = self.ctx(name, task.seq, task.timeout);
-                algos::run_collective(&mut cx, &task.op, algo)
+                let mut cx = self
+                    .ctx(name, task.seq, task.timeout)
+                    .with_tag(task.op.tag(task.seq));
+                algos::run_collective(&mut cx, &task.op, algo).and_then(|()| cx.wait_confirmed())
             }
             other => Err(Error::NotSupported(format!(
                 "{name} on the {} path from the progress thread",

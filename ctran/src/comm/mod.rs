@@ -88,6 +88,8 @@ struct Submitter {
     p2p_seq: u64,
     /// Tasks handed to the progress thread.
     sent: u64,
+    /// The thread that issued the operations in flight (see [`Comm::claim_issuer`]).
+    issuer: Option<std::thread::ThreadId>,
 }
 
 /// A communicator of the ctran engine.
@@ -157,6 +159,7 @@ impl Comm {
                 tx,
                 coll_seq: 0,
                 p2p_seq: 0,
+                issuer: None,
                 sent: 0,
             }),
             waker,
@@ -306,6 +309,34 @@ impl Comm {
         self.waker.wake();
         self.shared.trace.publish(queued);
         request
+    }
+
+    /// Refuses `op` when another thread issued operations that are still in flight. Ranks pair
+    /// operations by issue order, which two threads interleave differently on each rank: the
+    /// results would be silently mixed. Like NCCL, a communicator takes operations from one
+    /// thread at a time; unlike NCCL, a second thread is detected. The communicator is aborted,
+    /// so the peers fail too instead of pairing what is left. Threads may take turns: once the
+    /// first thread's work completed, another may issue.
+    pub fn claim_issuer(&self, op: &str) -> Result<()> {
+        let me = std::thread::current().id();
+        let mut sub = self.submitter.lock().unwrap_or_else(|p| p.into_inner());
+        let busy = sub.sent != self.shared.tasks_done.load(Ordering::Acquire);
+        if busy && sub.issuer.is_some_and(|t| t != me) {
+            drop(sub);
+            let reason = format!(
+                "{op} was issued from a second thread while operations issued by another thread \
+                 were in flight; ranks could pair the two threads' operations differently, so \
+                 the communicator is aborted (issue a communicator's operations from one thread \
+                 at a time, or wait for the other thread's work first)"
+            );
+            self.abort(&reason);
+            return Err(Error::Aborted {
+                comm: self.shared.name.clone(),
+                reason,
+            });
+        }
+        sub.issuer = Some(me);
+        Ok(())
     }
 
     /// The algorithm `op` would run with, given the hints (`Some("ring")`, `None`, or

@@ -5,6 +5,7 @@
 use std::fmt;
 
 use crate::span::Span;
+use crate::transport::tag::{OpTag, TagKind};
 use crate::types::{DataType, ReduceOp};
 
 /// One point-to-point transfer inside a batch.
@@ -139,6 +140,28 @@ impl Op {
             Op::Send { .. } => "send",
             Op::Recv { .. } => "recv",
             Op::Batch { .. } => "batch_op_issue",
+        }
+    }
+
+    /// What peers compare before using this operation's messages (see [`OpTag`]): for a
+    /// collective its kind, sequence number `seq`, element type, reduce op and root.
+    pub fn tag(&self, seq: u64) -> OpTag {
+        let c = |kind, dtype, op, root| OpTag::collective(kind, seq, dtype, op, root);
+        match self {
+            Op::AllReduce { dtype, op, .. } => c(TagKind::AllReduce, Some(*dtype), Some(*op), None),
+            Op::Reduce {
+                dtype, op, root, ..
+            } => c(TagKind::Reduce, Some(*dtype), Some(*op), Some(*root)),
+            Op::Broadcast { root, .. } => c(TagKind::Broadcast, None, None, Some(*root)),
+            Op::AllGather { .. } => c(TagKind::AllGather, None, None, None),
+            Op::ReduceScatter { dtype, op, .. } => {
+                c(TagKind::ReduceScatter, Some(*dtype), Some(*op), None)
+            }
+            Op::AllToAll { .. } => c(TagKind::AllToAll, None, None, None),
+            Op::Scatter { root, .. } => c(TagKind::Scatter, None, None, Some(*root)),
+            Op::Gather { root, .. } => c(TagKind::Gather, None, None, Some(*root)),
+            Op::Barrier => c(TagKind::Barrier, None, None, None),
+            Op::Send { .. } | Op::Recv { .. } | Op::Batch { .. } => OpTag::P2P,
         }
     }
 

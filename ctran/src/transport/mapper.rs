@@ -7,7 +7,7 @@ use crate::engine::select::ShmReach;
 use crate::span::Span;
 use crate::transport::shm::{ShmTransport, ID_BASE};
 use crate::transport::socket::SocketTransport;
-use crate::transport::{ReqId, Transport, TransportError};
+use crate::transport::{OpTag, ReqId, Transport, TransportError};
 
 /// How long a rank waiting on shared memory goes between checks of the TCP side (traffic to
 /// remote peers, closed local peers).
@@ -64,17 +64,38 @@ impl Mapper {
 }
 
 impl Transport for Mapper {
-    fn post_send(&mut self, peer: usize, data: Span) -> Result<ReqId, TransportError> {
+    fn post_send(
+        &mut self,
+        peer: usize,
+        data: Span,
+        tag: OpTag,
+        confirm: bool,
+    ) -> Result<ReqId, TransportError> {
         match &mut self.shm {
-            Some(shm) if shm.reaches(peer) => shm.post_send(peer, data),
-            _ => self.socket.post_send(peer, data),
+            Some(shm) if shm.reaches(peer) => shm.post_send(peer, data, tag, confirm),
+            _ => self.socket.post_send(peer, data, tag, confirm),
         }
     }
 
-    fn post_recv(&mut self, peer: usize, data: Span) -> Result<ReqId, TransportError> {
+    fn begin_collective(&mut self, tag: OpTag) {
+        self.socket.begin_collective(tag);
+        if let Some(shm) = &mut self.shm {
+            shm.node.publish_op(tag);
+        }
+    }
+
+    fn unconfirmed(&mut self) -> Result<bool, TransportError> {
+        let shm = match &mut self.shm {
+            Some(shm) => shm.unconfirmed()?,
+            None => false,
+        };
+        Ok(self.socket.unconfirmed()? || shm)
+    }
+
+    fn post_recv(&mut self, peer: usize, data: Span, tag: OpTag) -> Result<ReqId, TransportError> {
         match &mut self.shm {
-            Some(shm) if shm.reaches(peer) => shm.post_recv(peer, data),
-            _ => self.socket.post_recv(peer, data),
+            Some(shm) if shm.reaches(peer) => shm.post_recv(peer, data, tag),
+            _ => self.socket.post_recv(peer, data, tag),
         }
     }
 

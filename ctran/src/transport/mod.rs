@@ -12,11 +12,19 @@
 pub mod mapper;
 pub mod shm;
 pub mod socket;
+pub mod tag;
 
 use std::fmt;
 use std::time::Instant;
 
 use crate::span::Span;
+pub use tag::OpTag;
+
+/// How long a rank waits with nothing moving before it checks that its peers run the same
+/// operation. Ranks that disagree about a root (or the order of collectives) can wait for each
+/// other forever without exchanging a byte; the check turns that into an error naming both
+/// views. Later than any wait on a healthy job's critical path, far earlier than a timeout.
+pub(crate) const AGREEMENT_CHECK_AFTER: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// Names of the transports this build has (`socket` between hosts, `shm` within one, `nvl`
 /// between GPUs of one host: see [`crate::nvl`]).
@@ -45,6 +53,16 @@ pub enum TransportError {
         /// Bytes the peer sent.
         got: usize,
     },
+    /// The peer runs another operation than this rank (a different collective, sequence
+    /// number, element type, reduce op or root).
+    Disagree {
+        /// The peer.
+        peer: usize,
+        /// What this rank runs.
+        expected: OpTag,
+        /// What the peer runs.
+        got: OpTag,
+    },
     /// The transport was aborted locally.
     Aborted,
 }
@@ -53,9 +71,9 @@ impl TransportError {
     /// The peer involved, if any.
     pub fn peer(&self) -> Option<usize> {
         match self {
-            TransportError::PeerLost { peer, .. } | TransportError::SizeMismatch { peer, .. } => {
-                Some(*peer)
-            }
+            TransportError::PeerLost { peer, .. }
+            | TransportError::SizeMismatch { peer, .. }
+            | TransportError::Disagree { peer, .. } => Some(*peer),
             TransportError::Aborted => None,
         }
     }
@@ -73,6 +91,11 @@ impl fmt::Display for TransportError {
                 f,
                 "peer {peer} sent {got} bytes where {expected} bytes were expected"
             ),
+            TransportError::Disagree {
+                peer,
+                expected,
+                got,
+            } => write!(f, "peer {peer} runs {got} where this rank runs {expected}"),
             TransportError::Aborted => f.write_str("transport aborted"),
         }
     }
@@ -81,11 +104,29 @@ impl fmt::Display for TransportError {
 /// Moves bytes between this rank and its peers. Single-threaded: the communicator's progress
 /// thread owns it.
 pub trait Transport: Send + fmt::Debug {
-    /// Posts a send of `data` to `peer`. The memory must stay valid until the request finishes.
-    fn post_send(&mut self, peer: usize, data: Span) -> Result<ReqId, TransportError>;
+    /// Posts a send of `data` to `peer`, on behalf of the operation `tag` names. The memory must
+    /// stay valid until the request finishes. A `confirm`ed send is also tracked until the peer
+    /// accepted it (see [`Transport::unconfirmed`]).
+    fn post_send(
+        &mut self,
+        peer: usize,
+        data: Span,
+        tag: OpTag,
+        confirm: bool,
+    ) -> Result<ReqId, TransportError>;
 
-    /// Posts a receive of exactly `data.len()` bytes from `peer` into `data`.
-    fn post_recv(&mut self, peer: usize, data: Span) -> Result<ReqId, TransportError>;
+    /// Whether confirmed sends wait for their receivers to accept them (tag and size checked);
+    /// the error of a receiver that refused one or failed. Lets a rank whose part of an
+    /// operation is only sending fail with the receiver instead of succeeding alone.
+    fn unconfirmed(&mut self) -> Result<bool, TransportError>;
+
+    /// This rank starts the collective `tag` names: peers that wait on it long compare it with
+    /// theirs.
+    fn begin_collective(&mut self, tag: OpTag);
+
+    /// Posts a receive of exactly `data.len()` bytes from `peer` into `data`, for the operation
+    /// `tag` names: a message of another operation fails it with [`TransportError::Disagree`].
+    fn post_recv(&mut self, peer: usize, data: Span, tag: OpTag) -> Result<ReqId, TransportError>;
 
     /// `Ok(true)` once the request finished (and forgets it), `Ok(false)` while in flight, or the
     /// error that failed it.

@@ -43,6 +43,11 @@ pub(crate) struct Control {
     /// How far this rank got in the current cross-memory all_reduce: the operation's first
     /// barrier number in the top 24 bits, bytes of its slice reduced in the low 40.
     pub(crate) progress: AtomicU64,
+    /// The collective this rank runs ([`crate::transport::OpTag::word`]), for peers that wait
+    /// on it long to check they agree (see `Node::wait_for`).
+    pub(crate) op_word: AtomicU64,
+    /// Its sequence number ([`crate::transport::OpTag::seq`]).
+    pub(crate) op_seq: AtomicU64,
 }
 
 /// What a rank publishes before the first barrier of a shared-memory collective: enough for
@@ -82,8 +87,9 @@ pub(crate) struct FifoIndex {
     _pad2: [u8; LINE - 8],
 }
 
-/// Header written at the start of every FIFO slot.
-pub(crate) const SLOT_HEADER: usize = 16;
+/// Header written at the start of every FIFO slot: the message's length, this chunk's length,
+/// and the sender's operation tag (two words).
+pub(crate) const SLOT_HEADER: usize = 32;
 
 /// Byte offsets of every region.
 #[derive(Debug, Clone, Copy)]

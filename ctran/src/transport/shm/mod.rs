@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::Result;
 use crate::span::Span;
-use crate::transport::{ReqId, TransportError};
+use crate::transport::{OpTag, ReqId, TransportError, AGREEMENT_CHECK_AFTER};
 pub(crate) use layout::Sizes;
 use node::{Node, WaitEnd};
 
@@ -137,14 +137,21 @@ impl Default for ShmConfig {
 struct PendingSend {
     id: u64,
     data: Span,
+    tag: OpTag,
     sent: usize,
     started: bool,
+    /// Tracked until the receiver consumed its first slot (which it does only after checking
+    /// the tag and size).
+    confirm: bool,
+    /// The FIFO position of its first slot.
+    first_slot: u64,
 }
 
 #[derive(Debug)]
 struct PendingRecv {
     id: u64,
     data: Span,
+    tag: OpTag,
     got: usize,
     started: bool,
 }
@@ -160,6 +167,11 @@ pub struct ShmTransport {
     pub(crate) global_of: Vec<usize>,
     sends: Vec<VecDeque<PendingSend>>,
     recvs: Vec<VecDeque<PendingRecv>>,
+    /// Per local peer: FIFO positions of the first slots of confirmed messages it has not
+    /// consumed yet.
+    unconfirmed: Vec<VecDeque<u64>>,
+    /// Since when nothing has moved, while requests wait.
+    stalled_since: Option<Instant>,
     next_id: u64,
     pending: HashMap<u64, usize>,
     done: HashSet<u64>,
@@ -210,7 +222,8 @@ impl ShmTransport {
             fifo_slot_bytes: cfg.fifo_slot_bytes,
             coll_bytes: cfg.coll_bytes,
         };
-        let node = Node::attach(name, sizes, me, spin, deadline)?;
+        let mut node = Node::attach(name, sizes, me, spin, deadline)?;
+        node.global = local_ranks.to_vec();
         let probe = Box::new(rand::random::<u64>() | 1);
         let cma = probe_cma(&node, &probe, cfg.cma, deadline)?;
         tracing::info!(
@@ -229,6 +242,8 @@ impl ShmTransport {
             global_of: local_ranks.to_vec(),
             sends: (0..nlocal).map(|_| VecDeque::new()).collect(),
             recvs: (0..nlocal).map(|_| VecDeque::new()).collect(),
+            unconfirmed: (0..nlocal).map(|_| VecDeque::new()).collect(),
+            stalled_since: None,
             next_id: ID_BASE,
             pending: HashMap::new(),
             done: HashSet::new(),
@@ -287,26 +302,42 @@ impl ShmTransport {
         id
     }
 
-    /// Posts a send to a local peer.
-    pub fn post_send(&mut self, peer: usize, data: Span) -> Result<ReqId, TransportError> {
+    /// Posts a send to a local peer, for the operation `tag` names (`confirm`: see
+    /// [`crate::transport::Transport::post_send`]).
+    pub fn post_send(
+        &mut self,
+        peer: usize,
+        data: Span,
+        tag: OpTag,
+        confirm: bool,
+    ) -> Result<ReqId, TransportError> {
         let l = self.local(peer)?;
         let id = self.new_id(peer);
         self.sends[l].push_back(PendingSend {
             id,
             data,
+            tag,
             sent: 0,
             started: false,
+            confirm,
+            first_slot: 0,
         });
         Ok(ReqId(id))
     }
 
-    /// Posts a receive from a local peer.
-    pub fn post_recv(&mut self, peer: usize, data: Span) -> Result<ReqId, TransportError> {
+    /// Posts a receive from a local peer, for the operation `tag` names.
+    pub fn post_recv(
+        &mut self,
+        peer: usize,
+        data: Span,
+        tag: OpTag,
+    ) -> Result<ReqId, TransportError> {
         let l = self.local(peer)?;
         let id = self.new_id(peer);
         self.recvs[l].push_back(PendingRecv {
             id,
             data,
+            tag,
             got: 0,
             started: false,
         });
@@ -329,9 +360,24 @@ impl ShmTransport {
         self.pending.get(&req.0).copied()
     }
 
-    /// Whether any request is posted and unfinished.
+    /// Whether any request is posted and unfinished, or a confirmed send is not consumed yet.
     pub fn has_pending(&self) -> bool {
-        !self.pending.is_empty()
+        !self.pending.is_empty() || self.unconfirmed.iter().any(|u| !u.is_empty())
+    }
+
+    /// Whether confirmed sends wait for their receivers to consume them; the failure of a
+    /// receiver that never will (see [`crate::transport::Transport::unconfirmed`]).
+    pub fn unconfirmed(&mut self) -> Result<bool, TransportError> {
+        let mut waiting = false;
+        for (l, u) in self.unconfirmed.iter().enumerate() {
+            if !u.is_empty() {
+                if let Some(e) = &self.dead[l] {
+                    return Err(e.clone());
+                }
+                waiting = true;
+            }
+        }
+        Ok(waiting)
     }
 
     /// Local ranks other than this one, as global ranks.
@@ -340,6 +386,18 @@ impl ShmTransport {
             .iter()
             .copied()
             .filter(move |&g| Some(self.node.me) != self.local_of[g])
+    }
+
+    /// Fails what `err` stops: the requests of the peer it names, or every request when ranks
+    /// disagree about the operation (the one this rank waits for may be another peer's).
+    fn fail_for(&mut self, err: TransportError) {
+        if matches!(err, TransportError::Disagree { .. }) {
+            for (id, _) in self.pending.drain() {
+                self.failed.insert(id, err.clone());
+            }
+        } else if let Some(p) = err.peer() {
+            self.fail_peer(p, err);
+        }
     }
 
     /// Fails every request to or from `peer` with `err`.
@@ -354,8 +412,9 @@ impl ShmTransport {
             .chain(self.recvs[l].drain(..).map(|r| r.id))
             .collect();
         for id in ids {
-            self.pending.remove(&id);
-            self.failed.insert(id, err.clone());
+            if self.pending.remove(&id).is_some() {
+                self.failed.insert(id, err.clone());
+            }
         }
     }
 
@@ -389,20 +448,36 @@ impl ShmTransport {
                 if head - idx.tail.load(Ordering::Acquire) >= k {
                     break;
                 }
-                let (msg_len, chunk_len, payload) = self.node.fifo_slot(pair, (head % k) as usize);
-                let n = (s.data.len() - s.sent).min(payload.len());
-                payload.copy_from(&s.data.sub(s.sent, n));
-                msg_len.store(s.data.len() as u64, Ordering::Relaxed);
-                chunk_len.store(n as u64, Ordering::Relaxed);
+                let slot = self.node.fifo_slot(pair, (head % k) as usize);
+                let n = (s.data.len() - s.sent).min(slot.payload.len());
+                if !s.started {
+                    s.first_slot = head;
+                }
+                slot.payload.copy_from(&s.data.sub(s.sent, n));
+                slot.msg_len.store(s.data.len() as u64, Ordering::Relaxed);
+                slot.chunk_len.store(n as u64, Ordering::Relaxed);
+                slot.tag_word.store(s.tag.word, Ordering::Relaxed);
+                slot.tag_seq.store(s.tag.seq, Ordering::Relaxed);
                 idx.head.store(head + 1, Ordering::Release);
                 self.node.ring(l);
                 s.sent += n;
                 s.started = true;
                 moved = true;
                 if s.sent == s.data.len() {
+                    if s.confirm {
+                        self.unconfirmed[l].push_back(s.first_slot);
+                    }
                     finished.push(s.id);
                     self.sends[l].pop_front();
                 }
+            }
+            let consumed = self.node.fifo(pair).tail.load(Ordering::Acquire);
+            while self.unconfirmed[l]
+                .front()
+                .is_some_and(|&first| first < consumed)
+            {
+                self.unconfirmed[l].pop_front();
+                moved = true;
             }
             // Receives: drain filled slots of the FIFO l -> me.
             let pair = self.node.layout().pair(l, me);
@@ -413,18 +488,44 @@ impl ShmTransport {
                 if tail == idx.head.load(Ordering::Acquire) {
                     break;
                 }
-                let (msg_len, chunk_len, payload) = self.node.fifo_slot(pair, (tail % k) as usize);
-                let total = msg_len.load(Ordering::Relaxed) as usize;
+                let slot = self.node.fifo_slot(pair, (tail % k) as usize);
+                let total = slot.msg_len.load(Ordering::Relaxed) as usize;
+                let got = OpTag {
+                    word: slot.tag_word.load(Ordering::Relaxed),
+                    seq: slot.tag_seq.load(Ordering::Relaxed),
+                };
+                let peer = self.global_of[l];
+                if !r.started && got != r.tag {
+                    error = Some(TransportError::Disagree {
+                        peer,
+                        expected: r.tag,
+                        got,
+                    });
+                    break;
+                }
                 if !r.started && total != r.data.len() {
                     error = Some(TransportError::SizeMismatch {
-                        peer: self.global_of[l],
+                        peer,
                         expected: r.data.len(),
                         got: total,
                     });
                     break;
                 }
-                let n = chunk_len.load(Ordering::Relaxed) as usize;
-                r.data.sub(r.got, n).copy_from(&payload.sub(0, n));
+                // The peer's words are not trusted: a chunk never runs past the slot or the
+                // receive buffer.
+                let n = slot.chunk_len.load(Ordering::Relaxed) as usize;
+                let left = r.data.len() - r.got;
+                if n > slot.payload.len() || n > left || (n == 0 && left > 0) {
+                    error = Some(TransportError::PeerLost {
+                        peer,
+                        reason: format!(
+                            "corrupt shared-memory message: a chunk of {n} bytes where at most {} remain",
+                            (r.data.len() - r.got).min(slot.payload.len())
+                        ),
+                    });
+                    break;
+                }
+                r.data.sub(r.got, n).copy_from(&slot.payload.sub(0, n));
                 idx.tail.store(tail + 1, Ordering::Release);
                 self.node.ring(l);
                 r.got += n;
@@ -455,6 +556,9 @@ impl ShmTransport {
             let inn = node.fifo(node.layout().pair(l, me));
             (!self.sends[l].is_empty()
                 && out.head.load(Ordering::Relaxed) - out.tail.load(Ordering::Acquire) < k)
+                || self.unconfirmed[l]
+                    .front()
+                    .is_some_and(|&first| first < out.tail.load(Ordering::Acquire))
                 || (!self.recvs[l].is_empty()
                     && inn.tail.load(Ordering::Relaxed) != inn.head.load(Ordering::Acquire))
         })
@@ -468,15 +572,24 @@ impl ShmTransport {
         alive: &mut dyn FnMut() -> Result<(), TransportError>,
     ) -> Result<(), TransportError> {
         if self.pass() {
+            self.stalled_since = None;
             return Ok(());
+        }
+        // Callers wait in short slices: a long wait is noticed across them, and then peer
+        // liveness and agreement on the operation are checked on every call.
+        let now = Instant::now();
+        let since = *self.stalled_since.get_or_insert(now);
+        if now.duration_since(since) >= AGREEMENT_CHECK_AFTER {
+            if let Err(e) = alive().and_then(|()| self.node.check_agreement()) {
+                self.fail_for(e);
+                return Ok(());
+            }
         }
         let waited = self.node.wait_for(|n| self.ready(n), until, alive);
         match waited {
             Ok(()) | Err(WaitEnd::Deadline) => {}
-            Err(WaitEnd::Failed(e)) => match e.peer() {
-                Some(p) => self.fail_peer(p, e),
-                None => return Err(e),
-            },
+            Err(WaitEnd::Failed(e)) if e.peer().is_none() => return Err(e),
+            Err(WaitEnd::Failed(e)) => self.fail_for(e),
         }
         self.pass();
         Ok(())

@@ -9,6 +9,7 @@ use super::layout::{Block, Control, FifoIndex, Layout, OpDesc, Sizes, MAGIC};
 use super::segment::Segment;
 use crate::error::{Error, Result};
 use crate::span::Span;
+use crate::transport::{OpTag, TransportError, AGREEMENT_CHECK_AFTER};
 
 /// What a wait ended with, when it did not succeed.
 #[derive(Debug)]
@@ -16,7 +17,22 @@ pub(crate) enum WaitEnd {
     /// The deadline passed.
     Deadline,
     /// The liveness check reported a failure.
-    Failed(crate::transport::TransportError),
+    Failed(TransportError),
+}
+
+/// One FIFO slot: its header words and its payload.
+#[derive(Debug)]
+pub(crate) struct Slot<'a> {
+    /// The whole message's length.
+    pub(crate) msg_len: &'a AtomicU64,
+    /// This chunk's length.
+    pub(crate) chunk_len: &'a AtomicU64,
+    /// The sender's operation tag ([`crate::transport::OpTag`]).
+    pub(crate) tag_word: &'a AtomicU64,
+    /// Its sequence number.
+    pub(crate) tag_seq: &'a AtomicU64,
+    /// The chunk's bytes.
+    pub(crate) payload: Span,
 }
 
 /// This rank's view of the host's shared segment.
@@ -27,6 +43,8 @@ pub(crate) struct Node {
     /// This rank's index among the host's ranks.
     pub(crate) me: usize,
     spin: Duration,
+    /// The communicator rank of each local index (for errors that name a peer).
+    pub(crate) global: Vec<usize>,
 }
 
 impl Node {
@@ -50,6 +68,7 @@ impl Node {
             layout,
             me,
             spin,
+            global: Vec::new(),
         };
         if me == 0 {
             node.header_word(0).store(MAGIC, Ordering::Release);
@@ -144,16 +163,18 @@ impl Node {
     }
 
     /// FIFO slot `slot` of `pair`: header then payload.
-    pub(crate) fn fifo_slot(&self, pair: usize, slot: usize) -> (&AtomicU64, &AtomicU64, Span) {
+    pub(crate) fn fifo_slot(&self, pair: usize, slot: usize) -> Slot<'_> {
         let off = self.layout.fifo_slot(pair, slot);
-        (
-            self.word(off),
-            self.word(off + 8),
-            self.span_at(
+        Slot {
+            msg_len: self.word(off),
+            chunk_len: self.word(off + 8),
+            tag_word: self.word(off + 16),
+            tag_seq: self.word(off + 24),
+            payload: self.span_at(
                 off + super::layout::SLOT_HEADER,
                 self.layout.sizes.fifo_slot_bytes,
             ),
-        )
+        }
     }
 
     /// Collective buffer `b` of local rank `i`.
@@ -183,13 +204,54 @@ impl Node {
 
     /// Waits until `done` holds, spinning first, then sleeping on this rank's doorbell; calls
     /// `alive` every few milliseconds while sleeping so a dead peer ends the wait.
+    /// Publishes the collective this rank starts, for the agreement check of waiting peers.
+    pub(crate) fn publish_op(&self, tag: OpTag) {
+        let me = self.control(self.me);
+        me.op_word.store(tag.word, Ordering::Relaxed);
+        me.op_seq.store(tag.seq, Ordering::Release);
+    }
+
+    /// Fails when a local peer runs another collective with this rank's sequence number: they
+    /// wait for each other in operations that will never meet.
+    pub(crate) fn check_agreement(&self) -> std::result::Result<(), TransportError> {
+        let mine = self.control(self.me);
+        let expected = OpTag {
+            word: mine.op_word.load(Ordering::Relaxed),
+            seq: mine.op_seq.load(Ordering::Relaxed),
+        };
+        if expected.seq == 0 {
+            return Ok(());
+        }
+        for l in (0..self.nlocal()).filter(|&l| l != self.me) {
+            let c = self.control(l);
+            let seq = c.op_seq.load(Ordering::Acquire);
+            let got = OpTag {
+                word: c.op_word.load(Ordering::Relaxed),
+                seq,
+            };
+            // A peer between two stores shows a new word with an old sequence: read again.
+            if seq == expected.seq
+                && got.word != expected.word
+                && c.op_seq.load(Ordering::Acquire) == seq
+            {
+                return Err(TransportError::Disagree {
+                    peer: self.global.get(l).copied().unwrap_or(l),
+                    expected,
+                    got,
+                });
+            }
+        }
+        Ok(())
+    }
+
     pub(crate) fn wait_for(
         &self,
         mut done: impl FnMut(&Node) -> bool,
         deadline: Instant,
         alive: &mut dyn FnMut() -> std::result::Result<(), crate::transport::TransportError>,
     ) -> std::result::Result<(), WaitEnd> {
-        let spin_until = Instant::now() + self.spin;
+        let started = Instant::now();
+        let spin_until = started + self.spin;
         let mut spins = 0u32;
         loop {
             if done(self) {
@@ -210,6 +272,9 @@ impl Node {
                 continue;
             }
             alive().map_err(WaitEnd::Failed)?;
+            if now.duration_since(started) >= AGREEMENT_CHECK_AFTER {
+                self.check_agreement().map_err(WaitEnd::Failed)?;
+            }
             let bell = self.my_bell().load(Ordering::SeqCst);
             let me = self.control(self.me);
             me.sleeping.store(1, Ordering::SeqCst);

@@ -1,25 +1,20 @@
 //! One TCP connection to one peer: FIFO queues of posted sends and receives, moved forward with
-//! non-blocking vectored I/O. Every message on the wire is a 16-byte header (magic, length)
-//! followed by the payload, so a receiver can check that the sender agrees about the size.
+//! non-blocking vectored I/O. Every message on the wire is a 32-byte header (magic, flags,
+//! length, the sender's [`OpTag`]) followed by the payload, so a receiver can check that the
+//! sender runs the same operation and agrees about the size before it takes the data as valid.
 
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, IoSliceMut, Read};
 use std::os::fd::{AsRawFd, RawFd};
+use std::time::{Duration, Instant};
 
-use bytemuck::{Pod, Zeroable};
+use nix::errno::Errno;
+use nix::sys::socket::{self, MsgFlags};
 use socket2::Socket;
 
+use super::frame::{self, Frame, HEADER_LEN, MAX_REASON};
 use crate::span::Span;
-use crate::transport::TransportError;
-
-const MAGIC: u32 = 0x7C7C_0D47;
-const HEADER_LEN: usize = 16;
-/// Header flag: the payload is a failing peer's last words (UTF-8), not data.
-const FLAG_ABORT: u32 = 1;
-/// Header flag: the peer finalized and closes; it sends nothing more.
-const FLAG_BYE: u32 = 2;
-/// Longest abort reason sent.
-const MAX_REASON: usize = 1024;
+use crate::transport::{OpTag, TransportError};
 
 /// Most payload bytes one system call sends or receives. Calls that copy many megabytes at once
 /// are slower on TCP loopback, likely because the socket stays locked for the whole copy, so the
@@ -28,37 +23,8 @@ const MAX_REASON: usize = 1024;
 /// calls).
 const MAX_IO_BYTES: usize = 1 << 20;
 
-/// The header that precedes every message, as it is on the wire: every field little-endian.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Pod, Zeroable)]
-struct Header {
-    magic: u32,
-    flags: u32,
-    /// Payload bytes.
-    len: u64,
-}
-
-const _: () = assert!(std::mem::size_of::<Header>() == HEADER_LEN);
-
-impl Header {
-    /// The header as it is read from the wire.
-    fn read(b: &[u8; HEADER_LEN]) -> Header {
-        let h: Header = bytemuck::cast(*b);
-        Header {
-            magic: u32::from_le(h.magic),
-            flags: u32::from_le(h.flags),
-            len: u64::from_le(h.len),
-        }
-    }
-}
-
-fn encode_header(len: usize, flags: u32) -> [u8; HEADER_LEN] {
-    bytemuck::cast(Header {
-        magic: MAGIC.to_le(),
-        flags: flags.to_le(),
-        len: (len as u64).to_le(),
-    })
-}
+/// The id of frames this connection sends on its own (probes): no request waits for them.
+const CONTROL_ID: u64 = 0;
 
 #[derive(Debug)]
 struct PendingSend {
@@ -73,8 +39,14 @@ struct PendingSend {
 struct PendingRecv {
     id: u64,
     data: Span,
-    /// Bytes read so far, header included.
+    /// The operation it belongs to: the message's tag must be the same.
+    tag: OpTag,
+    /// Bytes of its message read so far, header included.
     read: usize,
+    /// Its header was read and checked.
+    checked: bool,
+    /// A probe was sent for it.
+    probed: bool,
 }
 
 /// What one call to [`Conn::advance`] achieved.
@@ -91,10 +63,15 @@ pub(super) struct Conn {
     sock: Socket,
     sends: VecDeque<PendingSend>,
     recvs: VecDeque<PendingRecv>,
+    /// The header of the incoming message, as the front receive reads it.
     recv_header: [u8; HEADER_LEN],
+    /// A data message waits in the socket for a receive to be posted (seen, not read).
+    data_waiting: bool,
     broken: Option<TransportError>,
     /// The peer said goodbye (finalized): its closing the connection is not a failure.
     peer_finished: bool,
+    /// Confirmed messages sent (or queued) that the peer has not acknowledged yet.
+    unacked: u64,
 }
 
 impl Conn {
@@ -106,8 +83,10 @@ impl Conn {
             sends: VecDeque::new(),
             recvs: VecDeque::new(),
             recv_header: [0; HEADER_LEN],
+            data_waiting: false,
             broken: None,
             peer_finished: false,
+            unacked: 0,
         })
     }
 
@@ -137,30 +116,90 @@ impl Conn {
     }
 
     pub(super) fn wants_read(&self) -> bool {
-        self.broken.is_none() && !self.recvs.is_empty()
+        self.broken.is_none() && (!self.recvs.is_empty() || self.unacked > 0)
     }
 
-    pub(super) fn push_send(&mut self, id: u64, data: Span) {
+    /// Whether confirmed messages wait for the peer's acknowledgement; the error that broke the
+    /// connection if they never will get it.
+    pub(super) fn awaits_acks(&self) -> Result<bool, TransportError> {
+        match &self.broken {
+            Some(e) if self.unacked > 0 => Err(e.clone()),
+            _ => Ok(self.unacked > 0),
+        }
+    }
+
+    /// Whether a sleeping rank should watch this connection although no receive is posted on
+    /// it: for probes, abort notices and goodbyes (a data header is kept for its receive).
+    pub(super) fn wants_idle_read(&self) -> bool {
+        // (Also while acknowledgements are awaited: they arrive on the same stream.)
+        self.broken.is_none() && self.recvs.is_empty() && !self.data_waiting && !self.peer_finished
+    }
+
+    /// Queues a message. A `confirm`ed one is acknowledged by the peer once it accepted the
+    /// header (see [`Conn::awaits_acks`]); the send itself finishes when written, as any other.
+    pub(super) fn push_send(&mut self, id: u64, data: Span, tag: OpTag, confirm: bool) {
+        let len = data.len() as u64;
+        self.unacked += u64::from(confirm);
         self.sends.push_back(PendingSend {
             id,
-            header: encode_header(data.len(), 0),
+            header: frame::encode(Frame::Data { len, tag, confirm }),
             data,
             written: 0,
         });
     }
 
-    pub(super) fn push_recv(&mut self, id: u64, data: Span) {
-        self.recvs.push_back(PendingRecv { id, data, read: 0 });
+    /// Queues a control frame before every message not yet started (a frame never interrupts
+    /// a half-sent message).
+    fn push_control(&mut self, control: Frame) {
+        let frame = PendingSend {
+            id: CONTROL_ID,
+            header: frame::encode(control),
+            data: Span::EMPTY,
+            written: 0,
+        };
+        let at = usize::from(self.sends.front().is_some_and(|s| s.written > 0));
+        self.sends.insert(at, frame);
+    }
+
+    pub(super) fn push_recv(&mut self, id: u64, data: Span, tag: OpTag) {
+        self.data_waiting = false;
+        self.recvs.push_back(PendingRecv {
+            id,
+            data,
+            tag,
+            read: 0,
+            checked: false,
+            probed: false,
+        });
+    }
+
+    /// Tells the peer which operation this rank waits for it in, once per receive that has
+    /// waited: a peer that runs another operation with the same sequence number fails it.
+    /// Returns whether a probe was queued. Point-to-point receives are never probed (their
+    /// pairing is the user's and has no sequence).
+    pub(super) fn probe_waiting_recv(&mut self) -> bool {
+        let Some(r) = self.recvs.front_mut() else {
+            return false;
+        };
+        if self.broken.is_some() || r.probed || r.read > 0 || r.tag.seq == 0 {
+            return false;
+        }
+        r.probed = true;
+        let tag = r.tag;
+        self.push_control(Frame::Probe { tag });
+        true
     }
 
     /// Tells the peer why this rank is failing. A frame cannot interrupt a half-sent message, so
     /// that message is first finished (its buffer is still valid: the failing operation has not
-    /// been released yet), for at most `flush_for`. Best effort: gives up on any error.
-    pub(super) fn send_abort_notice(&mut self, reason: &str, flush_for: std::time::Duration) {
-        if self.broken.is_some() {
+    /// been released yet), for at most `flush_for`. Best effort: gives up on any error. A
+    /// connection broken by a disagreement this rank found still carries the notice: the peer
+    /// is alive and learns why.
+    pub(super) fn send_abort_notice(&mut self, reason: &str, flush_for: Duration) {
+        if self.broken.as_ref().is_some_and(|e| !peer_is_alive(e)) {
             return;
         }
-        let deadline = std::time::Instant::now() + flush_for;
+        let deadline = Instant::now() + flush_for;
         if let Some(s) = self.sends.front_mut() {
             let total = HEADER_LEN + s.data.len();
             while s.written > 0 && s.written < total {
@@ -178,17 +217,18 @@ impl Conn {
                 match r {
                     Ok(n) if n > 0 => s.written += n,
                     Err(e)
-                        if e.kind() == io::ErrorKind::WouldBlock
-                            && std::time::Instant::now() < deadline =>
+                        if e.kind() == io::ErrorKind::WouldBlock && Instant::now() < deadline =>
                     {
-                        std::thread::sleep(std::time::Duration::from_micros(100));
+                        std::thread::sleep(Duration::from_micros(100));
                     }
                     _ => return,
                 }
             }
         }
         let reason = &reason.as_bytes()[..reason.len().min(MAX_REASON)];
-        let header = encode_header(reason.len(), FLAG_ABORT);
+        let header = frame::encode(Frame::Abort {
+            len: reason.len() as u64,
+        });
         let bufs = [IoSlice::new(&header), IoSlice::new(reason)];
         let _ = self
             .sock
@@ -201,7 +241,7 @@ impl Conn {
         if self.broken.is_some() || self.sends.front().is_some_and(|s| s.written > 0) {
             return;
         }
-        let header = encode_header(0, FLAG_BYE);
+        let header = frame::encode(Frame::Bye);
         let _ = self.sock.send_with_flags(&header, libc::MSG_NOSIGNAL);
         let _ = self.sock.shutdown(std::net::Shutdown::Write);
     }
@@ -215,61 +255,100 @@ impl Conn {
         if !self.recvs.is_empty() || self.peer_finished {
             return None;
         }
-        let mut header = [0u8; HEADER_LEN];
-        match (&self.sock).read(&mut header) {
-            Ok(n) if n == HEADER_LEN && is_bye(&header) => {
-                self.peer_finished = true;
-                None
-            }
-            Ok(0) => Some(TransportError::PeerLost {
+        match self.read_idle(OpTag::default()) {
+            Err(e) => Some(e),
+            Ok(_) if self.data_waiting => Some(TransportError::PeerLost {
                 peer: self.peer,
-                reason: "connection closed by peer (it exited or failed)".into(),
+                reason: "unexpected data on an idle connection".into(),
             }),
-            Ok(n) if n == HEADER_LEN => Some(
-                check_header(&self.sock, &header, self.peer, Span::EMPTY, HEADER_LEN)
-                    .err()
-                    .unwrap_or(TransportError::PeerLost {
-                        peer: self.peer,
-                        reason: "unexpected data on an idle connection".into(),
-                    }),
-            ),
-            Ok(_) => Some(TransportError::PeerLost {
-                peer: self.peer,
-                reason: "truncated message on an idle connection".into(),
-            }),
-            Err(e)
-                if e.kind() == io::ErrorKind::WouldBlock
-                    || e.kind() == io::ErrorKind::Interrupted =>
-            {
-                None
-            }
-            Err(e) => Some(self.lost("recv", &e)),
+            Ok(_) => None,
         }
     }
 
-    /// Marks the connection broken and returns the ids of every request it held.
-    pub(super) fn fail(&mut self, err: TransportError) -> Vec<u64> {
-        if self.broken.is_none() {
-            self.broken = Some(err);
-            let _ = self.sock.shutdown(std::net::Shutdown::Both);
+    /// Reads what arrived while no receive is posted: probes are answered (compared with
+    /// `current`, what this rank runs), acknowledgements, goodbyes and abort notices taken. A
+    /// data message is only looked at (its header peeked, so a peer that runs another
+    /// operation in this one's place is found) and left in the socket for its receive.
+    /// Never blocks. Returns whether it took or found anything.
+    pub(super) fn read_idle(&mut self, current: OpTag) -> Result<bool, TransportError> {
+        let mut took = false;
+        while self.wants_idle_read() {
+            let mut header = [0u8; HEADER_LEN];
+            let flags = MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT;
+            match socket::recv(self.fd(), &mut header, flags) {
+                Ok(0) => {
+                    return Err(TransportError::PeerLost {
+                        peer: self.peer,
+                        reason: "connection closed by peer (it exited or failed)".into(),
+                    })
+                }
+                // The rest of the header is on its way.
+                Ok(n) if n < HEADER_LEN => return Ok(took),
+                Ok(_) => took = true,
+                Err(Errno::EAGAIN | Errno::EINTR) => return Ok(took),
+                Err(e) => return Err(self.lost("recv", &io::Error::from(e))),
+            }
+            let frame = frame::decode(&header).map_err(|reason| self.corrupt(reason))?;
+            if let Frame::Data { tag, .. } = frame {
+                self.data_waiting = true;
+                return check_probe(self.peer, tag, [current]).map(|()| true);
+            }
+            // A control frame: take its header (peeked whole, so it is there).
+            if !matches!((&self.sock).read(&mut header), Ok(HEADER_LEN)) {
+                return Err(self.corrupt("a control frame cut short".into()));
+            }
+            match frame {
+                Frame::Bye => self.peer_finished = true,
+                Frame::Probe { tag } => check_probe(self.peer, tag, [current])?,
+                Frame::Ack { .. } => self.take_ack()?,
+                Frame::Abort { len } => return Err(self.abort_notice(len, Span::EMPTY)),
+                Frame::Data { .. } => {}
+            }
         }
-        self.sends
-            .drain(..)
-            .map(|s| s.id)
-            .chain(self.recvs.drain(..).map(|r| r.id))
-            .collect()
+        Ok(took)
+    }
+
+    /// Marks the connection broken and returns the ids of every request it held. When the
+    /// failure is a disagreement this rank found, the peer is alive: the connection stays open
+    /// (with a half-sent message kept to finish) so the abort that follows can tell the peer
+    /// why; otherwise it is shut down at once.
+    pub(super) fn fail(&mut self, err: TransportError) -> Vec<u64> {
+        let keep_open = peer_is_alive(&err) && self.broken.as_ref().is_none_or(peer_is_alive);
+        if self.broken.is_none() || !keep_open {
+            if !keep_open {
+                let _ = self.sock.shutdown(std::net::Shutdown::Both);
+            }
+            self.broken = Some(err);
+        }
+        let half_sent = keep_open && self.sends.front().is_some_and(|s| s.written > 0);
+        let mut ids: Vec<u64> = self.sends.iter().map(|s| s.id).collect();
+        self.sends.truncate(usize::from(half_sent));
+        ids.extend(self.recvs.drain(..).map(|r| r.id));
+        ids.retain(|&id| id != CONTROL_ID);
+        ids
     }
 
     /// Moves as many bytes as the socket takes without blocking; pushes finished request ids.
-    pub(super) fn advance(&mut self, finished: &mut Vec<u64>) -> Result<Advance, TransportError> {
+    /// `current` is what this rank runs (a probe from the peer is compared with it).
+    pub(super) fn advance(
+        &mut self,
+        finished: &mut Vec<u64>,
+        current: OpTag,
+    ) -> Result<Advance, TransportError> {
         let mut out = Advance::default();
         if self.broken.is_some() {
             return Ok(out);
         }
-        let result = self
-            .advance_sends(finished, &mut out)
-            .and_then(|()| self.advance_recvs(finished, &mut out));
-        result.map(|()| out)
+        self.advance_sends(finished, &mut out)?;
+        self.advance_recvs(finished, &mut out, current)?;
+        if self.recvs.is_empty() && self.unacked > 0 {
+            out.moved |= self.read_idle(current)?;
+        }
+        // Acknowledgements queued while reading go out now, not on the next pass.
+        if self.sends.front().is_some_and(|s| s.id == CONTROL_ID) {
+            self.advance_sends(finished, &mut out)?;
+        }
+        Ok(out)
     }
 
     /// A failed send usually means the peer failed and closed; it may have told us why on the
@@ -279,10 +358,8 @@ impl Conn {
         if !mid_message {
             let mut header = [0u8; HEADER_LEN];
             if let Ok(HEADER_LEN) = (&self.sock).read(&mut header) {
-                if let Err(notice) =
-                    check_header(&self.sock, &header, self.peer, Span::EMPTY, HEADER_LEN)
-                {
-                    return notice;
+                if let Ok(Frame::Abort { len }) = frame::decode(&header) {
+                    return self.abort_notice(len, Span::EMPTY);
                 }
             }
         }
@@ -293,6 +370,31 @@ impl Conn {
         TransportError::PeerLost {
             peer: self.peer,
             reason: format!("{what} failed: {e}"),
+        }
+    }
+
+    fn corrupt(&self, reason: String) -> TransportError {
+        TransportError::PeerLost {
+            peer: self.peer,
+            reason,
+        }
+    }
+
+    /// The error an abort notice of `len` reason bytes carries. The reason's first bytes may
+    /// already sit in `landed` (a receive buffer); the rest is read from the socket.
+    fn abort_notice(&self, len: u64, landed: Span) -> TransportError {
+        let len = usize::try_from(len).unwrap_or(usize::MAX).min(MAX_REASON);
+        let have = landed.len().min(len);
+        let mut reason = vec![0u8; have];
+        landed.sub(0, have).copy_to_slice(&mut reason);
+        let mut rest = vec![0u8; len - have];
+        if let Ok(n) = (&self.sock).read(&mut rest) {
+            reason.extend_from_slice(&rest[..n]);
+        }
+        let peer = self.peer;
+        TransportError::PeerLost {
+            peer,
+            reason: format!("peer {peer} failed: {}", String::from_utf8_lossy(&reason)),
         }
     }
 
@@ -335,7 +437,9 @@ impl Conn {
                     Err(e) => return Err(self.lost_while_sending(&e)),
                 }
             }
-            finished.push(s.id);
+            if s.id != CONTROL_ID {
+                finished.push(s.id);
+            }
             self.sends.pop_front();
         }
         Ok(())
@@ -345,18 +449,26 @@ impl Conn {
         &mut self,
         finished: &mut Vec<u64>,
         out: &mut Advance,
+        current: OpTag,
     ) -> Result<(), TransportError> {
-        while let Some(r) = self.recvs.front_mut() {
-            let total = HEADER_LEN + r.data.len();
-            while r.read < total {
+        while !self.recvs.is_empty() {
+            loop {
+                let r = &mut self.recvs[0];
+                if r.read >= HEADER_LEN && !r.checked {
+                    self.take_header(current)?;
+                    continue;
+                }
+                let total = HEADER_LEN + r.data.len();
+                if r.read == total {
+                    break;
+                }
                 let header_done = r.read >= HEADER_LEN;
                 let payload_from = r.read.saturating_sub(HEADER_LEN);
                 let payload = r.data.sub(
                     payload_from,
                     (r.data.len() - payload_from).min(MAX_IO_BYTES),
                 );
-                let header_from = r.read.min(HEADER_LEN);
-                let header_buf = &mut self.recv_header[header_from..];
+                let header_buf = &mut self.recv_header[r.read.min(HEADER_LEN)..];
                 // SAFETY: the receive buffer is reserved for this request until it finishes
                 // (Transport::post_recv contract); the slice lives only for this call. The read
                 // never goes past this message: the iovecs hold exactly what is still expected.
@@ -378,91 +490,116 @@ impl Conn {
                         })
                     }
                     Ok(n) => {
-                        let before = r.read;
                         r.read += n;
                         out.moved = true;
-                        if before < HEADER_LEN && r.read >= HEADER_LEN {
-                            check_header(&self.sock, &self.recv_header, self.peer, r.data, r.read)?;
-                        }
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     Err(e) => return Err(self.lost("recv", &e)),
                 }
             }
-            finished.push(r.id);
+            finished.push(self.recvs[0].id);
             self.recvs.pop_front();
         }
         Ok(())
     }
-}
 
-fn is_bye(header: &[u8; HEADER_LEN]) -> bool {
-    let h = Header::read(header);
-    h.magic == MAGIC && h.flags & FLAG_BYE != 0
-}
-
-/// Checks a just-completed header against the receive posted for it (`read` bytes of the
-/// message, header included, have arrived; payload bytes landed in `data`).
-fn check_header(
-    sock: &Socket,
-    header: &[u8; HEADER_LEN],
-    peer: usize,
-    data: Span,
-    read: usize,
-) -> Result<(), TransportError> {
-    let Header { magic, flags, len } = Header::read(header);
-    let len = len as usize;
-    if magic != MAGIC {
-        return Err(TransportError::PeerLost {
-            peer,
-            reason: format!("corrupt stream (bad magic {magic:#x})"),
-        });
-    }
-    if flags & FLAG_ABORT != 0 {
-        // The reason's first bytes may already sit in the receive buffer; read the rest.
-        let have = (read - HEADER_LEN).min(len).min(data.len());
-        let mut reason = vec![0u8; have];
-        data.sub(0, have).copy_to_slice(&mut reason);
-        let mut rest = vec![0u8; len.min(MAX_REASON).saturating_sub(have)];
-        if let Ok(n) = (&*sock).read(&mut rest) {
-            reason.extend_from_slice(&rest[..n]);
+    /// The peer acknowledged the oldest confirmed message.
+    fn take_ack(&mut self) -> Result<(), TransportError> {
+        if self.unacked == 0 {
+            return Err(self.corrupt("an acknowledgement of nothing".into()));
         }
-        let reason = String::from_utf8_lossy(&reason);
-        return Err(TransportError::PeerLost {
-            peer,
-            reason: format!("peer {peer} failed: {reason}"),
-        });
+        self.unacked -= 1;
+        Ok(())
     }
-    if flags & FLAG_BYE != 0 {
-        return Err(TransportError::PeerLost {
-            peer,
-            reason: format!("peer {peer} finalized the communicator while this rank still expected data from it"),
-        });
+
+    /// Acts on the just-completed header of the front receive's message. A data header must
+    /// carry the receive's tag and size (and is acknowledged when the sender asked). A probe or
+    /// an acknowledgement is taken and dropped: the bytes read past it (they landed at the start
+    /// of the receive buffer) are the next frame's, and move to where that frame's header and
+    /// payload belong.
+    fn take_header(&mut self, current: OpTag) -> Result<(), TransportError> {
+        let r = &self.recvs[0];
+        match frame::decode(&self.recv_header).map_err(|reason| self.corrupt(reason))? {
+            Frame::Data { len, tag, confirm } => {
+                if tag != r.tag {
+                    return Err(TransportError::Disagree {
+                        peer: self.peer,
+                        expected: r.tag,
+                        got: tag,
+                    });
+                }
+                if len != r.data.len() as u64 {
+                    return Err(TransportError::SizeMismatch {
+                        peer: self.peer,
+                        expected: r.data.len(),
+                        got: usize::try_from(len).unwrap_or(usize::MAX),
+                    });
+                }
+                self.recvs[0].checked = true;
+                if confirm {
+                    self.push_control(Frame::Ack { tag });
+                }
+                Ok(())
+            }
+            frame @ (Frame::Probe { .. } | Frame::Ack { .. }) => {
+                match frame {
+                    Frame::Probe { tag } => check_probe(self.peer, tag, [r.tag, current])?,
+                    _ => self.take_ack()?,
+                }
+                let r = &self.recvs[0];
+                let extra = r.read - HEADER_LEN;
+                let into_header = extra.min(HEADER_LEN);
+                r.data
+                    .sub(0, into_header)
+                    .copy_to_slice(&mut self.recv_header[..into_header]);
+                if extra > into_header {
+                    r.data.copy_from(&r.data.sub(into_header, extra - into_header));
+                }
+                self.recvs[0].read = extra;
+                Ok(())
+            }
+            Frame::Abort { len } => {
+                let landed = r.data.sub(0, r.read - HEADER_LEN);
+                Err(self.abort_notice(len, landed))
+            }
+            Frame::Bye => Err(TransportError::PeerLost {
+                peer: self.peer,
+                reason: format!(
+                    "peer {} finalized the communicator while this rank still expected data from it",
+                    self.peer
+                ),
+            }),
+        }
     }
-    if len != data.len() {
-        return Err(TransportError::SizeMismatch {
-            peer,
-            expected: data.len(),
-            got: len,
-        });
-    }
-    Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_header_keeps_its_wire_layout() {
-        let h = encode_header(0x0102_0304_0506, FLAG_BYE);
-        let mut want = [0u8; HEADER_LEN];
-        want[0..4].copy_from_slice(&MAGIC.to_le_bytes());
-        want[4..8].copy_from_slice(&FLAG_BYE.to_le_bytes());
-        want[8..16].copy_from_slice(&0x0102_0304_0506u64.to_le_bytes());
-        assert_eq!(h, want);
-        assert!(is_bye(&h));
-        assert!(!is_bye(&encode_header(7, FLAG_ABORT)));
+/// A probe (or a message that arrived early) says the peer runs the operation `got`: a rank
+/// that runs another operation with the same sequence number (one of `mine`) disagrees with it.
+/// Different sequence numbers only mean that one rank is ahead.
+fn check_probe<const N: usize>(
+    peer: usize,
+    got: OpTag,
+    mine: [OpTag; N],
+) -> Result<(), TransportError> {
+    match mine
+        .into_iter()
+        .find(|m| got.seq != 0 && m.seq == got.seq && m.word != got.word)
+    {
+        Some(expected) => Err(TransportError::Disagree {
+            peer,
+            expected,
+            got,
+        }),
+        None => Ok(()),
     }
+}
+
+/// Whether a connection broken by `e` still reaches a live peer (this rank found the
+/// disagreement; the peer did nothing wrong at the transport level).
+fn peer_is_alive(e: &TransportError) -> bool {
+    matches!(
+        e,
+        TransportError::Disagree { .. } | TransportError::SizeMismatch { .. }
+    )
 }

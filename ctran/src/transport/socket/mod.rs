@@ -6,6 +6,7 @@
 //! machine do not burn the core their peers need.
 
 mod conn;
+pub mod frame;
 pub mod mesh;
 mod waker;
 
@@ -17,7 +18,7 @@ use std::time::{Duration, Instant};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use crate::span::Span;
-use crate::transport::{ReqId, Transport, TransportError};
+use crate::transport::{OpTag, ReqId, Transport, TransportError};
 use conn::Conn;
 pub use mesh::{MeshPlan, SocketConfig};
 pub use waker::Waker;
@@ -39,6 +40,11 @@ pub struct SocketTransport {
     spin: Duration,
     aborted: bool,
     finished_scratch: Vec<u64>,
+    /// The collective this rank runs (the latest tag posted with a sequence number): probes
+    /// from peers are compared with it.
+    current: OpTag,
+    /// Since when nothing has moved, while requests wait.
+    stalled_since: Option<Instant>,
 }
 
 impl SocketTransport {
@@ -59,6 +65,8 @@ impl SocketTransport {
             spin,
             aborted: false,
             finished_scratch: Vec::new(),
+            current: OpTag::default(),
+            stalled_since: None,
         }
     }
 
@@ -122,20 +130,15 @@ impl SocketTransport {
     fn pass(&mut self) -> bool {
         let mut moved = false;
         let mut finished = std::mem::take(&mut self.finished_scratch);
-        for conn in self.conns.iter_mut().flatten() {
+        let mut failures = Vec::new();
+        for (peer, conn) in self.conns.iter_mut().enumerate() {
+            let Some(conn) = conn else { continue };
             if !conn.wants_read() && !conn.wants_write() {
                 continue;
             }
-            match conn.advance(&mut finished) {
+            match conn.advance(&mut finished, self.current) {
                 Ok(a) => moved |= a.moved,
-                Err(e) => {
-                    tracing::warn!(rank = self.rank, "socket transport: {e}");
-                    for id in conn.fail(e.clone()) {
-                        self.pending.remove(&id);
-                        self.failed.insert(id, e.clone());
-                    }
-                    moved = true;
-                }
+                Err(e) => failures.push((peer, e)),
             }
         }
         for id in finished.drain(..) {
@@ -144,40 +147,98 @@ impl SocketTransport {
             moved = true;
         }
         self.finished_scratch = finished;
+        for (peer, e) in failures {
+            self.fail_conn(peer, e);
+            moved = true;
+        }
         moved
     }
 
+    /// Fails the connection to `peer` and every request it held. A disagreement fails every
+    /// request of every connection too: the operation cannot go on, and the request this rank
+    /// waits for may be another peer's.
+    fn fail_conn(&mut self, peer: usize, e: TransportError) {
+        tracing::warn!(rank = self.rank, "socket transport: {e}");
+        let Some(conn) = self.conns.get_mut(peer).and_then(Option::as_mut) else {
+            return;
+        };
+        for id in conn.fail(e.clone()) {
+            if self.pending.remove(&id).is_some() {
+                self.failed.insert(id, e.clone());
+            }
+        }
+        if matches!(e, TransportError::Disagree { .. }) {
+            for (id, _) in self.pending.drain() {
+                self.failed.insert(id, e.clone());
+            }
+        }
+    }
+
+    /// Tells every peer a receive has waited for since [`crate::transport::AGREEMENT_CHECK_AFTER`]
+    /// which operation this rank runs (a probe): a peer that runs another one fails.
+    fn probe_if_stalled(&mut self) {
+        let now = Instant::now();
+        let since = *self.stalled_since.get_or_insert(now);
+        if now.duration_since(since) < crate::transport::AGREEMENT_CHECK_AFTER {
+            return;
+        }
+        for conn in self.conns.iter_mut().flatten() {
+            conn.probe_waiting_recv();
+        }
+    }
+
     /// Sleeps in `poll` until a socket with work is ready, the waker fires, or `timeout`.
-    fn sleep(&mut self, timeout: Duration, watch_wake: bool) {
+    /// Connections without a posted receive are watched too, for probes and abort notices.
+    /// Returns whether one of those took something or failed (the caller reports it at once:
+    /// an acknowledgement may be what it waits for).
+    fn sleep(&mut self, timeout: Duration, watch_wake: bool) -> bool {
         let ms = timeout.as_millis().clamp(1, 100) as u16;
         let mut fds: Vec<PollFd<'_>> = Vec::with_capacity(self.conns.len() + 1);
+        let mut idle = Vec::new();
         if watch_wake {
             fds.push(PollFd::new(self.waker.fd(), PollFlags::POLLIN));
         }
-        for conn in self.conns.iter().flatten() {
+        for (peer, conn) in self.conns.iter().enumerate() {
+            let Some(conn) = conn else { continue };
             let mut flags = PollFlags::empty();
-            if conn.wants_read() {
+            if conn.wants_read() || conn.wants_idle_read() {
                 flags |= PollFlags::POLLIN;
             }
             if conn.wants_write() {
                 flags |= PollFlags::POLLOUT;
             }
             if !flags.is_empty() {
+                if conn.wants_idle_read() {
+                    idle.push((fds.len(), peer));
+                }
                 // SAFETY: the fd belongs to a socket owned by `conn`, which outlives `fds`
-                // (dropped at the end of this function, before any connection can change).
+                // (dropped below, before any connection can change).
                 let fd = unsafe { BorrowedFd::borrow_raw(conn.fd()) };
                 fds.push(PollFd::new(fd, flags));
             }
         }
-        let woken = poll(&mut fds, PollTimeout::from(ms)).is_ok()
-            && watch_wake
-            && fds[0]
-                .revents()
-                .is_some_and(|r| r.contains(PollFlags::POLLIN));
+        let polled = poll(&mut fds, PollTimeout::from(ms)).is_ok();
+        let readable = |i: usize| fds[i].revents().is_some_and(|r| !r.is_empty());
+        let woken = polled && watch_wake && readable(0);
+        idle.retain(|&(i, _)| polled && readable(i));
         drop(fds);
         if woken {
             self.waker.drain();
         }
+        let mut took = false;
+        for (_, peer) in idle {
+            let current = self.current;
+            if let Some(conn) = self.conns.get_mut(peer).and_then(Option::as_mut) {
+                match conn.read_idle(current) {
+                    Ok(t) => took |= t,
+                    Err(e) => {
+                        self.fail_conn(peer, e);
+                        took = true;
+                    }
+                }
+            }
+        }
+        took
     }
 
     /// Checks the connections to `peers` (which carry no data) for a closed peer or an abort
@@ -187,14 +248,14 @@ impl SocketTransport {
         peers: impl IntoIterator<Item = usize>,
     ) -> Result<(), TransportError> {
         for p in peers {
-            if let Some(conn) = self.conns.get_mut(p).and_then(Option::as_mut) {
-                if let Some(e) = conn.probe_idle() {
-                    for id in conn.fail(e.clone()) {
-                        self.pending.remove(&id);
-                        self.failed.insert(id, e.clone());
-                    }
-                    return Err(e);
-                }
+            if let Some(e) = self
+                .conns
+                .get_mut(p)
+                .and_then(Option::as_mut)
+                .and_then(|conn| conn.probe_idle())
+            {
+                self.fail_conn(p, e.clone());
+                return Err(e);
             }
         }
         Ok(())
@@ -212,15 +273,28 @@ impl SocketTransport {
         self.aborted = true;
         for conn in self.conns.iter_mut().flatten() {
             for id in conn.fail(TransportError::Aborted) {
-                self.pending.remove(&id);
-                self.failed.insert(id, TransportError::Aborted);
+                if self.pending.remove(&id).is_some() {
+                    self.failed.insert(id, TransportError::Aborted);
+                }
             }
         }
     }
 
-    /// Whether any request is posted and unfinished.
+    fn note_current(&mut self, tag: OpTag) {
+        if tag.seq != 0 {
+            self.current = tag;
+        }
+    }
+
+    /// Whether any request is posted and unfinished, or a confirmed send awaits its
+    /// acknowledgement.
     pub fn has_pending(&self) -> bool {
         !self.pending.is_empty()
+            || self
+                .conns
+                .iter()
+                .flatten()
+                .any(|c| c.awaits_acks().unwrap_or(false))
     }
 
     /// The waker that interrupts [`Transport::progress`] when called with `watch_wake`.
@@ -230,17 +304,37 @@ impl SocketTransport {
 }
 
 impl Transport for SocketTransport {
-    fn post_send(&mut self, peer: usize, data: Span) -> Result<ReqId, TransportError> {
+    fn post_send(
+        &mut self,
+        peer: usize,
+        data: Span,
+        tag: OpTag,
+        confirm: bool,
+    ) -> Result<ReqId, TransportError> {
         self.conn_mut(peer)?;
+        self.note_current(tag);
         let id = self.new_id(peer);
-        self.conn_mut(peer)?.push_send(id, data);
+        self.conn_mut(peer)?.push_send(id, data, tag, confirm);
         Ok(ReqId(id))
     }
 
-    fn post_recv(&mut self, peer: usize, data: Span) -> Result<ReqId, TransportError> {
+    fn begin_collective(&mut self, tag: OpTag) {
+        self.note_current(tag);
+    }
+
+    fn unconfirmed(&mut self) -> Result<bool, TransportError> {
+        let mut waiting = false;
+        for conn in self.conns.iter().flatten() {
+            waiting |= conn.awaits_acks()?;
+        }
+        Ok(waiting)
+    }
+
+    fn post_recv(&mut self, peer: usize, data: Span, tag: OpTag) -> Result<ReqId, TransportError> {
         self.conn_mut(peer)?;
+        self.note_current(tag);
         let id = self.new_id(peer);
-        self.conn_mut(peer)?.push_recv(id, data);
+        self.conn_mut(peer)?.push_recv(id, data, tag);
         Ok(ReqId(id))
     }
 
@@ -273,6 +367,7 @@ impl Transport for SocketTransport {
         let spin_until = Instant::now() + self.spin;
         loop {
             if self.pass() {
+                self.stalled_since = None;
                 return Ok(());
             }
             let now = Instant::now();
@@ -283,7 +378,12 @@ impl Transport for SocketTransport {
                 std::hint::spin_loop();
                 continue;
             }
-            self.sleep(until - now, watch_wake);
+            if self.has_pending() {
+                self.probe_if_stalled();
+            }
+            if self.sleep(until - now, watch_wake) {
+                return Ok(());
+            }
             if watch_wake {
                 // The caller re-checks its queue; it set the waker's sleeping flag beforehand.
                 return Ok(());

@@ -164,3 +164,163 @@ pub(crate) fn mismatch(op: &str, size: &str) -> Result<()> {
     }
     Ok(())
 }
+
+/// Rank 0 disagrees with the others about what the collective is, with buffers of the same size
+/// in bytes, so only the operation's description can tell: every rank must fail naming the
+/// disagreement instead of returning mixed data. `what`: `redop` (max against sum), `dtype`
+/// (i32 against f32), `root` (broadcast from 1 against from 0), `collective` (broadcast
+/// against all_reduce) or `order` (a barrier first against an all_reduce first).
+pub(crate) fn disagree(what: &str) -> Result<()> {
+    let comm = comm_from_env("disagree")?;
+    let me = comm.get_rank();
+    let odd = me == 0;
+    let sync = OpOptions::sync();
+    let f32s = Tensor::from_vec(vec![1.0f32 + me as f32; 1024]);
+    let start = Instant::now();
+    let result = match what {
+        "redop" => {
+            let op = if odd { ReduceOp::Max } else { ReduceOp::Sum };
+            comm.all_reduce(&f32s, op, &sync)
+        }
+        "dtype" => {
+            let t = if odd {
+                Tensor::from_vec(vec![1i32; 1024])
+            } else {
+                f32s.clone()
+            };
+            comm.all_reduce(&t, ReduceOp::Sum, &sync)
+        }
+        "root" => comm.broadcast(&f32s, usize::from(odd), &sync),
+        "collective" if odd => comm.broadcast(&f32s, 0, &sync),
+        "collective" => comm.all_reduce(&f32s, ReduceOp::Sum, &sync),
+        "order" => {
+            let (first, second): (&dyn Fn() -> _, &dyn Fn() -> _) =
+                (&|| comm.barrier(&sync), &|| {
+                    comm.all_reduce(&f32s, ReduceOp::Sum, &sync)
+                });
+            if odd {
+                first().and_then(|_| second())
+            } else {
+                second().and_then(|_| first())
+            }
+        }
+        other => bail!("unknown --what {other}"),
+    }
+    .and_then(|w| w.wait());
+    match result {
+        Ok(_) => bail!(
+            "rank {me}: ranks that disagree ({what}) succeeded, holding {:?}",
+            &f32s.to_vec::<f32>().unwrap_or_default()[..2]
+        ),
+        Err(e) => println!(
+            "DISAGREE rank {me} after {} ms: {e}",
+            start.elapsed().as_millis()
+        ),
+    }
+    Ok(())
+}
+
+/// A second thread issues an all_reduce while a receive issued by another thread is still in
+/// flight: ranks could pair the two threads' operations differently, so it must be refused
+/// (naming the threads) and the communicator aborted, never run.
+pub(crate) fn two_threads() -> Result<()> {
+    let comm = comm_from_env("threads")?;
+    let (me, n) = (comm.get_rank(), comm.get_size());
+    let landing = Tensor::from_vec(vec![0.0f32; 4]);
+    // Nothing is ever sent to it: it stays in flight.
+    let recv = std::thread::scope(|s| {
+        s.spawn(|| comm.recv(&landing, (me + 1) % n, &OpOptions::async_op()))
+            .join()
+            .expect("the receiving thread panicked")
+    })?;
+    let t = Tensor::from_vec(vec![1.0f32; 4]);
+    let start = Instant::now();
+    match comm
+        .all_reduce(&t, ReduceOp::Sum, &OpOptions::sync())
+        .and_then(|w| w.wait())
+    {
+        Ok(_) => bail!("rank {me}: an all_reduce from a second thread ran"),
+        Err(e) => println!(
+            "THREADS rank {me} after {} ms: {e}",
+            start.elapsed().as_millis()
+        ),
+    }
+    if recv.wait().is_ok() {
+        bail!("rank {me}: the first thread's receive succeeded after the abort");
+    }
+    Ok(())
+}
+
+/// The last rank never joins a split: the others' split, given no timeout of its own, must fail
+/// within the parent's timeout, not the default one.
+pub(crate) fn split_without_a_peer() -> Result<()> {
+    let comm = comm_from_env("split-late")?;
+    let (me, n) = (comm.get_rank(), comm.get_size());
+    if me == n - 1 {
+        std::thread::sleep(std::time::Duration::from_secs(15));
+        println!("SPLIT rank {me} stayed away");
+        std::process::exit(0);
+    }
+    let start = Instant::now();
+    let all: Vec<usize> = (0..n).collect();
+    match comm.split(&all, "child", None) {
+        Ok(_) => bail!("rank {me}: a split without rank {} succeeded", n - 1),
+        Err(e) => println!(
+            "SPLIT rank {me} after {} ms: {e}",
+            start.elapsed().as_millis()
+        ),
+    }
+    Ok(())
+}
+
+/// One rank's arguments are refused where another rank's part is only sending: the senders
+/// must fail too. `what`: `bcast-size` (the root sends more than the others expect),
+/// `a2av-splits` (rank 0 sends two elements where each peer expects one), `gather-list` (the
+/// root's output list is one short) or `send-size` (rank 1 expects half of what rank 0 sends).
+/// Each rank then runs a barrier; it prints the first error and where it met it (`op` or
+/// `next`).
+pub(crate) fn lopsided(what: &str) -> Result<()> {
+    let comm = comm_from_env("lopsided")?;
+    let (me, n) = (comm.get_rank(), comm.get_size());
+    let sync = OpOptions::sync();
+    let floats = |k: usize| Tensor::from_vec(vec![1.0f32; k]);
+    let start = Instant::now();
+    let op = match what {
+        "bcast-size" => comm.broadcast(&floats(if me == 0 { 1024 } else { 512 }), 0, &sync),
+        "a2av-splits" => {
+            let per_peer = if me == 0 { 2 } else { 1 };
+            let input = floats(per_peer * n);
+            let output = floats(n);
+            let ins = vec![per_peer; n];
+            let outs = vec![1; n];
+            comm.all_to_all_v_single(&output, &input, &outs, &ins, &sync)
+        }
+        "gather-list" => {
+            let outputs: Vec<Tensor> = if me == 0 {
+                (0..n - 1).map(|_| floats(4)).collect()
+            } else {
+                Vec::new()
+            };
+            comm.gather(&outputs, &floats(4), 0, &sync)
+        }
+        "send-size" => match me {
+            0 => comm.send(&floats(8), 1, &sync),
+            1 => comm.recv(&floats(4), 0, &sync),
+            _ => Ok(Work::completed()),
+        },
+        other => bail!("unknown --what {other}"),
+    }
+    .and_then(|w| w.wait());
+    let (step, result) = match op {
+        Err(e) => ("op", Err(e)),
+        Ok(()) => ("next", comm.barrier(&sync).and_then(|w| w.wait())),
+    };
+    match result {
+        Ok(()) => bail!("rank {me}: {what} and the barrier after it succeeded"),
+        Err(e) => println!(
+            "LOPSIDED rank {me} {step} after {} ms: {e}",
+            start.elapsed().as_millis()
+        ),
+    }
+    Ok(())
+}

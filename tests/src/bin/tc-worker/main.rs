@@ -46,6 +46,23 @@ enum Scenario {
     Simple,
     /// Bad input fails with errors naming the argument and leaves the communicator usable.
     Errors,
+    /// Rank 0 disagrees with the others about the reduce op, the dtype, the root, the
+    /// collective or the order of collectives.
+    Disagree {
+        /// redop, dtype, root, collective or order.
+        #[arg(long)]
+        what: String,
+    },
+    /// A second thread issues while the first one's operation is in flight.
+    TwoThreads,
+    /// The last rank never joins a split.
+    SplitWithoutAPeer,
+    /// One rank's arguments are refused where another rank's part is only sending.
+    Lopsided {
+        /// bcast-size, a2av-splits, gather-list or send-size.
+        #[arg(long)]
+        what: String,
+    },
     /// Ranks disagree about the size of a collective.
     Mismatch {
         /// The collective: all_reduce, broadcast, all_gather or reduce_scatter.
@@ -125,6 +142,10 @@ fn main() {
         Scenario::Simple => ("simple", simple()),
         Scenario::Errors => ("errors", bad_input::errors()),
         Scenario::Mismatch { op, size } => ("mismatch", bad_input::mismatch(&op, &size)),
+        Scenario::Disagree { what } => ("disagree", bad_input::disagree(&what)),
+        Scenario::TwoThreads => ("two-threads", bad_input::two_threads()),
+        Scenario::Lopsided { what } => ("lopsided", bad_input::lopsided(&what)),
+        Scenario::SplitWithoutAPeer => ("split-without-a-peer", bad_input::split_without_a_peer()),
     };
     if let Err(e) = result {
         eprintln!("tc-worker {name}: {e:#}");
