@@ -6,6 +6,7 @@
 //! machine do not burn the core their peers need.
 
 mod conn;
+mod handshake;
 pub mod mesh;
 mod waker;
 
@@ -326,7 +327,8 @@ mod tests {
                         comm: "buffers".into(),
                         rank,
                         addrs: addrs.clone(),
-                        secret: [7; 16],
+                        key: [7; 32],
+                        handshake_timeout: Duration::from_secs(10),
                     };
                     s.spawn(move || connect_mesh(l, &plan, &SocketConfig::default(), deadline))
                 })
