@@ -628,15 +628,15 @@ fn stalled_rank_makes_survivors_time_out() {
     }
 }
 
-/// A connection to a rank's port without the communicator's secret is refused and logged, and
-/// the communicator still forms.
+/// A connection to a rank's port that does not know the job key is refused and logged, and the
+/// communicator still forms (`tests/hardening.rs` has more of these).
 #[test]
 fn forged_connection_is_refused() {
     let server = TcpStoreServer::bind("127.0.0.1", 0).expect("store server");
     let port = server.port();
     let mut job = Job::new(2, &["simple"]).env("TORCHELASTIC_USE_AGENT_STORE", "True");
     job.timeout = Duration::from_secs(60);
-    // Rank 1 starts alone: it publishes its address, then waits for rank 0's secret.
+    // Rank 1 starts alone: it publishes its address, then waits for rank 0's nonce.
     let rank1 = job.spawn_rank(&worker(), 1, port);
     let client =
         TcpStoreClient::connect("127.0.0.1", port, Duration::from_secs(20)).expect("store client");
@@ -644,21 +644,30 @@ fn forged_connection_is_refused() {
         .get("torchcomms/simple/1/addr/1", Duration::from_secs(20))
         .expect("rank 1 publishes its address");
     let addr = String::from_utf8(addr).unwrap();
-    // Two intruders: garbage, and a well-formed hello claiming rank 0 with a wrong secret.
+    // Two intruders: garbage, and a well-formed hello claiming rank 0 with a made-up proof.
     let mut garbage = std::net::TcpStream::connect(&addr).expect("connect to rank 1");
     std::io::Write::write_all(&mut garbage, b"GET / HTTP/1.0\r\n\r\n").unwrap();
     let mut forged = std::net::TcpStream::connect(&addr).expect("connect to rank 1");
-    let mut hello = [0u8; 48];
-    hello[0..8].copy_from_slice(b"TCRSHELO");
-    hello[8..12].copy_from_slice(&1u32.to_le_bytes());
+    let mut hello = [0u8; 64];
+    hello[0..8].copy_from_slice(b"TCRSHEL2");
+    hello[8..12].copy_from_slice(&2u32.to_le_bytes());
     hello[16..20].copy_from_slice(&1u32.to_le_bytes());
     std::io::Write::write_all(&mut forged, &hello).unwrap();
+    // Rank 1 answers handshakes once rank 0 published the communicator's nonce.
     let rank0 = job.spawn_rank(&worker(), 0, port);
+    let mut challenge = [0u8; 64];
+    std::io::Read::read_exact(&mut forged, &mut challenge).expect("a challenge");
+    std::io::Write::write_all(&mut forged, &[7u8; 32]).unwrap();
+    let mut ack = [0u8; 1];
+    assert!(
+        matches!(std::io::Read::read(&mut forged, &mut ack), Ok(0) | Err(_)),
+        "rank 1 accepted a made-up proof"
+    );
     let outs = collect(vec![(0, rank0), (1, rank1)], job.timeout);
     assert_all_ok(&outs, "job with intruders");
     let log = &outs.iter().find(|o| o.rank == 1).unwrap().stderr;
     assert!(
-        log.contains("refused connection") && log.contains("wrong communicator secret"),
+        log.contains("refused connection") && log.contains("failed the key proof"),
         "rank 1 log: {log}"
     );
     assert!(log.contains("bad magic"), "rank 1 log: {log}");

@@ -10,6 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::bind::{store_bind_host, BindAddr};
 use super::tcp_store::{TcpStoreClient, TcpStoreServer};
 use super::Store;
 use crate::error::{Error, Result};
@@ -127,9 +128,11 @@ pub fn store_from_lookup(
     };
 
     let server = if rank == 0 && !agent_store {
-        // Every interface, like torch: peers reach us through whatever MASTER_ADDR names.
+        // Only the interface that reaches MASTER_ADDR (loopback for a loopback MASTER_ADDR),
+        // unless TORCHCOMMS_BIND_ADDR says otherwise: torch listens on every interface.
+        let bind_host = store_bind_host(&host, BindAddr::from_cvars()?);
         Some(
-            TcpStoreServer::bind("", port).map_err(|e| Error::Bootstrap {
+            TcpStoreServer::bind(&bind_host, port).map_err(|e| Error::Bootstrap {
                 comm: String::new(),
                 reason: format!("rank 0 cannot serve the store on {MASTER_PORT_VAR}={port}: {e}"),
             })?,

@@ -1,6 +1,11 @@
-//! Creating communicators: from a store (addresses and a secret under the communicator's
+//! Creating communicators: from a store (addresses and a public nonce under the communicator's
 //! prefix), or by splitting a parent (the same exchange carried by the parent's own all_gather,
 //! so no store is needed after the first communicator).
+//!
+//! The store is unauthenticated (torch's protocol), so nothing secret goes there: each
+//! communicator's secret derives from the job key and the nonce
+//! ([`JobKey::comm_secret`](torchcomms_core::bootstrap::auth::JobKey::comm_secret)), and every
+//! transport connection proves knowledge of a key derived from that secret.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, ToSocketAddrs};
@@ -12,6 +17,8 @@ use bytemuck::{Pod, Zeroable};
 use super::cpus::{host_cores, RankCpus, RANK_CPUS_BYTES};
 use super::stable_hash::StableHasher;
 use super::{Comm, CommConfig, Op};
+use crate::bootstrap::auth::JobKey;
+use crate::bootstrap::bind::BindAddr;
 use crate::bootstrap::{PrefixStore, Store};
 use crate::error::{Error, Result};
 use crate::transport::mapper::Mapper;
@@ -59,13 +66,14 @@ fn advertised_ip(config: &CommConfig, store_hint: Option<IpAddr>) -> IpAddr {
 
 fn listen(config: &CommConfig, store_hint: Option<IpAddr>) -> Result<(Listener, SocketAddr)> {
     let ip = advertised_ip(config, store_hint);
-    // Listen on every interface, advertise the one peers can route to.
-    let any = if ip.is_ipv4() {
-        IpAddr::from([0, 0, 0, 0])
-    } else {
-        IpAddr::V6(Ipv6Addr::UNSPECIFIED)
+    // Bind the advertised address only (TORCHCOMMS_BIND_ADDR=all: every interface, as before).
+    let bind = match BindAddr::from_cvars()? {
+        BindAddr::Auto => ip,
+        BindAddr::Ip(bind) => bind,
+        BindAddr::All if ip.is_ipv4() => IpAddr::from([0, 0, 0, 0]),
+        BindAddr::All => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
     };
-    let listener = Listener::bind(any)?;
+    let listener = Listener::bind(bind)?;
     let port = listener.addr().port();
     Ok((listener, SocketAddr::new(ip, port)))
 }
@@ -175,6 +183,30 @@ fn random_secret() -> [u8; 16] {
     rand::random()
 }
 
+/// The job key, or an error that says where it was looked for.
+fn job_key(comm: &str) -> Result<JobKey> {
+    let (key, source) = JobKey::load().map_err(|e| Error::Bootstrap {
+        comm: comm.to_string(),
+        reason: format!("no job key: {e}"),
+    })?;
+    tracing::debug!(comm, %source, fingerprint = format_args!("{:016x}", key.fingerprint()),
+        "job key");
+    Ok(key)
+}
+
+/// What a communicator's connections prove they hold: derived from its secret and the job key,
+/// so that even a secret seen on the wire (a split's, inside the parent's traffic) is useless
+/// without the key.
+fn mesh_key(key: &JobKey, comm: &str, secret: &[u8; 16]) -> [u8; 32] {
+    key.mac(&[b"torchcomms-rs mesh key v1", comm.as_bytes(), secret])
+}
+
+fn handshake_timeout() -> Result<Duration> {
+    Ok(torchcomms_cvars::reload()
+        .map_err(super::trace::cvar_error)?
+        .torchcomms_handshake_timeout_seconds())
+}
+
 pub(super) fn init_with_store(config: CommConfig, store: Arc<dyn Store>) -> Result<Comm> {
     let trace = super::trace::new_trace(&config, (0..config.size).collect());
     let step = trace.begin_comm_op("init", config.timeout, None);
@@ -202,19 +234,23 @@ fn connect_with_store(
     let store = PrefixStore::new(prefix, store);
     let (listener, advertised) = listen(&config, store.local_addr_hint())?;
     let (rank, size) = (config.rank, config.size);
+    let key = job_key(&config.name)?;
 
     if rank == 0 {
-        store.set("secret", &random_secret())?;
+        // Public: the secret derives from it and the job key, which never enters the store.
+        store.set("nonce", &random_secret())?;
     }
     store.set(&format!("addr/{rank}"), advertised.to_string().as_bytes())?;
     let mut host = host_id().to_le_bytes().to_vec();
     host.extend_from_slice(&RankCpus::of_this_thread().to_bytes());
     store.set(&format!("host/{rank}"), &host)?;
     let left = || deadline.saturating_duration_since(Instant::now());
-    let secret: [u8; 16] = store
-        .get("secret", left())?
-        .try_into()
-        .map_err(|_| fail("the store holds a malformed secret".into()))?;
+    let nonce = store.get("nonce", left())?;
+    if nonce.len() != 16 {
+        return Err(fail("the store holds a malformed nonce".into()));
+    }
+    let derived = key.comm_secret(store.prefix(), &nonce);
+    let secret: [u8; 16] = derived[..16].try_into().expect("16 of 32 bytes");
     let mut addrs = Vec::with_capacity(size);
     for r in 0..size {
         let raw = store.get(&format!("addr/{r}"), left())?;
@@ -241,7 +277,8 @@ fn connect_with_store(
         comm: config.name.clone(),
         rank,
         addrs,
-        secret,
+        key: mesh_key(&key, &config.name, &secret),
+        handshake_timeout: handshake_timeout()?,
     };
     let socket = connect_mesh(listener, &plan, &config.socket, deadline)?;
     let t = transports(&mut config, socket, &hosts, &cpus, &secret, deadline)?;
@@ -414,12 +451,15 @@ fn split_inner(
         hosts.push(rec.host);
         cpus.push(rec.cpus);
     }
+    let key = job_key(name)?;
     let plan = MeshPlan {
         comm: name.to_string(),
         rank: config.rank,
         addrs,
-        secret: records[ranks[0]].secret,
+        key: mesh_key(&key, name, &records[ranks[0]].secret),
+        handshake_timeout: handshake_timeout()?,
     };
+    let child_secret = records[ranks[0]].secret;
     let parent_ranks = &parent.trace().meta().global_ranks;
     let global = ranks
         .iter()
@@ -433,7 +473,6 @@ fn split_inner(
     );
     let child = (|| {
         let socket = connect_mesh(listener, &plan, &config.socket, deadline)?;
-        let child_secret = plan.secret;
         let t = transports(&mut config, socket, &hosts, &cpus, &child_secret, deadline)?;
         let child = Comm::start(config, t.mapper, t.host_cores, t.waker, Arc::clone(&trace))?;
         child.run(

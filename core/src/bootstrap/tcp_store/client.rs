@@ -45,8 +45,22 @@ impl std::fmt::Display for Failure {
             Failure::Io(e) if e.kind() == io::ErrorKind::TimedOut => {
                 write!(f, "no reply before the deadline")
             }
-            Failure::Io(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
-                write!(f, "server closed the connection")
+            Failure::Io(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::UnexpectedEof
+                        | io::ErrorKind::BrokenPipe
+                        | io::ErrorKind::ConnectionReset
+                ) =>
+            {
+                // The protocol has no error replies: a server of ours closes the connection of a
+                // request past its limits, and logs which one.
+                write!(
+                    f,
+                    "server closed the connection ({e}; a torchcomms-rs server does so for a \
+                     request past TORCHCOMMS_STORE_MAX_VALUE_BYTES, TORCHCOMMS_STORE_MAX_BYTES or \
+                     TORCHCOMMS_STORE_CLIENT_BUFFER_BYTES, and its log names the limit)"
+                )
             }
             Failure::Io(e) => write!(f, "{e}"),
             Failure::Protocol(s) => write!(f, "protocol error: {s}"),
@@ -520,6 +534,20 @@ fn open(host: &str, port: u16, deadline: Instant) -> Result<Conn, String> {
 
 impl Store for TcpStoreClient {
     fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+        // Refused here rather than by a closed connection, when this process's configuration
+        // is the server's (the usual case: one job, one environment).
+        let max = torchcomms_cvars::current().torchcomms_store_max_value_bytes();
+        if value.len() > max {
+            return Err(Error::Store {
+                op: "set",
+                key: key.to_owned(),
+                reason: format!(
+                    "a value of {} bytes is above the store's limit of {max} bytes \
+                     (TORCHCOMMS_STORE_MAX_VALUE_BYTES raises it)",
+                    value.len()
+                ),
+            });
+        }
         let d = self.op_deadline();
         self.with_conn("set", key, d, |c| {
             c.send(

@@ -27,6 +27,7 @@
 //! with `CANCEL_WAIT`, whose reply may be preceded by a late `STOP_WAITING`.
 
 mod client;
+mod decode;
 pub(crate) mod protocol;
 mod server;
 
@@ -35,7 +36,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use client::TcpStoreClient;
-pub use server::TcpStoreServer;
+pub use server::{StoreLimits, TcpStoreServer};
 
 use crate::bootstrap::Store;
 use crate::error::Result;

@@ -47,7 +47,8 @@ pub(crate) const WAIT_CANCELED: u8 = 1;
 
 /// Longest key our server accepts (torch's libuv server allows 8 KiB; the legacy one any).
 pub(crate) const MAX_KEY_LEN: u64 = 64 * 1024;
-/// Largest value our server accepts (torch's libuv server allows 8 MiB).
+/// Largest value any server of ours accepts, whatever `TORCHCOMMS_STORE_MAX_VALUE_BYTES` says
+/// (torch's libuv server allows 8 MiB).
 pub(crate) const MAX_VALUE_LEN: u64 = 512 * 1024 * 1024;
 /// Most keys in one CHECK/WAIT/MULTI_GET/MULTI_SET (torch's libuv server allows 128 Ki).
 pub(crate) const MAX_KEY_COUNT: u64 = 1024 * 1024;
@@ -78,7 +79,7 @@ pub(crate) enum Query {
 }
 
 impl Query {
-    fn from_u8(b: u8) -> Option<Query> {
+    pub(crate) fn from_u8(b: u8) -> Option<Query> {
         use Query::*;
         Some(match b {
             0 => Validate,
@@ -178,152 +179,15 @@ impl fmt::Display for ProtocolError {
     }
 }
 
-/// Why decoding stopped: not enough bytes yet (wait for more), or garbage.
-enum Short {
-    Incomplete,
-    Bad(ProtocolError),
-}
-
-/// A cursor over buffered bytes that reports [`Short::Incomplete`] instead of blocking, so the
-/// single-threaded server can decode requests that arrive in pieces.
-struct Cursor<'a> {
-    buf: &'a [u8],
-    pos: usize,
-}
-
-impl<'a> Cursor<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], Short> {
-        if self.buf.len() - self.pos < n {
-            return Err(Short::Incomplete);
-        }
-        let s = &self.buf[self.pos..self.pos + n];
-        self.pos += n;
-        Ok(s)
-    }
-
-    fn u8(&mut self) -> Result<u8, Short> {
-        Ok(self.take(1)?[0])
-    }
-
-    fn u32(&mut self) -> Result<u32, Short> {
-        let b = self.take(4)?;
-        Ok(u32::from_le_bytes(b.try_into().expect("4 bytes")))
-    }
-
-    fn u64(&mut self) -> Result<u64, Short> {
-        let b = self.take(8)?;
-        Ok(u64::from_le_bytes(b.try_into().expect("8 bytes")))
-    }
-
-    fn i64(&mut self) -> Result<i64, Short> {
-        Ok(self.u64()? as i64)
-    }
-
-    fn sized(&mut self, what: &str, max: u64) -> Result<Vec<u8>, Short> {
-        let len = self.u64()?;
-        if len > max {
-            return Err(Short::Bad(ProtocolError(format!(
-                "{what} of {len} bytes exceeds {max}"
-            ))));
-        }
-        Ok(self.take(len as usize)?.to_vec())
-    }
-
-    fn key(&mut self) -> Result<Vec<u8>, Short> {
-        self.sized("key", MAX_KEY_LEN)
-    }
-
-    fn value(&mut self) -> Result<Vec<u8>, Short> {
-        self.sized("value", MAX_VALUE_LEN)
-    }
-
-    fn count(&mut self) -> Result<usize, Short> {
-        let n = self.u64()?;
-        if n > MAX_KEY_COUNT {
-            return Err(Short::Bad(ProtocolError(format!(
-                "{n} keys in one request exceeds {MAX_KEY_COUNT}"
-            ))));
-        }
-        Ok(n as usize)
-    }
-
-    fn keys(&mut self) -> Result<Vec<Vec<u8>>, Short> {
-        let n = self.count()?;
-        // Do not trust `n` for the allocation: the bytes may not have arrived.
-        let mut keys = Vec::with_capacity(n.min(1024));
-        for _ in 0..n {
-            keys.push(self.key()?);
-        }
-        Ok(keys)
-    }
-}
-
 impl Request {
-    /// Decodes the first request in `buf`. `Ok(None)` means more bytes are needed; otherwise the
-    /// request and the number of bytes it used.
+    /// Decodes the first request in `buf` (with the largest value limit). `Ok(None)` means more
+    /// bytes are needed; otherwise the request and the number of bytes it used. The server
+    /// decodes incrementally instead ([`Decoder`](super::decode::Decoder)).
+    #[cfg(test)]
     pub(crate) fn parse(buf: &[u8]) -> Result<Option<(Request, usize)>, ProtocolError> {
-        let mut c = Cursor { buf, pos: 0 };
-        match Self::parse_inner(&mut c) {
-            Ok(req) => Ok(Some((req, c.pos))),
-            Err(Short::Incomplete) => Ok(None),
-            Err(Short::Bad(e)) => Err(e),
-        }
-    }
-
-    fn parse_inner(c: &mut Cursor<'_>) -> Result<Request, Short> {
-        let cmd = c.u8()?;
-        let Some(q) = Query::from_u8(cmd) else {
-            return Err(Short::Bad(ProtocolError(format!(
-                "unknown command byte {cmd}"
-            ))));
-        };
-        Ok(match q {
-            Query::Validate => Request::Validate { magic: c.u32()? },
-            Query::Set => Request::Set {
-                key: c.key()?,
-                value: c.value()?,
-            },
-            Query::CompareSet => Request::CompareSet {
-                key: c.key()?,
-                expected: c.value()?,
-                desired: c.value()?,
-            },
-            Query::Get => Request::Get { key: c.key()? },
-            Query::Add => Request::Add {
-                key: c.key()?,
-                delta: c.i64()?,
-            },
-            Query::Check => Request::Check { keys: c.keys()? },
-            Query::Wait => Request::Wait { keys: c.keys()? },
-            Query::GetNumKeys => Request::GetNumKeys,
-            Query::DeleteKey => Request::DeleteKey { key: c.key()? },
-            Query::Append => Request::Append {
-                key: c.key()?,
-                value: c.value()?,
-            },
-            Query::MultiGet => Request::MultiGet { keys: c.keys()? },
-            Query::MultiSet => {
-                let n = c.count()?;
-                let mut pairs = Vec::with_capacity(n.min(1024));
-                for _ in 0..n {
-                    pairs.push((c.key()?, c.value()?));
-                }
-                Request::MultiSet { pairs }
-            }
-            Query::CancelWait => Request::CancelWait,
-            Query::Ping => Request::Ping { nonce: c.u32()? },
-            Query::QueuePush => Request::QueuePush {
-                key: c.key()?,
-                value: c.value()?,
-            },
-            Query::QueuePop => Request::QueuePop { key: c.key()? },
-            Query::QueueLen => Request::QueueLen { key: c.key()? },
-            Query::ListKeys => Request::ListKeys,
-            Query::Barrier => Request::Barrier {
-                key: c.key()?,
-                world_size: c.i64()?,
-            },
-        })
+        let mut d = super::decode::Decoder::new(MAX_VALUE_LEN);
+        let (used, req) = d.feed(buf)?;
+        Ok(req.map(|r| (r, used)))
     }
 
     /// Encodes the request as one buffer, so the client sends it with one write (torch's client

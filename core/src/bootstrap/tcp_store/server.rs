@@ -18,12 +18,64 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::error::{Error, Result};
-use conn::OUTPUT_HIGH_WATER;
 use daemon::Daemon;
+
+/// What the server lets its clients use (`TORCHCOMMS_STORE_*`, `docs/cvars.md`). Every client
+/// is unauthenticated (torch's protocol has no authentication), so each of these bounds what
+/// anyone who reaches the port can make the server hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreLimits {
+    /// Largest value (`TORCHCOMMS_STORE_MAX_VALUE_BYTES`).
+    pub max_value: usize,
+    /// Memory quota: stored data, requests in progress, unread replies
+    /// (`TORCHCOMMS_STORE_MAX_BYTES`).
+    pub max_bytes: usize,
+    /// Unread reply bytes per client at which its requests stop being read
+    /// (`TORCHCOMMS_STORE_CLIENT_BUFFER_BYTES`).
+    pub client_buffer: usize,
+    /// Most open connections (`TORCHCOMMS_STORE_MAX_CONNECTIONS`).
+    pub max_connections: usize,
+    /// Time a connection has to send VALIDATE (`TORCHCOMMS_HANDSHAKE_TIMEOUT_SECONDS`).
+    pub handshake_timeout: Duration,
+}
+
+impl StoreLimits {
+    /// The limits of a configuration.
+    pub fn from(cv: &torchcomms_cvars::Cvars) -> StoreLimits {
+        StoreLimits {
+            max_value: cv
+                .torchcomms_store_max_value_bytes()
+                .min(super::protocol::MAX_VALUE_LEN as usize),
+            max_bytes: cv.torchcomms_store_max_bytes(),
+            client_buffer: cv.torchcomms_store_client_buffer_bytes(),
+            max_connections: usize::try_from(cv.torchcomms_store_max_connections())
+                .unwrap_or(1)
+                .max(1),
+            handshake_timeout: cv.torchcomms_handshake_timeout_seconds(),
+        }
+    }
+
+    /// The configured limits (defaults, `TORCHCOMMS_CONFIG`, environment).
+    pub fn from_env() -> Result<StoreLimits> {
+        let cv = torchcomms_cvars::reload()
+            .map_err(|e| Error::invalid("TORCHCOMMS_STORE_*", "a valid configuration", e))?;
+        Ok(StoreLimits::from(&cv))
+    }
+}
+
+impl Default for StoreLimits {
+    /// The declared defaults, whatever the environment says.
+    fn default() -> StoreLimits {
+        let cv =
+            torchcomms_cvars::Cvars::load_from(|_| None).expect("the declared defaults are valid");
+        StoreLimits::from(&cv)
+    }
+}
 
 /// A TCPStore server compatible with `torch.distributed.TCPStore` clients (torch ≥ 2.4, which
 /// send the VALIDATE/PING handshake) and with [`TcpStoreClient`](super::TcpStoreClient).
@@ -43,12 +95,14 @@ impl TcpStoreServer {
     /// Binds `host:port` and starts serving. `port` 0 picks an ephemeral port (see
     /// [`port`](Self::port)). An empty `host`, `0.0.0.0` or `::` listens on every interface
     /// (IPv6 dual-stack when the host has IPv6, else IPv4), as torch's server does.
+    ///
+    /// The limits come from the configuration ([`StoreLimits::from_env`]).
     pub fn bind(host: &str, port: u16) -> Result<Self> {
-        Self::bind_with(host, port, OUTPUT_HIGH_WATER)
+        Self::bind_with(host, port, StoreLimits::from_env()?)
     }
 
-    /// [`bind`](Self::bind) with another output high-water mark per connection.
-    fn bind_with(host: &str, port: u16, high_water: usize) -> Result<Self> {
+    /// [`bind`](Self::bind) with explicit limits.
+    pub fn bind_with(host: &str, port: u16, limits: StoreLimits) -> Result<Self> {
         let listener = bind_listener(host, port)?;
         let local_addr = listener
             .local_addr()
@@ -59,7 +113,7 @@ impl TcpStoreServer {
         let (wake_tx, wake_rx) =
             UnixStream::pair().map_err(|e| Error::io("TCP store server: wake-up socket", e))?;
         let stop = Arc::new(AtomicBool::new(false));
-        let daemon = Daemon::new(listener, wake_rx, stop.clone(), high_water);
+        let daemon = Daemon::new(listener, wake_rx, stop.clone(), limits);
         let thread = std::thread::Builder::new()
             .name(format!("tcpstore-{}", local_addr.port()))
             .spawn(move || daemon.run())

@@ -1,27 +1,31 @@
 //! Setting up the full mesh of TCP connections of one communicator.
 //!
 //! Every rank listens on one port and publishes its address. Rank `i` connects to every rank
-//! above it and accepts from every rank below. A connection proves it belongs to this
-//! communicator by sending the communicator's secret (drawn by its rank 0 and shared through the
-//! store or the parent communicator); anything else that connects is refused and logged.
+//! above it and accepts from every rank below. Each connection proves, in both directions,
+//! that its end holds the communicator's key, which derives from the job key (see
+//! [`handshake`](super::handshake)); anything else that connects is refused and logged.
+//!
+//! All handshakes, outgoing and incoming, run at once in one `poll` loop, each with its own
+//! deadline: a connection that sends nothing holds one slot of [`MAX_PENDING`] until its
+//! deadline or until newer connections push it out, and delays no one (a sequential accept
+//! loop that waited 2 s per silent client let 70 such sockets fail every rank's init).
 
-use std::io::{Read, Write};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytemuck::{Pod, Zeroable};
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 use super::conn::Conn;
+use super::handshake::{Outcome, Shake};
 use super::{SocketTransport, Waker};
 use crate::error::{Error, Result};
 
-const HELLO_MAGIC: &[u8; 8] = b"TCRSHELO";
-const HELLO_LEN: usize = 48;
-const HELLO_VERSION: u32 = 1;
-/// How long an accepted connection may take to say hello before it is dropped as stray.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
+/// Most incoming handshakes in progress; the oldest is dropped for a new one. A real peer
+/// answers within a round trip, so it survives any number of idle intruders.
+pub const MAX_PENDING: usize = 64;
 
 /// Spin before sleeping when every local rank has a core of its own.
 pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
@@ -91,113 +95,11 @@ pub struct MeshPlan {
     pub rank: usize,
     /// Listening address of every rank (index = rank).
     pub addrs: Vec<SocketAddr>,
-    /// Shared secret proving a connection belongs to this communicator.
-    pub secret: [u8; 16],
-}
-
-/// What a connecting rank sends first, as it is on the wire: integers little-endian.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Pod, Zeroable)]
-struct Hello {
-    magic: [u8; 8],
-    version: u32,
-    /// The connecting rank.
-    from: u32,
-    /// The rank it means to reach.
-    to: u32,
-    /// Zero.
-    reserved: [u8; 12],
-    secret: [u8; 16],
-}
-
-const _: () = assert!(std::mem::size_of::<Hello>() == HELLO_LEN);
-
-impl Hello {
-    /// The hello as it is read from the wire.
-    fn read(b: &[u8; HELLO_LEN]) -> Hello {
-        let h: Hello = bytemuck::cast(*b);
-        Hello {
-            version: u32::from_le(h.version),
-            from: u32::from_le(h.from),
-            to: u32::from_le(h.to),
-            ..h
-        }
-    }
-}
-
-fn hello(plan: &MeshPlan, to: usize) -> [u8; HELLO_LEN] {
-    bytemuck::cast(Hello {
-        magic: *HELLO_MAGIC,
-        version: HELLO_VERSION.to_le(),
-        from: (plan.rank as u32).to_le(),
-        to: (to as u32).to_le(),
-        reserved: [0; 12],
-        secret: plan.secret,
-    })
-}
-
-/// Constant-time comparison, so the secret cannot be guessed byte by byte from timing.
-fn secret_matches(a: &[u8], b: &[u8; 16]) -> bool {
-    a.len() == 16 && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-/// Checks a hello from an accepted connection; returns the peer's rank or why it was refused.
-fn check_hello(
-    h: &[u8; HELLO_LEN],
-    plan: &MeshPlan,
-    connected: &[bool],
-) -> std::result::Result<usize, String> {
-    let h = Hello::read(h);
-    if &h.magic != HELLO_MAGIC {
-        return Err("not a torchcomms-rs peer (bad magic)".into());
-    }
-    let version = h.version;
-    if version != HELLO_VERSION {
-        return Err(format!(
-            "protocol version {version}, expected {HELLO_VERSION}"
-        ));
-    }
-    if !secret_matches(&h.secret, &plan.secret) {
-        return Err("wrong communicator secret".into());
-    }
-    let (from, to) = (h.from as usize, h.to as usize);
-    if to != plan.rank {
-        return Err(format!(
-            "addressed to rank {to}, this is rank {}",
-            plan.rank
-        ));
-    }
-    if from >= plan.rank {
-        return Err(format!(
-            "rank {from} must not connect to lower rank {}",
-            plan.rank
-        ));
-    }
-    if connected[from] {
-        return Err(format!("rank {from} is already connected"));
-    }
-    Ok(from)
-}
-
-fn connect_with_retry(addr: SocketAddr, deadline: Instant) -> std::io::Result<TcpStream> {
-    let mut backoff = Duration::from_millis(5);
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "deadline passed",
-            ));
-        }
-        match TcpStream::connect_timeout(&addr, left) {
-            Ok(s) => return Ok(s),
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-                std::thread::sleep(backoff.min(left));
-                backoff = (backoff * 2).min(Duration::from_millis(200));
-            }
-            Err(e) => return Err(e),
-        }
-    }
+    /// The communicator's key: both ends of every connection prove they hold it.
+    pub key: [u8; 32],
+    /// How long one handshake may take before it is dropped (an incoming one) or retried (an
+    /// outgoing one): `TORCHCOMMS_HANDSHAKE_TIMEOUT_SECONDS`.
+    pub handshake_timeout: Duration,
 }
 
 /// Connects this rank to every other rank of `plan`, within `deadline`.
@@ -209,106 +111,7 @@ pub fn connect_mesh(
 ) -> Result<SocketTransport> {
     let size = plan.addrs.len();
     let rank = plan.rank;
-    let fail = |reason: String| Error::Bootstrap {
-        comm: plan.comm.clone(),
-        reason,
-    };
-    let mut socks: Vec<Option<Socket>> = (0..size).map(|_| None).collect();
-
-    // 1. Connect to every higher rank and say hello (small writes: they never block).
-    for (peer, addr) in plan.addrs.iter().enumerate().skip(rank + 1) {
-        let mut stream = connect_with_retry(*addr, deadline).map_err(|e| {
-            fail(format!(
-                "rank {rank} could not connect to rank {peer} at {addr}: {e}"
-            ))
-        })?;
-        stream.write_all(&hello(plan, peer)).map_err(|e| {
-            fail(format!(
-                "rank {rank} could not greet rank {peer} at {addr}: {e}"
-            ))
-        })?;
-        socks[peer] = Some(Socket::from(stream));
-    }
-
-    // 2. Accept every lower rank, refusing anything that does not prove it belongs here.
-    let mut connected = vec![false; size];
-    let mut missing = rank;
-    listener
-        .sock
-        .set_nonblocking(true)
-        .map_err(|e| Error::io("listener O_NONBLOCK", e))?;
-    while missing > 0 {
-        if Instant::now() >= deadline {
-            let absent: Vec<usize> = (0..rank).filter(|&r| !connected[r]).collect();
-            return Err(fail(format!(
-                "rank {rank} timed out waiting for ranks {absent:?} to connect"
-            )));
-        }
-        let (sock, from_addr) = match listener.sock.accept() {
-            Ok(pair) => pair,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(1));
-                continue;
-            }
-            Err(e) => return Err(Error::io("accept", e)),
-        };
-        let from_addr = from_addr
-            .as_socket()
-            .map(|a| a.to_string())
-            .unwrap_or_default();
-        let mut stream = TcpStream::from(sock);
-        let mut h = [0u8; HELLO_LEN];
-        // The magic first, so a stray client is turned away without waiting for 48 bytes.
-        let greeted = stream
-            .set_nonblocking(false)
-            .and_then(|()| stream.set_read_timeout(Some(HELLO_TIMEOUT)))
-            .and_then(|()| stream.read_exact(&mut h[..HELLO_MAGIC.len()]));
-        let verdict = match greeted {
-            Ok(()) if &h[..HELLO_MAGIC.len()] != HELLO_MAGIC => {
-                Err("not a torchcomms-rs peer (bad magic)".to_string())
-            }
-            Ok(()) => match stream.read_exact(&mut h[HELLO_MAGIC.len()..]) {
-                Ok(()) => check_hello(&h, plan, &connected),
-                Err(e) => Err(format!("incomplete hello ({e})")),
-            },
-            Err(e) => Err(format!("no valid hello ({e})")),
-        };
-        match verdict {
-            Ok(peer) => {
-                stream
-                    .write_all(&[1])
-                    .map_err(|e| fail(format!("ack to rank {peer}: {e}")))?;
-                connected[peer] = true;
-                missing -= 1;
-                socks[peer] = Some(Socket::from(stream));
-            }
-            Err(reason) => {
-                tracing::warn!(
-                    comm = %plan.comm,
-                    rank,
-                    "refused connection from {from_addr}: {reason}"
-                );
-            }
-        }
-    }
-
-    // 3. Wait for every higher rank to accept us.
-    for (peer, sock) in socks.iter().enumerate().skip(rank + 1) {
-        let sock = sock.as_ref().expect("connected in step 1");
-        let left = deadline
-            .saturating_duration_since(Instant::now())
-            .max(Duration::from_millis(1));
-        sock.set_read_timeout(Some(left))
-            .map_err(|e| Error::io("SO_RCVTIMEO", e))?;
-        let mut ack = [0u8; 1];
-        (&*sock).read_exact(&mut ack).map_err(|e| {
-            fail(format!(
-                "rank {peer} did not accept rank {rank}'s connection: {e}"
-            ))
-        })?;
-        sock.set_read_timeout(None)
-            .map_err(|e| Error::io("SO_RCVTIMEO", e))?;
-    }
+    let socks = Handshakes::new(plan, deadline).run(&listener)?;
 
     let waker = Arc::new(Waker::new().map_err(|e| Error::io("eventfd", e))?);
     let mut conns = Vec::with_capacity(size);
@@ -334,6 +137,299 @@ pub fn connect_mesh(
     ))
 }
 
+/// The handshakes of one rank's mesh set-up.
+struct Handshakes<'a> {
+    plan: &'a MeshPlan,
+    deadline: Instant,
+    /// Authenticated connection per peer.
+    socks: Vec<Option<Socket>>,
+    connected: Vec<bool>,
+    /// Incoming handshakes, oldest first (`None`: finished this round, swept at the next).
+    incoming: Vec<Option<Shake>>,
+    /// Outgoing handshake per higher peer, and when to try again after a failed attempt.
+    outgoing: Vec<Option<Shake>>,
+    retry_at: Vec<Option<Instant>>,
+    backoff: Vec<Duration>,
+    /// Why the last attempt to each higher peer failed.
+    last_failure: Vec<Option<String>>,
+    /// Refused incoming connections, and the last reason.
+    refused: usize,
+    last_refusal: Option<String>,
+}
+
+impl<'a> Handshakes<'a> {
+    fn new(plan: &'a MeshPlan, deadline: Instant) -> Handshakes<'a> {
+        let size = plan.addrs.len();
+        let now = Instant::now();
+        Handshakes {
+            plan,
+            deadline,
+            socks: (0..size).map(|_| None).collect(),
+            connected: vec![false; size],
+            incoming: Vec::new(),
+            outgoing: (0..size).map(|_| None).collect(),
+            retry_at: (0..size).map(|p| (p > plan.rank).then_some(now)).collect(),
+            backoff: vec![Duration::from_millis(5); size],
+            last_failure: vec![None; size],
+            refused: 0,
+            last_refusal: None,
+        }
+    }
+
+    fn fail(&self, reason: String) -> Error {
+        Error::Bootstrap {
+            comm: self.plan.comm.clone(),
+            reason,
+        }
+    }
+
+    fn done(&self) -> bool {
+        (0..self.connected.len()).all(|p| p == self.plan.rank || self.connected[p])
+    }
+
+    /// Runs every handshake to the end; returns the authenticated socket of every peer.
+    fn run(mut self, listener: &Listener) -> Result<Vec<Option<Socket>>> {
+        listener
+            .sock
+            .set_nonblocking(true)
+            .map_err(|e| Error::io("listener O_NONBLOCK", e))?;
+        while !self.done() {
+            let now = Instant::now();
+            if now >= self.deadline {
+                return Err(self.timed_out());
+            }
+            self.incoming.retain(Option::is_some);
+            self.start_due(now)?;
+            self.expire(now);
+            let accepting = (0..self.plan.rank).any(|p| !self.connected[p]);
+            let (listener_ready, events) = self.poll(listener, accepting)?;
+            if listener_ready {
+                self.accept(listener)?;
+            }
+            for (id, revents) in events {
+                self.on_event(id, revents)?;
+            }
+        }
+        Ok(self.socks)
+    }
+
+    /// Starts the outgoing handshakes whose time has come.
+    fn start_due(&mut self, now: Instant) -> Result<()> {
+        for peer in self.plan.rank + 1..self.plan.addrs.len() {
+            if self.connected[peer] || self.retry_at[peer].is_none_or(|t| t > now) {
+                continue;
+            }
+            self.retry_at[peer] = None;
+            let addr = self.plan.addrs[peer];
+            let attempt = (now + self.plan.handshake_timeout).min(self.deadline);
+            match Shake::connect(self.plan, peer, addr, attempt) {
+                Ok(s) => self.outgoing[peer] = Some(s),
+                Err(e) => self.retry(peer, format!("connect to {addr}: {e}")),
+            }
+        }
+        Ok(())
+    }
+
+    /// Schedules another attempt to reach `peer`, backing off.
+    fn retry(&mut self, peer: usize, why: String) {
+        tracing::debug!(comm = %self.plan.comm, rank = self.plan.rank, peer, "retrying: {why}");
+        self.outgoing[peer] = None;
+        self.retry_at[peer] = Some(Instant::now() + self.backoff[peer]);
+        self.backoff[peer] = (self.backoff[peer] * 2).min(Duration::from_millis(200));
+        self.last_failure[peer] = Some(why);
+    }
+
+    /// Removes an incoming handshake, leaving a hole so the ids of this round stay valid.
+    fn take_incoming(&mut self, i: usize) -> Shake {
+        self.incoming[i].take().expect("a live handshake")
+    }
+
+    /// Reports why a rank waiting for its lower peers gave up.
+    fn timed_out(&self) -> Error {
+        let rank = self.plan.rank;
+        let absent: Vec<usize> = (0..rank).filter(|&r| !self.connected[r]).collect();
+        let unreached: Vec<String> = (rank + 1..self.connected.len())
+            .filter(|&r| !self.connected[r])
+            .map(|r| match &self.last_failure[r] {
+                Some(why) => format!("rank {r} ({why})"),
+                None => format!("rank {r}"),
+            })
+            .collect();
+        let mut reason = format!("rank {rank} timed out setting up its connections");
+        if !absent.is_empty() {
+            reason += &format!("; ranks {absent:?} did not connect");
+        }
+        if !unreached.is_empty() {
+            reason += &format!("; could not reach {}", unreached.join(", "));
+        }
+        if let Some(last) = &self.last_refusal {
+            reason += &format!("; refused {} connections, the last {last}", self.refused);
+        }
+        self.fail(reason)
+    }
+
+    fn refuse(&mut self, shake: &Shake, why: String) {
+        tracing::warn!(comm = %self.plan.comm, rank = self.plan.rank,
+            "refused connection from {}: {why}", shake.addr);
+        self.refused += 1;
+        self.last_refusal = Some(format!("from {}: {why}", shake.addr));
+    }
+
+    /// Drops the handshakes past their deadline.
+    fn expire(&mut self, now: Instant) {
+        let timeout = self.plan.handshake_timeout;
+        for i in 0..self.incoming.len() {
+            if self.incoming[i].as_ref().is_some_and(|s| s.deadline <= now) {
+                let s = self.take_incoming(i);
+                self.refuse(
+                    &s,
+                    format!(
+                        "no handshake within {timeout:?} (TORCHCOMMS_HANDSHAKE_TIMEOUT_SECONDS)"
+                    ),
+                );
+            }
+        }
+        for peer in 0..self.outgoing.len() {
+            if self.outgoing[peer]
+                .as_ref()
+                .is_some_and(|s| s.deadline <= now)
+            {
+                self.retry(peer, "no answer within the handshake timeout".into());
+            }
+        }
+    }
+
+    /// Waits for activity: (listener readable, (handshake id, events)). Ids below
+    /// `incoming.len()` are incoming handshakes, the rest `incoming.len() + peer`.
+    fn poll(
+        &self,
+        listener: &Listener,
+        accepting: bool,
+    ) -> Result<(bool, Vec<(usize, PollFlags)>)> {
+        let mut ids = Vec::new();
+        let mut fds = Vec::new();
+        fds.push(PollFd::new(
+            listener.sock.as_fd(),
+            if accepting {
+                PollFlags::POLLIN
+            } else {
+                PollFlags::empty()
+            },
+        ));
+        for (i, s) in self.incoming.iter().enumerate() {
+            let Some(s) = s else { continue };
+            ids.push(i);
+            fds.push(PollFd::new(s.sock.as_fd(), s.interest()));
+        }
+        for (peer, s) in self.outgoing.iter().enumerate() {
+            if let Some(s) = s {
+                ids.push(self.incoming.len() + peer);
+                fds.push(PollFd::new(s.sock.as_fd(), s.interest()));
+            }
+        }
+        // Sleep until the next deadline or retry, and never long: deadlines are checked here.
+        let now = Instant::now();
+        let next = self
+            .incoming
+            .iter()
+            .flatten()
+            .chain(self.outgoing.iter().flatten())
+            .map(|s| s.deadline)
+            .chain(self.retry_at.iter().flatten().copied())
+            .chain([self.deadline])
+            .min()
+            .map_or(Duration::ZERO, |t| t.saturating_duration_since(now));
+        let timeout = next.clamp(Duration::from_millis(1), Duration::from_millis(100));
+        let timeout = PollTimeout::try_from(timeout).unwrap_or(PollTimeout::MAX);
+        loop {
+            match poll(&mut fds, timeout) {
+                Ok(_) => break,
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(e) => return Err(Error::io("poll during mesh set-up", e.into())),
+            }
+        }
+        let listener_ready = fds[0].any().unwrap_or(false);
+        let events = ids
+            .into_iter()
+            .zip(&fds[1..])
+            .filter_map(|(id, fd)| fd.revents().filter(|r| !r.is_empty()).map(|r| (id, r)))
+            .collect();
+        Ok((listener_ready, events))
+    }
+
+    fn accept(&mut self, listener: &Listener) -> Result<()> {
+        loop {
+            let (sock, from) = match listener.sock.accept() {
+                Ok(pair) => pair,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                // Out of descriptors and the like: keep going with the handshakes we have.
+                Err(e) => {
+                    tracing::warn!(comm = %self.plan.comm, error = %e, "accept failed");
+                    return Ok(());
+                }
+            };
+            let addr = from.as_socket().map(|a| a.to_string()).unwrap_or_default();
+            if self.incoming.iter().flatten().count() >= MAX_PENDING {
+                let oldest = self
+                    .incoming
+                    .iter()
+                    .position(Option::is_some)
+                    .expect("MAX_PENDING > 0");
+                let oldest = self.take_incoming(oldest);
+                self.refuse(
+                    &oldest,
+                    format!("dropped for a newer connection ({MAX_PENDING} handshakes pending)"),
+                );
+            }
+            let deadline = (Instant::now() + self.plan.handshake_timeout).min(self.deadline);
+            match Shake::accept(sock, addr, deadline) {
+                Ok(s) => self.incoming.push(Some(s)),
+                Err(e) => return Err(Error::io("accepted socket O_NONBLOCK", e)),
+            }
+        }
+    }
+
+    fn on_event(&mut self, id: usize, revents: PollFlags) -> Result<()> {
+        let n_in = self.incoming.len();
+        let outcome = if id < n_in {
+            match self.incoming[id].as_mut() {
+                Some(s) => s.on_event(revents, self.plan, &self.connected),
+                None => return Ok(()),
+            }
+        } else {
+            match self.outgoing[id - n_in].as_mut() {
+                Some(s) => s.on_event(revents, self.plan, &self.connected),
+                None => return Ok(()),
+            }
+        };
+        match outcome {
+            Outcome::Pending => {}
+            Outcome::Done(peer) => {
+                let shake = if id < n_in {
+                    self.take_incoming(id)
+                } else {
+                    self.outgoing[id - n_in].take().expect("checked above")
+                };
+                self.connected[peer] = true;
+                self.socks[peer] = Some(shake.sock);
+            }
+            Outcome::Refused(why) => {
+                let shake = self.take_incoming(id);
+                self.refuse(&shake, why);
+            }
+            Outcome::Retry(why) => {
+                let peer = id - n_in;
+                let addr = self.plan.addrs[peer];
+                self.retry(peer, format!("rank {peer} at {addr}: {why}"));
+            }
+            Outcome::Fatal(why) => {
+                return Err(self.fail(format!("rank {}: {why}", self.plan.rank)));
+            }
+        }
+        Ok(())
+    }
+}
 /// The address to listen on when none is configured: the one this host uses to reach
 /// `toward` (found by connecting a UDP socket, which sends nothing), else loopback.
 pub fn default_listen_ip(toward: Option<IpAddr>) -> IpAddr {
@@ -360,27 +456,72 @@ pub fn default_listen_ip(toward: Option<IpAddr>) -> IpAddr {
 
 #[cfg(test)]
 mod tests {
+    use std::net::TcpStream;
+
     use super::*;
 
+    /// Runs `keys.len()` ranks as threads on loopback; returns each rank's result and time.
+    fn mesh(
+        keys: &[[u8; 32]],
+        intruders: usize,
+        timeout: Duration,
+    ) -> Vec<(Result<SocketTransport>, Duration)> {
+        let listeners: Vec<Listener> = keys
+            .iter()
+            .map(|_| Listener::bind(IpAddr::V4(Ipv4Addr::LOCALHOST)).unwrap())
+            .collect();
+        let addrs: Vec<SocketAddr> = listeners.iter().map(Listener::addr).collect();
+        // Silent connections, made before any rank starts: they sit first in every backlog.
+        let silent: Vec<TcpStream> = addrs
+            .iter()
+            .flat_map(|a| (0..intruders).map(move |_| TcpStream::connect(a).unwrap()))
+            .collect();
+        let start = Instant::now();
+        let ranks: Vec<_> = listeners
+            .into_iter()
+            .enumerate()
+            .map(|(rank, l)| {
+                let plan = MeshPlan {
+                    comm: "t".into(),
+                    rank,
+                    addrs: addrs.clone(),
+                    key: keys[rank],
+                    handshake_timeout: Duration::from_secs(10),
+                };
+                std::thread::spawn(move || {
+                    let r = connect_mesh(l, &plan, &SocketConfig::default(), start + timeout);
+                    (r, start.elapsed())
+                })
+            })
+            .collect();
+        let out = ranks.into_iter().map(|t| t.join().unwrap()).collect();
+        drop(silent);
+        out
+    }
+
     #[test]
-    fn the_hello_keeps_its_wire_layout_and_is_checked() {
-        let plan = |rank| MeshPlan {
-            comm: "t".into(),
-            rank,
-            addrs: Vec::new(),
-            secret: [7; 16],
-        };
-        let h = hello(&plan(1), 3);
-        let mut want = [0u8; HELLO_LEN];
-        want[0..8].copy_from_slice(HELLO_MAGIC);
-        want[8..12].copy_from_slice(&HELLO_VERSION.to_le_bytes());
-        want[12..16].copy_from_slice(&1u32.to_le_bytes());
-        want[16..20].copy_from_slice(&3u32.to_le_bytes());
-        want[32..48].copy_from_slice(&[7; 16]);
-        assert_eq!(h, want);
-        assert_eq!(check_hello(&h, &plan(3), &[false; 4]), Ok(1));
-        let mut other = plan(3);
-        other.secret = [8; 16];
-        assert!(check_hello(&h, &other, &[false; 4]).is_err());
+    fn silent_connections_do_not_delay_the_mesh() {
+        let outs = mesh(&[[3; 32]; 4], 100, Duration::from_secs(30));
+        for (rank, (r, took)) in outs.iter().enumerate() {
+            assert!(r.is_ok(), "rank {rank}: {:?}", r.as_ref().err());
+            // Each silent socket cost 2 s before; 100 of them now cost nothing measurable.
+            assert!(*took < Duration::from_secs(5), "rank {rank} took {took:?}");
+        }
+    }
+
+    #[test]
+    fn a_rank_with_another_key_fails_every_rank() {
+        let outs = mesh(&[[3; 32], [4; 32]], 0, Duration::from_secs(3));
+        let e0 = outs[0].0.as_ref().unwrap_err().to_string();
+        assert!(
+            e0.contains("did not prove it holds this job's key"),
+            "rank 0: {e0}"
+        );
+        assert!(outs[0].1 < Duration::from_secs(2), "rank 0 fails at once");
+        let e1 = outs[1].0.as_ref().unwrap_err().to_string();
+        assert!(
+            e1.contains("did not connect") && e1.contains("proving the job key"),
+            "rank 1: {e1}"
+        );
     }
 }

@@ -7,6 +7,7 @@
 
 mod conn;
 pub mod frame;
+mod handshake;
 pub mod mesh;
 mod waker;
 
@@ -426,7 +427,8 @@ mod tests {
                         comm: "buffers".into(),
                         rank,
                         addrs: addrs.clone(),
-                        secret: [7; 16],
+                        key: [7; 32],
+                        handshake_timeout: Duration::from_secs(10),
                     };
                     s.spawn(move || connect_mesh(l, &plan, &SocketConfig::default(), deadline))
                 })

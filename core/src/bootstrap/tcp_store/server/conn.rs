@@ -3,6 +3,9 @@
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::time::Instant;
+
+use super::super::decode::Decoder;
 
 /// One client connection as seen by the server thread.
 #[derive(Debug)]
@@ -16,6 +19,10 @@ pub(super) struct Conn {
     pub(super) outbuf: Vec<u8>,
     out_pos: usize,
     pub(super) validated: bool,
+    /// When the connection was accepted: it must send VALIDATE within the handshake timeout.
+    pub(super) accepted: Instant,
+    /// The request being received, decoded field by field as its bytes arrive.
+    pub(super) decoder: Decoder,
     /// Decoding stopped at the output high-water mark with requests still buffered. Nothing on
     /// the socket announces them once the replies drain (the client sent them long ago), so the
     /// server must not sleep in `poll` while the backlog is gone and they wait, nor close a
@@ -30,13 +37,15 @@ pub(super) struct Conn {
 /// others.
 const READ_BUDGET: usize = 4 << 20;
 
-/// Stop decoding requests from a connection while this many reply bytes wait for it to read
-/// them: a client that sends without reading cannot grow the server's memory without bound.
-/// Far above anything a synchronous client (torch's, ours) leaves unread.
-pub(super) const OUTPUT_HIGH_WATER: usize = 64 << 20;
+/// Undecoded bytes a connection may buffer beyond the field being received: enough for many
+/// small pipelined requests, small enough that thousands of connections stay cheap.
+const READ_AHEAD: usize = 64 << 10;
+
+/// Bytes of VALIDATE, all a connection may send before it has identified itself.
+const VALIDATE_LEN: usize = 5;
 
 impl Conn {
-    pub(super) fn new(stream: TcpStream, peer: SocketAddr) -> Conn {
+    pub(super) fn new(stream: TcpStream, peer: SocketAddr, max_value: usize) -> Conn {
         Conn {
             stream,
             peer: Some(peer),
@@ -45,23 +54,71 @@ impl Conn {
             outbuf: Vec::new(),
             out_pos: 0,
             validated: false,
+            accepted: Instant::now(),
+            decoder: Decoder::new(max_value as u64),
             held: false,
             eof: false,
             dead: false,
         }
     }
 
-    /// Reads what is available (up to the budget); false on a read error.
+    /// Most undecoded bytes this connection may hold: VALIDATE before it identified itself,
+    /// else the field being received plus some read-ahead. What it sends beyond stays in the
+    /// kernel's buffers (TCP flow control slows the sender), not in ours.
+    pub(super) fn read_cap(&self) -> usize {
+        if self.validated {
+            self.decoder.want().saturating_add(READ_AHEAD)
+        } else {
+            VALIDATE_LEN
+        }
+    }
+
+    fn pending_in(&self) -> usize {
+        self.inbuf.len() - self.in_pos
+    }
+
+    /// True while the connection may read more.
+    pub(super) fn wants_input(&self) -> bool {
+        !self.eof && self.pending_in() < self.read_cap()
+    }
+
+    /// Bytes this connection holds: the request in progress (what arrived and what was
+    /// announced), the read-ahead and the unread replies.
+    pub(super) fn footprint(&self) -> usize {
+        self.decoder
+            .held()
+            .saturating_add(self.decoder.announced().max(self.pending_in()))
+            .saturating_add(self.outbuf.len() - self.out_pos)
+    }
+
+    /// Reads what is available (up to the budget and the connection's cap); false on a read
+    /// error.
     pub(super) fn fill(&mut self) -> bool {
         let mut chunk = [0u8; 64 * 1024];
         let mut budget = READ_BUDGET;
         loop {
-            match self.stream.read(&mut chunk) {
+            let room = self.read_cap().saturating_sub(self.pending_in());
+            if room == 0 {
+                return true;
+            }
+            if self.in_pos > 0 && self.in_pos >= self.inbuf.len() / 2 {
+                self.inbuf.drain(..self.in_pos);
+                self.in_pos = 0;
+            }
+            let want = room.min(chunk.len());
+            match self.stream.read(&mut chunk[..want]) {
                 Ok(0) => {
                     self.eof = true;
                     return true;
                 }
                 Ok(n) => {
+                    if self.inbuf.is_empty() {
+                        // A long value: allocate it once, at its announced size.
+                        let announced = self.decoder.announced();
+                        if announced > n {
+                            self.inbuf.reserve_exact(announced);
+                        }
+                    }
                     self.inbuf.extend_from_slice(&chunk[..n]);
                     budget = budget.saturating_sub(n);
                     if budget == 0 {
@@ -83,7 +140,15 @@ impl Conn {
         while self.out_pos < self.outbuf.len() {
             match self.stream.write(&self.outbuf[self.out_pos..]) {
                 Ok(0) => return false,
-                Ok(n) => self.out_pos += n,
+                Ok(n) => {
+                    self.out_pos += n;
+                    // Drop what was written, so a slow reader's buffer never holds more than
+                    // its unread replies (it grew to 1.8 GB behind a 64 MiB mark without this).
+                    if self.out_pos >= (1 << 20) && self.out_pos >= self.outbuf.len() / 2 {
+                        self.outbuf.drain(..self.out_pos);
+                        self.out_pos = 0;
+                    }
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
@@ -113,5 +178,15 @@ impl Conn {
 
     pub(super) fn pending_input(&self) -> bool {
         self.in_pos < self.inbuf.len()
+    }
+
+    /// Drops decoded bytes from the input buffer.
+    pub(super) fn compact_input(&mut self) {
+        self.inbuf.drain(..self.in_pos);
+        self.in_pos = 0;
+        if self.inbuf.is_empty() && self.inbuf.capacity() > READ_AHEAD {
+            // Give back the memory of a long value once it is decoded.
+            self.inbuf = Vec::new();
+        }
     }
 }

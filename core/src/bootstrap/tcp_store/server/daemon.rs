@@ -8,12 +8,14 @@ use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use super::super::protocol::{Query, Request, VALIDATION_MAGIC};
 use super::conn::Conn;
 use super::db::{ConnId, Db, Fatal, Outbox};
+use super::StoreLimits;
 
 /// The server thread's state.
 pub(super) struct Daemon {
@@ -23,8 +25,13 @@ pub(super) struct Daemon {
     conns: HashMap<ConnId, Conn>,
     next_id: ConnId,
     db: Db,
-    /// [`OUTPUT_HIGH_WATER`](super::conn::OUTPUT_HIGH_WATER), smaller in tests.
-    high_water: usize,
+    limits: StoreLimits,
+    /// Bytes held against `limits.max_bytes`: stored data plus every connection's
+    /// [`footprint`](Conn::footprint). Recounted every round, kept current within it.
+    used: usize,
+    /// Connections closed at `max_connections` since the last warning (the warning is not
+    /// repeated for each one).
+    turned_away: u64,
 }
 
 impl Daemon {
@@ -34,7 +41,7 @@ impl Daemon {
         listener: TcpListener,
         wake_rx: UnixStream,
         stop: Arc<AtomicBool>,
-        high_water: usize,
+        limits: StoreLimits,
     ) -> Daemon {
         Daemon {
             listener,
@@ -42,8 +49,10 @@ impl Daemon {
             stop,
             conns: HashMap::new(),
             next_id: 0,
-            db: Db::default(),
-            high_water,
+            db: Db::new(limits),
+            limits,
+            used: 0,
+            turned_away: 0,
         }
     }
 
@@ -65,6 +74,11 @@ impl Daemon {
             for (id, flags) in conn_events {
                 self.service(id, flags);
             }
+            self.close_unidentified();
+            self.used = self
+                .conns
+                .values()
+                .fold(self.db.bytes(), |n, c| n.saturating_add(c.footprint()));
             // Decode everything buffered, including input left over while a connection was
             // backlogged (no new POLLIN will announce it).
             let ready: Vec<ConnId> = self
@@ -95,8 +109,9 @@ impl Daemon {
         for id in &ids {
             let c = &self.conns[id];
             let mut flags = PollFlags::empty();
-            // After EOF the socket stays readable forever: stop asking.
-            if !c.backlogged(self.high_water) && !c.eof {
+            // After EOF the socket stays readable forever: stop asking. A connection at its
+            // read cap waits for its buffered bytes to be decoded first.
+            if !c.backlogged(self.limits.client_buffer) && c.wants_input() {
                 flags |= PollFlags::POLLIN;
             }
             if c.pending_output() {
@@ -106,10 +121,26 @@ impl Daemon {
         }
         // Requests held at the high-water mark whose replies have all been written since: decode
         // them now rather than wait for an event that will not come.
-        let timeout = if self.conns.values().any(|c| c.resumable(self.high_water)) {
+        let timeout = if self
+            .conns
+            .values()
+            .any(|c| c.resumable(self.limits.client_buffer))
+        {
             PollTimeout::ZERO
         } else {
-            PollTimeout::NONE
+            // Wake up when the first unidentified connection's time is up.
+            let now = Instant::now();
+            self.conns
+                .values()
+                .filter(|c| !c.validated)
+                .map(|c| {
+                    (c.accepted + self.limits.handshake_timeout).saturating_duration_since(now)
+                })
+                .min()
+                .map_or(PollTimeout::NONE, |d| {
+                    // Round up: waking a millisecond early would spin.
+                    PollTimeout::try_from(d + Duration::from_millis(1)).unwrap_or(PollTimeout::MAX)
+                })
         };
         loop {
             match poll(&mut fds, timeout) {
@@ -131,6 +162,15 @@ impl Daemon {
         loop {
             match self.listener.accept() {
                 Ok((stream, peer)) => {
+                    if self.conns.len() >= self.limits.max_connections {
+                        if self.turned_away == 0 {
+                            tracing::warn!(%peer, max = self.limits.max_connections,
+                                "TCP store server: at its connection limit \
+                                 (TORCHCOMMS_STORE_MAX_CONNECTIONS); closing new connections");
+                        }
+                        self.turned_away += 1;
+                        continue;
+                    }
                     if let Err(e) = stream.set_nonblocking(true) {
                         tracing::warn!(%peer, error = %e, "TCP store server: cannot use connection");
                         continue;
@@ -140,7 +180,8 @@ impl Daemon {
                     let id = self.next_id;
                     self.next_id += 1;
                     tracing::trace!(%peer, id, "TCP store server: accepted");
-                    self.conns.insert(id, Conn::new(stream, peer));
+                    self.conns
+                        .insert(id, Conn::new(stream, peer, self.limits.max_value));
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -166,13 +207,33 @@ impl Daemon {
         // can take no more replies.
         if flags.intersects(PollFlags::POLLERR)
             || (flags.intersects(PollFlags::POLLHUP)
-                && (conn.backlogged(self.high_water) || conn.eof))
+                && (conn.backlogged(self.limits.client_buffer) || conn.eof))
         {
             conn.dead = true;
             return;
         }
         if flags.intersects(PollFlags::POLLIN | PollFlags::POLLHUP) && !conn.fill() {
             conn.dead = true;
+        }
+    }
+
+    /// Closes connections that did not send VALIDATE within the handshake timeout: a silent
+    /// connection holds a descriptor and nothing else, and not for long.
+    fn close_unidentified(&mut self) {
+        let timeout = self.limits.handshake_timeout;
+        for c in self.conns.values_mut() {
+            if !c.validated && !c.dead && c.accepted.elapsed() >= timeout {
+                tracing::debug!(peer = ?c.peer, ?timeout,
+                    "TCP store server: no VALIDATE within TORCHCOMMS_HANDSHAKE_TIMEOUT_SECONDS; closing");
+                c.dead = true;
+            }
+        }
+        if self.turned_away > 0 && self.conns.len() < self.limits.max_connections {
+            tracing::warn!(
+                count = self.turned_away,
+                "TCP store server: closed connections at TORCHCOMMS_STORE_MAX_CONNECTIONS"
+            );
+            self.turned_away = 0;
         }
     }
 
@@ -186,7 +247,7 @@ impl Daemon {
             if conn.dead {
                 break;
             }
-            if conn.backlogged(self.high_water) {
+            if conn.backlogged(self.limits.client_buffer) {
                 conn.held = conn.pending_input();
                 break;
             }
@@ -199,20 +260,35 @@ impl Daemon {
                 conn.dead = true;
                 break;
             }
-            let req = match Request::parse(&conn.inbuf[conn.in_pos..]) {
-                Ok(Some((req, n))) => {
-                    conn.in_pos += n;
+            let before = conn.footprint();
+            let fed = conn.decoder.feed(&conn.inbuf[conn.in_pos..]);
+            let req = match fed {
+                Ok((used, req)) => {
+                    conn.in_pos += used;
                     req
                 }
-                // Nothing complete left (after EOF, nothing more will come: `reap` closes the
-                // connection once its replies are out).
-                Ok(None) => break,
                 Err(e) => {
                     tracing::warn!(peer = ?conn.peer, error = %e,
                         "TCP store server: bad request; closing");
                     conn.dead = true;
                     break;
                 }
+            };
+            let after = conn.footprint();
+            self.used = (self.used + after).saturating_sub(before);
+            if after > before && self.used > self.limits.max_bytes {
+                tracing::warn!(peer = ?conn.peer, used = self.used, announced = conn.decoder.announced(),
+                    max = self.limits.max_bytes,
+                    "TCP store server: request would pass the memory quota \
+                     (TORCHCOMMS_STORE_MAX_BYTES); closing");
+                self.used -= after;
+                conn.dead = true;
+                break;
+            }
+            // Nothing complete left (after EOF, nothing more will come: `reap` closes the
+            // connection once its replies are out).
+            let Some(req) = req else {
+                break;
             };
             if !conn.validated {
                 if req
@@ -230,24 +306,41 @@ impl Daemon {
             }
             let peer = conn.peer;
             let mut out = Outbox::new();
-            if let Err(Fatal(why)) = self.db.handle(id, req, &mut out) {
+            let stored = self.db.bytes();
+            let room = self.limits.max_bytes.saturating_sub(self.used);
+            if let Err(Fatal(why)) = self.db.handle(id, req, room, &mut out) {
                 tracing::warn!(?peer, "TCP store server: {why}; closing");
                 if let Some(c) = self.conns.get_mut(&id) {
                     c.dead = true;
                 }
                 break;
             }
+            self.used = (self.used + self.db.bytes()).saturating_sub(stored);
             for (to, bytes) in out {
+                if to == id && self.used.saturating_add(bytes.len()) > self.limits.max_bytes {
+                    tracing::warn!(
+                        ?peer,
+                        reply = bytes.len(),
+                        used = self.used,
+                        max = self.limits.max_bytes,
+                        "TCP store server: reply would pass the memory quota \
+                         (TORCHCOMMS_STORE_MAX_BYTES); closing"
+                    );
+                    if let Some(c) = self.conns.get_mut(&id) {
+                        c.dead = true;
+                    }
+                    continue;
+                }
                 if let Some(c) = self.conns.get_mut(&to) {
                     if !c.dead {
+                        self.used = self.used.saturating_add(bytes.len());
                         c.outbuf.extend_from_slice(&bytes);
                     }
                 }
             }
         }
         if let Some(conn) = self.conns.get_mut(&id) {
-            conn.inbuf.drain(..conn.in_pos);
-            conn.in_pos = 0;
+            conn.compact_input();
         }
     }
 
@@ -278,7 +371,11 @@ mod tests {
     /// A server whose high-water mark of 0 makes every reply hold back the requests after it,
     /// and a client that sent it `n` PINGs (nonces `0..n`) at once, replies unread.
     fn pings_held_one_by_one(n: u32) -> (TcpStoreServer, TcpStream) {
-        let server = TcpStoreServer::bind_with("127.0.0.1", 0, 0).unwrap();
+        let limits = StoreLimits {
+            client_buffer: 0,
+            ..StoreLimits::default()
+        };
+        let server = TcpStoreServer::bind_with("127.0.0.1", 0, limits).unwrap();
         let mut s = crate::bootstrap::tcp_store::tests::raw_client(server.port());
         let pings: Vec<u8> = (0..n)
             .flat_map(|nonce| Request::Ping { nonce }.encode())

@@ -6,6 +6,7 @@ use std::collections::{HashMap, VecDeque};
 use super::super::protocol::{
     Encoder, Request, CHECK_NOT_READY, CHECK_READY, WAIT_CANCELED, WAIT_STOP_WAITING,
 };
+use super::StoreLimits;
 use crate::error::Result;
 
 /// Connection identifier inside the server thread.
@@ -16,8 +17,11 @@ pub(super) type ConnId = u64;
 pub(super) type Outbox = Vec<(ConnId, Vec<u8>)>;
 
 /// The key-value state and the parked waiters. Pure logic, no sockets: unit-testable.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Db {
+    limits: StoreLimits,
+    /// Bytes of every stored key, value and queued item.
+    bytes: usize,
     kv: HashMap<Vec<u8>, Vec<u8>>,
     queues: HashMap<Vec<u8>, VecDeque<Vec<u8>>>,
     /// key -> connections waiting for it (each at most once per key).
@@ -31,15 +35,84 @@ pub(super) struct Db {
 #[derive(Debug)]
 pub(super) struct Fatal(pub(super) String);
 
+impl Default for Db {
+    fn default() -> Db {
+        Db::new(StoreLimits::default())
+    }
+}
+
 impl Db {
+    pub(super) fn new(limits: StoreLimits) -> Db {
+        Db {
+            limits,
+            bytes: 0,
+            kv: HashMap::new(),
+            queues: HashMap::new(),
+            waiting: HashMap::new(),
+            awaited: HashMap::new(),
+        }
+    }
+
+    /// Bytes of the stored keys, values and queued items.
+    pub(super) fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Refuses a request that would store `grow` more bytes than the `room` left in the quota.
+    fn fits(&self, grow: usize, room: usize) -> Result<(), Fatal> {
+        if grow > room {
+            return Err(Fatal(format!(
+                "storing {grow} more bytes would pass the memory quota of {} bytes \
+                 (TORCHCOMMS_STORE_MAX_BYTES; {} bytes stored)",
+                self.limits.max_bytes, self.bytes
+            )));
+        }
+        Ok(())
+    }
+
+    /// Refuses a reply larger than a client may leave unread.
+    fn reply_fits(&self, len: usize) -> Result<(), Fatal> {
+        let cap = self
+            .limits
+            .client_buffer
+            .saturating_add(self.limits.max_value);
+        if len > cap {
+            return Err(Fatal(format!(
+                "a reply of {len} bytes passes the limit of {cap} bytes \
+                 (TORCHCOMMS_STORE_CLIENT_BUFFER_BYTES + TORCHCOMMS_STORE_MAX_VALUE_BYTES)"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Stores `value` under `key`, keeping the byte count.
+    fn put(&mut self, key: Vec<u8>, value: Vec<u8>) {
+        let (klen, vlen) = (key.len(), value.len());
+        match self.kv.insert(key, value) {
+            Some(old) => self.bytes = self.bytes - old.len() + vlen,
+            None => self.bytes += klen + vlen,
+        }
+    }
+
+    /// Bytes storing `value` under `key` adds (0 when it shrinks an entry).
+    fn growth(&self, key: &[u8], value_len: usize) -> usize {
+        match self.kv.get(key) {
+            Some(old) => value_len.saturating_sub(old.len()),
+            None => key.len() + value_len,
+        }
+    }
+
     fn present(&self, key: &[u8]) -> bool {
         self.kv.contains_key(key) || self.queues.get(key).is_some_and(|q| !q.is_empty())
     }
 
+    /// Runs one request of `conn`; `room` is what the memory quota has left. Replies go to
+    /// `out`.
     pub(super) fn handle(
         &mut self,
         conn: ConnId,
         req: Request,
+        room: usize,
         out: &mut Outbox,
     ) -> Result<(), Fatal> {
         let mut reply = Encoder::default();
@@ -50,7 +123,10 @@ impl Db {
             Request::Ping { nonce } => {
                 reply.u32(nonce);
             }
-            Request::Set { key, value } => self.set(key, value, out),
+            Request::Set { key, value } => {
+                self.fits(self.growth(&key, value.len()), room)?;
+                self.set(key, value, out);
+            }
             Request::CompareSet {
                 key,
                 expected,
@@ -58,18 +134,18 @@ impl Db {
             } => {
                 // Same answers as torch: a missing key is created only when `expected` is
                 // empty; otherwise the reply is `expected` itself (torch's documented "lie").
-                let now = match self.kv.get_mut(&key) {
+                self.fits(self.growth(&key, desired.len()), room)?;
+                let now = match self.kv.get(&key) {
                     None if expected.is_empty() => {
-                        self.kv.insert(key.clone(), desired.clone());
+                        self.put(key.clone(), desired.clone());
                         desired
                     }
                     None => expected,
-                    Some(cur) => {
-                        if *cur == expected {
-                            *cur = desired;
-                        }
-                        cur.clone()
+                    Some(cur) if *cur == expected => {
+                        self.put(key.clone(), desired.clone());
+                        desired
                     }
+                    Some(cur) => cur.clone(),
                 };
                 reply.bytes(&now);
                 // torch's libuv server wakes waiters here even when the key is still missing;
@@ -101,21 +177,41 @@ impl Db {
                 reply.i64(self.kv.len() as i64);
             }
             Request::DeleteKey { key } => {
-                reply.i64(i64::from(self.kv.remove(&key).is_some()));
+                let removed = self.kv.remove(&key);
+                if let Some(v) = &removed {
+                    self.bytes -= key.len() + v.len();
+                }
+                reply.i64(i64::from(removed.is_some()));
             }
             Request::Append { key, value } => {
-                self.kv
-                    .entry(key.clone())
-                    .or_default()
-                    .extend_from_slice(&value);
+                let old = self.kv.get(&key).map_or(0, Vec::len);
+                let max = self.limits.max_value;
+                if old + value.len() > max {
+                    return Err(Fatal(format!(
+                        "APPEND would make a value of {} bytes, above the limit of {max} \
+                         (TORCHCOMMS_STORE_MAX_VALUE_BYTES)",
+                        old + value.len()
+                    )));
+                }
+                self.fits(self.growth(&key, old + value.len()), room)?;
+                let mut v = self.kv.get(&key).cloned().unwrap_or_default();
+                v.extend_from_slice(&value);
+                self.put(key.clone(), v);
                 self.wake_all(&key, out);
             }
             Request::MultiGet { keys } => {
+                let len: usize = keys
+                    .iter()
+                    .map(|k| 8 + self.kv.get(k).map_or(0, Vec::len))
+                    .sum();
+                self.reply_fits(len)?;
                 for k in &keys {
                     reply.bytes(self.kv.get(k).map_or(&[][..], Vec::as_slice));
                 }
             }
             Request::MultiSet { pairs } => {
+                let grow: usize = pairs.iter().map(|(k, v)| k.len() + v.len()).sum();
+                self.fits(grow, room)?;
                 for (k, v) in pairs {
                     self.set(k, v, out);
                 }
@@ -125,14 +221,17 @@ impl Db {
                 reply.u8(WAIT_CANCELED);
             }
             Request::QueuePush { key, value } => {
+                self.fits(key.len() + value.len(), room)?;
+                self.bytes += key.len() + value.len();
                 self.queues.entry(key.clone()).or_default().push_back(value);
                 // One item can satisfy one blocked pop.
                 self.wake_one(&key, out);
             }
             Request::QueuePop { key } => {
-                let q = self.queues.entry(key).or_default();
+                let q = self.queues.entry(key.clone()).or_default();
                 reply.i64(q.len() as i64);
                 if let Some(v) = q.pop_front() {
+                    self.bytes -= key.len() + v.len();
                     reply.bytes(&v);
                 }
             }
@@ -140,6 +239,7 @@ impl Db {
                 reply.i64(self.queues.get(&key).map_or(0, VecDeque::len) as i64);
             }
             Request::ListKeys => {
+                self.reply_fits(self.kv.keys().map(|k| 8 + k.len()).sum())?;
                 reply.i64(self.kv.len() as i64);
                 for k in self.kv.keys() {
                     reply.bytes(k);
@@ -164,7 +264,7 @@ impl Db {
     }
 
     fn set(&mut self, key: Vec<u8>, value: Vec<u8>, out: &mut Outbox) {
-        self.kv.insert(key.clone(), value);
+        self.put(key.clone(), value);
         self.wake_all(&key, out);
     }
 
@@ -186,7 +286,7 @@ impl Db {
                 String::from_utf8_lossy(key)
             ))
         })?;
-        self.kv.insert(key.to_vec(), new.to_string().into_bytes());
+        self.put(key.to_vec(), new.to_string().into_bytes());
         Ok(new)
     }
 
@@ -287,6 +387,7 @@ mod tests {
             Request::Wait {
                 keys: vec![k("a"), k("b")],
             },
+            usize::MAX,
             &mut out,
         )
         .unwrap();
@@ -297,6 +398,7 @@ mod tests {
                 key: k("a"),
                 value: k("1"),
             },
+            usize::MAX,
             &mut out,
         )
         .unwrap();
@@ -307,6 +409,7 @@ mod tests {
                 key: k("b"),
                 delta: 2,
             },
+            usize::MAX,
             &mut out,
         )
         .unwrap();
@@ -325,9 +428,15 @@ mod tests {
     fn cancel_wait_forgets_the_waiter() {
         let mut db = Db::default();
         let mut out = Outbox::new();
-        db.handle(1, Request::Wait { keys: vec![k("a")] }, &mut out)
+        db.handle(
+            1,
+            Request::Wait { keys: vec![k("a")] },
+            usize::MAX,
+            &mut out,
+        )
+        .unwrap();
+        db.handle(1, Request::CancelWait, usize::MAX, &mut out)
             .unwrap();
-        db.handle(1, Request::CancelWait, &mut out).unwrap();
         assert_eq!(out, vec![(1, vec![WAIT_CANCELED])]);
         out.clear();
         db.handle(
@@ -336,6 +445,7 @@ mod tests {
                 key: k("a"),
                 value: k("1"),
             },
+            usize::MAX,
             &mut out,
         )
         .unwrap();
@@ -349,22 +459,33 @@ mod tests {
     fn queue_push_releases_one_blocked_pop() {
         let mut db = Db::default();
         let mut out = Outbox::new();
-        db.handle(1, Request::Wait { keys: vec![k("q")] }, &mut out)
-            .unwrap();
-        db.handle(2, Request::Wait { keys: vec![k("q")] }, &mut out)
-            .unwrap();
+        db.handle(
+            1,
+            Request::Wait { keys: vec![k("q")] },
+            usize::MAX,
+            &mut out,
+        )
+        .unwrap();
+        db.handle(
+            2,
+            Request::Wait { keys: vec![k("q")] },
+            usize::MAX,
+            &mut out,
+        )
+        .unwrap();
         db.handle(
             3,
             Request::QueuePush {
                 key: k("q"),
                 value: k("x"),
             },
+            usize::MAX,
             &mut out,
         )
         .unwrap();
         assert_eq!(out, vec![(1, vec![WAIT_STOP_WAITING])]);
         out.clear();
-        db.handle(1, Request::QueuePop { key: k("q") }, &mut out)
+        db.handle(1, Request::QueuePop { key: k("q") }, usize::MAX, &mut out)
             .unwrap();
         let mut expect = Encoder::default();
         expect.i64(1).bytes(b"x");
@@ -385,6 +506,7 @@ mod tests {
                 key: k("x"),
                 value: k("oops"),
             },
+            usize::MAX,
             &mut out,
         )
         .unwrap();
@@ -395,6 +517,7 @@ mod tests {
                     key: k("x"),
                     delta: 1
                 },
+                usize::MAX,
                 &mut out
             )
             .is_err());
@@ -411,6 +534,7 @@ mod tests {
                     key: k("b"),
                     world_size: 3,
                 },
+                usize::MAX,
                 &mut out,
             )
             .unwrap();
@@ -422,6 +546,7 @@ mod tests {
                 key: k("b"),
                 world_size: 3,
             },
+            usize::MAX,
             &mut out,
         )
         .unwrap();
