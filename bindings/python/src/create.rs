@@ -8,7 +8,7 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
-use crate::args::{hints_arg, opt_bool_arg, str_arg};
+use crate::args::{callable_arg, hints_arg, opt_bool_arg, str_arg};
 use crate::comm::{no_allocator, PyTorchComm};
 use crate::core::{Backend, CommCore, NativeComm};
 use crate::error::{guard, value_error, ResultExt};
@@ -42,11 +42,18 @@ impl PyTorchCommBackend {
 /// Registers `backend_class` (a `TorchCommBackend` subclass) under `name`; `new_comm(name,
 /// ...)` creates a new instance per communicator.
 #[pyfunction]
-pub(crate) fn register_backend(name: &str, backend_class: Py<PyAny>) {
+pub(crate) fn register_backend(
+    name: &Bound<'_, PyAny>,
+    backend_class: &Bound<'_, PyAny>,
+) -> PyResult<()> {
+    let op = "register_backend";
+    let name = str_arg(name, op, "name")?;
+    let backend_class = callable_arg(backend_class, op, "backend_class")?;
     py_backends()
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .insert(name.to_string(), backend_class);
+        .insert(name, backend_class);
+    Ok(())
 }
 
 fn py_backend(py: Python<'_>, name: &str) -> Option<Py<PyAny>> {
@@ -81,8 +88,12 @@ pub(crate) fn _registered_backends() -> Vec<String> {
 
 /// The global allocator of `backend`: none is registered in this build.
 #[pyfunction]
-pub(crate) fn get_mem_allocator(backend: &str) -> PyResult<()> {
-    Err(no_allocator(backend))
+pub(crate) fn get_mem_allocator(backend: &Bound<'_, PyAny>) -> PyResult<()> {
+    Err(no_allocator(&str_arg(
+        backend,
+        "get_mem_allocator",
+        "backend",
+    )?))
 }
 
 pub(crate) fn python_comm(

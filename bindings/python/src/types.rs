@@ -272,17 +272,25 @@ impl PyReduceOp {
     #[staticmethod]
     #[pyo3(name = "PREMUL_SUM")]
     fn premul_sum(factor: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let what = "ReduceOp.PREMUL_SUM: argument `factor`";
         let value: f64 = if let Ok(f) = factor.extract::<f64>() {
             f
+        } else if factor.is_instance_of::<PyInt>() {
+            return Err(value_error(format!(
+                "{what} must be a float or a one-element tensor, got an int beyond the float \
+                 range: {factor}"
+            )));
         } else if factor.hasattr("item")? && factor.hasattr("numel")? {
-            let n: usize = factor.call_method0("numel")?.extract()?;
-            if n != 1 {
-                return Err(value_error(format!(
-                    "ReduceOp.PREMUL_SUM: argument `factor` must be a float or a one-element \
-                     tensor, got a tensor of {n} elements"
-                )));
-            }
-            factor.call_method0("item")?.extract()?
+            // `item()` itself refuses a tensor of several elements, whatever `numel()` says.
+            factor
+                .call_method0("item")
+                .and_then(|v| v.extract::<f64>())
+                .map_err(|e| {
+                    value_error(format!(
+                        "{what} must be a float or a one-element tensor, got a tensor of \
+                         several elements or a non-number: {e}"
+                    ))
+                })?
         } else {
             return Err(type_error(format!(
                 "ReduceOp.PREMUL_SUM: argument `factor` must be a float or a tensor, got {}",

@@ -243,6 +243,12 @@ def test_management_arguments(world: Any) -> None:
 
 def test_constructor_arguments() -> None:
     _assert_raises(lambda: torchcomms.ReduceOp("SUM"), TYPE, "opType")
+    _assert_raises(lambda: ReduceOp.PREMUL_SUM(2**2000), VALUE, "factor")
+    _assert_raises(lambda: ReduceOp.PREMUL_SUM(torch.ones(3)), VALUE, "factor")
+    _assert_raises(lambda: ReduceOp.PREMUL_SUM("2"), TYPE, "factor")
+    _assert_raises(lambda: torchcomms.register_backend(5, object), TYPE, "name")
+    _assert_raises(lambda: torchcomms.register_backend("bad_args_backend", 5), TYPE, "backend_class")
+    _assert_raises(lambda: torchcomms._comms.get_mem_allocator(5), TYPE, "backend")
     _assert_raises(lambda: torchcomms.ReconfigureOptions(uuid=-1), VALUE, "uuid")
     _assert_raises(lambda: torchcomms.ReconfigureOptions(uuid=2**64), VALUE, "uuid")
     _assert_raises(lambda: torchcomms.ReconfigureOptions(hints=[]), TYPE, "hints")
