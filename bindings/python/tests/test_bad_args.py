@@ -182,6 +182,17 @@ def test_overflowing_split_sizes(world: Any) -> None:
             _assert_raises(lambda: world.all_to_all_v_single(out, inp, async_op=False, **kw), VALUE, arg)
 
 
+def test_own_block_mismatch_is_refused(world: Any) -> None:
+    """A rank copies the block it sends itself locally: sending itself more than it receives
+    used to panic the engine's progress thread (a hang for Python)."""
+    out, inp = torch.empty(WORLD), torch.empty(2 * WORLD)
+    _assert_raises(
+        lambda: world.all_to_all_v_single(out, inp, [1] * WORLD, [2] * WORLD, async_op=False),
+        VALUE,
+        "input_split_sizes",
+    )
+
+
 def test_huge_roots_and_peers(world: Any) -> None:
     for bad in (2**63, 2**63 - 1 + WORLD, 2**64, -(2**63)):
         with pytest.raises(VALUE, match=rf"root must be in range \[0, {WORLD}\), but got {bad}"):
