@@ -217,6 +217,23 @@ impl<'a> Check<'a> {
         Ok(())
     }
 
+    /// The block this rank sends itself (`sent` elements, named by `arg`) is as large as the
+    /// block it receives from itself (`received`): the engine copies it locally, so a mismatch
+    /// would overrun the output instead of failing on the wire.
+    pub fn own_block(&self, arg: &str, sent: usize, received: usize) -> Result<()> {
+        if sent != received {
+            return Err(self.fail(
+                arg,
+                format!(
+                    "this rank's own block ([{}]) of {received} elements, as the output expects",
+                    self.rank()
+                ),
+                format!("{sent} elements"),
+            ));
+        }
+        Ok(())
+    }
+
     /// `a`'s rows hold as many elements as `b`'s (unless either is empty).
     pub fn same_rows(&self, arg: &str, a: &Tensor, b: &Tensor) -> Result<()> {
         if a.row_numel() != b.row_numel() && a.numel() > 0 && b.numel() > 0 {

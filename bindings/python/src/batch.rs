@@ -8,7 +8,9 @@ use pyo3::prelude::*;
 use pyo3::types::PyList;
 use torchcomms::OpOptions;
 
+use crate::args::{bool_arg, int_arg, type_name};
 use crate::comm::PyTorchComm;
+use crate::error::{guard, type_error};
 use crate::types::{P2POpType, PyBatchP2POptions};
 use crate::work::PyTorchWork;
 
@@ -21,24 +23,51 @@ pub(crate) struct PyP2POp {
     op_type: P2POpType,
     /// The tensor sent or received into.
     tensor: Py<PyAny>,
-    /// The peer rank.
-    peer: i64,
+    /// The peer rank (an int; checked against the communicator's size at `issue()`).
+    peer: Py<PyAny>,
+}
+
+impl PyP2POp {
+    fn checked(
+        op: &str,
+        op_type: P2POpType,
+        tensor: &Bound<'_, PyAny>,
+        peer: &Bound<'_, PyAny>,
+        peer_arg: &str,
+    ) -> PyResult<Self> {
+        int_arg(peer, op, peer_arg)?;
+        Ok(PyP2POp {
+            op_type,
+            tensor: tensor.clone().unbind(),
+            peer: peer.clone().unbind(),
+        })
+    }
 }
 
 #[pymethods]
 impl PyP2POp {
     #[new]
     #[pyo3(signature = (r#type, tensor, peer))]
-    fn new(r#type: P2POpType, tensor: Py<PyAny>, peer: i64) -> Self {
-        PyP2POp {
-            op_type: r#type,
-            tensor,
-            peer,
-        }
+    fn new(
+        r#type: &Bound<'_, PyAny>,
+        tensor: &Bound<'_, PyAny>,
+        peer: &Bound<'_, PyAny>,
+    ) -> PyResult<Self> {
+        let op_type = r#type.extract::<P2POpType>().map_err(|_| {
+            type_error(format!(
+                "P2POp: argument `type` must be a P2POpType, got {}",
+                type_name(r#type)
+            ))
+        })?;
+        PyP2POp::checked("P2POp", op_type, tensor, peer, "peer")
     }
 
-    fn __repr__(&self) -> String {
-        format!("P2POp({}, peer={})", self.op_type.as_str(), self.peer)
+    fn __repr__(&self, py: Python<'_>) -> String {
+        format!(
+            "P2POp({}, peer={})",
+            self.op_type.as_str(),
+            self.peer.bind(py)
+        )
     }
 }
 
@@ -63,16 +92,16 @@ impl PyBatchSendRecv {
 #[pymethods]
 impl PyBatchSendRecv {
     /// Queues sending `tensor` to `dst`.
-    fn send(&mut self, py: Python<'_>, tensor: Py<PyAny>, dst: i64) -> PyResult<()> {
-        self.ops
-            .push(Py::new(py, PyP2POp::new(P2POpType::Send, tensor, dst))?);
+    fn send(&mut self, tensor: &Bound<'_, PyAny>, dst: &Bound<'_, PyAny>) -> PyResult<()> {
+        let op = PyP2POp::checked("BatchSendRecv.send", P2POpType::Send, tensor, dst, "dst")?;
+        self.ops.push(Py::new(tensor.py(), op)?);
         Ok(())
     }
 
     /// Queues receiving into `tensor` from `src`.
-    fn recv(&mut self, py: Python<'_>, tensor: Py<PyAny>, src: i64) -> PyResult<()> {
-        self.ops
-            .push(Py::new(py, PyP2POp::new(P2POpType::Recv, tensor, src))?);
+    fn recv(&mut self, tensor: &Bound<'_, PyAny>, src: &Bound<'_, PyAny>) -> PyResult<()> {
+        let op = PyP2POp::checked("BatchSendRecv.recv", P2POpType::Recv, tensor, src, "src")?;
+        self.ops.push(Py::new(tensor.py(), op)?);
         Ok(())
     }
 
@@ -92,9 +121,32 @@ impl PyBatchSendRecv {
     fn issue(
         &self,
         py: Python<'_>,
-        async_op: bool,
-        options: Option<PyRef<'_, PyBatchP2POptions>>,
+        async_op: &Bound<'_, PyAny>,
+        options: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyTorchWork>> {
+        guard("batch_op_issue", || self.issue_inner(py, async_op, options))
+    }
+}
+
+impl PyBatchSendRecv {
+    fn issue_inner(
+        &self,
+        py: Python<'_>,
+        async_op: &Bound<'_, PyAny>,
+        options: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Py<PyTorchWork>> {
+        let op = "BatchSendRecv.issue";
+        let async_op = bool_arg(async_op, op, "async_op")?;
+        let options = match options.filter(|o| !o.is_none()) {
+            None => None,
+            Some(o) => Some(o.cast::<PyBatchP2POptions>().map_err(|_| {
+                type_error(format!(
+                    "{op}: argument `options` must be a BatchP2POptions or None, got {}",
+                    type_name(o)
+                ))
+            })?),
+        };
+        let options = options.map(|o| o.borrow());
         let (hints, timeout): (HashMap<String, String>, Duration) = match &options {
             Some(o) => (o.hints.clone(), o.timeout),
             None => (HashMap::new(), Duration::ZERO),
@@ -120,7 +172,11 @@ impl PyBatchSendRecv {
             .iter()
             .map(|o| {
                 let o = o.borrow(py);
-                (o.op_type == P2POpType::Send, o.tensor.clone_ref(py), o.peer)
+                (
+                    o.op_type == P2POpType::Send,
+                    o.tensor.clone_ref(py),
+                    o.peer.clone_ref(py),
+                )
             })
             .collect();
         self.comm.get().issue_batch(py, ops, async_op, opts)

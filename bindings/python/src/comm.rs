@@ -7,12 +7,12 @@ use std::sync::{Arc, Weak};
 
 use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError};
 use pyo3::prelude::*;
-use pyo3::types::PyList;
+use pyo3::types::{PyList, PyTuple};
 use torchcomms::{OpOptions, TorchComm};
 
-use crate::args::{pre, pybool, tuple};
+use crate::args::{callable_arg, hints_arg, index_arg, pre, pybool, str_arg, tuple, type_name};
 use crate::core::{Backend, CommCore, NativeComm, PostKind};
-use crate::error::{not_implemented, value_error, ResultExt};
+use crate::error::{guard, not_implemented, ResultExt};
 use crate::hooks::{self, HookKind, HookOwner, RemovableHandle};
 use crate::tensor::to_tensor;
 use crate::types::{timeout_arg, OpName, PyCommOptions};
@@ -25,8 +25,6 @@ use crate::work::{PyTorchWork, WorkInner};
 pub(crate) struct PyTorchComm {
     pub(crate) core: Arc<CommCore>,
 }
-
-pub(crate) type Hints = Option<HashMap<String, String>>;
 
 #[pymethods]
 impl PyTorchComm {
@@ -104,13 +102,14 @@ impl PyTorchComm {
     fn reconfigure(
         &self,
         py: Python<'_>,
-        uuid: i64,
+        uuid: &Bound<'_, PyAny>,
         init_handles: &Bound<'_, PyAny>,
         timeout: Option<&Bound<'_, PyAny>>,
-        hints: Hints,
+        hints: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyTorchWork>> {
-        let _ = hints;
         let op = "reconfigure";
+        index_arg(uuid, &self.core.tag(op), "uuid")?;
+        hints_arg(hints, &self.core.tag(op))?;
         let handles_ok = (init_handles.is_instance_of::<PyList>()
             || init_handles.is_instance_of::<pyo3::types::PySet>())
             && init_handles.try_iter()?.all(|h| {
@@ -120,12 +119,6 @@ impl PyTorchComm {
         if !handles_ok {
             return Err(crate::error::type_error(format!(
                 "{}: argument `init_handles` must be a list or set of str",
-                self.core.tag(op)
-            )));
-        }
-        if uuid < 0 {
-            return Err(value_error(format!(
-                "{}: invalid argument `uuid`: expected a non-negative int, got {uuid}",
                 self.core.tag(op)
             )));
         }
@@ -185,14 +178,14 @@ impl PyTorchComm {
     /// only checks the tensor.
     fn tensor_register(&self, tensor: &Bound<'_, PyAny>) -> PyResult<()> {
         if self.core.native().is_some() {
-            to_tensor(tensor, "tensor_register", "tensor")?;
+            to_tensor(tensor, &self.core.tag("tensor_register"), "tensor")?;
         }
         Ok(())
     }
     /// Counterpart of `tensor_register()`.
     fn tensor_deregister(&self, tensor: &Bound<'_, PyAny>) -> PyResult<()> {
         if self.core.native().is_some() {
-            to_tensor(tensor, "tensor_deregister", "tensor")?;
+            to_tensor(tensor, &self.core.tag("tensor_deregister"), "tensor")?;
         }
         Ok(())
     }
@@ -220,46 +213,13 @@ impl PyTorchComm {
     /// Waits for outstanding work and releases the communicator. Hooks see op id 2**64-1;
     /// no op id is consumed. A second call does nothing.
     fn finalize(&self, py: Python<'_>) -> PyResult<()> {
-        let core = &self.core;
-        let id = hooks::FINALIZE_OP_ID;
-        hooks::run_pre(py, core.as_ref(), OpName::Finalize, id, |py| {
-            pre(py, hooks::FinalizePreHookArgs {})
-        })?;
-        match &core.backend {
-            Backend::Native(c) => {
-                if let Err(e) = py.detach(|| c.finalize()) {
-                    core.on_failure(py, &e);
-                    return Err(e).on_rank(core.rank);
-                }
-            }
-            Backend::Python(b) => {
-                b.call_method0(py, "finalize")?;
-            }
-        }
-        hooks::run_post(py, core.as_ref(), id, |py| {
-            pre(py, hooks::FinalizePostHookArgs {})
-        })
+        guard("finalize", || self.finalize_inner(py))
     }
 
     /// Fails outstanding and future operations and closes connections; peers see this rank
     /// leave. Runs the abort hooks.
     fn abort(&self, py: Python<'_>) -> PyResult<()> {
-        let core = &self.core;
-        core.user_aborted.store(true, Ordering::Release);
-        if !core.abort_hooks_ran.swap(true, Ordering::AcqRel) {
-            hooks::run_abort(py, core.as_ref());
-        }
-        match &core.backend {
-            Backend::Native(c) => py.detach(|| c.abort()).on_rank(core.rank),
-            Backend::Python(b) => {
-                if b.bind(py).hasattr("abort")? {
-                    b.call_method0(py, "abort")?;
-                    Ok(())
-                } else {
-                    Err(not_implemented("abort", &core.name))
-                }
-            }
-        }
+        guard("abort", || self.abort_inner(py))
     }
 
     /// Writes this communicator's colltrace (its last operations, sequence numbers and states;
@@ -268,8 +228,18 @@ impl PyTorchComm {
     /// file's path (the Rust API's `Comm::dump_trace`). `comms-analyzer report DIR` reads the
     /// files of every rank.
     #[pyo3(signature = (dir=None))]
-    fn dump_trace(&self, py: Python<'_>, dir: Option<std::path::PathBuf>) -> PyResult<String> {
+    fn dump_trace(&self, py: Python<'_>, dir: Option<&Bound<'_, PyAny>>) -> PyResult<String> {
         let core = &self.core;
+        let dir = match dir.filter(|d| !d.is_none()) {
+            None => None,
+            Some(d) => Some(d.extract::<std::path::PathBuf>().map_err(|_| {
+                crate::error::type_error(format!(
+                    "{}: argument `dir` must be a str or os.PathLike, got {}",
+                    core.tag("dump_trace"),
+                    type_name(d)
+                ))
+            })?),
+        };
         if let Backend::Python(_) = core.backend {
             return Err(PyNotImplementedError::new_err(format!(
                 "dump_trace on communicator {}: backend {} is written in Python and keeps no \
@@ -308,17 +278,20 @@ impl PyTorchComm {
     }
 
     /// `cb(name: OpName, op_id: int, args)` runs before each operation, on the calling thread.
-    fn register_pre_hook(&self, callback: Py<PyAny>) -> RemovableHandle {
-        self.register(HookKind::Pre, callback)
+    fn register_pre_hook(&self, callback: &Bound<'_, PyAny>) -> PyResult<RemovableHandle> {
+        let cb = callable_arg(callback, &self.core.tag("register_pre_hook"), "callback")?;
+        Ok(self.register(HookKind::Pre, cb))
     }
     /// `cb(op_id: int, args)` runs when each operation was enqueued (not completed).
-    fn register_post_hook(&self, callback: Py<PyAny>) -> RemovableHandle {
-        self.register(HookKind::Post, callback)
+    fn register_post_hook(&self, callback: &Bound<'_, PyAny>) -> PyResult<RemovableHandle> {
+        let cb = callable_arg(callback, &self.core.tag("register_post_hook"), "callback")?;
+        Ok(self.register(HookKind::Post, cb))
     }
     /// `cb()` runs once before the communicator gives up on a timeout or error (and before
     /// the process aborts when `abort_process_on_timeout_or_error` is set).
-    fn register_abort_hook(&self, callback: Py<PyAny>) -> RemovableHandle {
-        self.register(HookKind::Abort, callback)
+    fn register_abort_hook(&self, callback: &Bound<'_, PyAny>) -> PyResult<RemovableHandle> {
+        let cb = callable_arg(callback, &self.core.tag("register_abort_hook"), "callback")?;
+        Ok(self.register(HookKind::Abort, cb))
     }
 
     // Hooks often close over objects that hold this communicator (a clog keeps its comms):
@@ -364,32 +337,54 @@ impl PyTorchComm {
         &self,
         py: Python<'_>,
         ranks: &Bound<'_, PyAny>,
-        name: &str,
-        hints: Hints,
+        name: &Bound<'_, PyAny>,
+        hints: Option<&Bound<'_, PyAny>>,
+        timeout: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<Py<PyTorchComm>>> {
+        guard("split", || {
+            self.split_inner(py, ranks, name, hints, timeout)
+        })
+    }
+
+    /// Starts a batch of point-to-point operations that run concurrently.
+    fn batch_op_create(slf: &Bound<'_, Self>) -> crate::batch::PyBatchSendRecv {
+        crate::batch::PyBatchSendRecv::new(slf.clone().unbind())
+    }
+}
+
+impl PyTorchComm {
+    fn split_inner(
+        &self,
+        py: Python<'_>,
+        ranks: &Bound<'_, PyAny>,
+        name: &Bound<'_, PyAny>,
+        hints: Option<&Bound<'_, PyAny>>,
         timeout: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Option<Py<PyTorchComm>>> {
         let c = &self.core;
-        let list: Vec<i64> = ranks.extract().map_err(|_| {
-            crate::error::type_error(format!(
-                "split: argument `ranks` must be a list of int, got {}",
-                ranks
-                    .get_type()
-                    .name()
-                    .map(|n| n.to_string())
-                    .unwrap_or_default()
-            ))
-        })?;
-        let mut ranks_u = Vec::with_capacity(list.len());
-        for &r in &list {
-            ranks_u.push(c.rank_arg("split", "ranks", r)?);
+        let op = "split";
+        let items = if ranks.is_instance_of::<PyList>() || ranks.is_instance_of::<PyTuple>() {
+            ranks.try_iter()?.collect::<PyResult<Vec<_>>>()?
+        } else {
+            return Err(crate::error::type_error(format!(
+                "{}: argument `ranks` must be a list of int, got {}",
+                c.tag(op),
+                type_name(ranks)
+            )));
+        };
+        let mut ranks_u = Vec::with_capacity(items.len());
+        for (i, r) in items.iter().enumerate() {
+            ranks_u.push(c.rank_arg(op, &format!("ranks[{i}]"), r)?);
         }
+        let list: Vec<i64> = ranks_u.iter().map(|&r| r as i64).collect();
+        let name = &str_arg(name, &c.tag(op), "name")?;
         let mut child_opts = PyCommOptions::from_env()?;
-        if let Some(h) = &hints {
-            child_opts.hints = h.clone();
+        if let Some(h) = hints_arg(hints, &c.tag(op))? {
+            child_opts.hints = h;
         }
         // Without a timeout of its own the split (and the child) wait as long as this
         // communicator would, not the default.
-        child_opts.timeout = match timeout_arg(timeout, "split")? {
+        child_opts.timeout = match timeout_arg(timeout, &c.tag(op))? {
             Some(t) => t,
             None => c.settings().timeout,
         };
@@ -471,11 +466,6 @@ impl PyTorchComm {
         })?;
         Ok(child)
     }
-
-    /// Starts a batch of point-to-point operations that run concurrently.
-    fn batch_op_create(slf: &Bound<'_, Self>) -> crate::batch::PyBatchSendRecv {
-        crate::batch::PyBatchSendRecv::new(slf.clone().unbind())
-    }
 }
 
 pub(crate) fn no_allocator(backend: &str) -> PyErr {
@@ -485,6 +475,47 @@ pub(crate) fn no_allocator(backend: &str) -> PyErr {
 }
 
 impl PyTorchComm {
+    fn finalize_inner(&self, py: Python<'_>) -> PyResult<()> {
+        let core = &self.core;
+        let id = hooks::FINALIZE_OP_ID;
+        hooks::run_pre(py, core.as_ref(), OpName::Finalize, id, |py| {
+            pre(py, hooks::FinalizePreHookArgs {})
+        })?;
+        match &core.backend {
+            Backend::Native(c) => {
+                if let Err(e) = py.detach(|| c.finalize()) {
+                    core.on_failure(py, &e);
+                    return Err(e).on_rank(core.rank);
+                }
+            }
+            Backend::Python(b) => {
+                b.call_method0(py, "finalize")?;
+            }
+        }
+        hooks::run_post(py, core.as_ref(), id, |py| {
+            pre(py, hooks::FinalizePostHookArgs {})
+        })
+    }
+
+    fn abort_inner(&self, py: Python<'_>) -> PyResult<()> {
+        let core = &self.core;
+        core.user_aborted.store(true, Ordering::Release);
+        if !core.abort_hooks_ran.swap(true, Ordering::AcqRel) {
+            hooks::run_abort(py, core.as_ref());
+        }
+        match &core.backend {
+            Backend::Native(c) => py.detach(|| c.abort()).on_rank(core.rank),
+            Backend::Python(b) => {
+                if b.bind(py).hasattr("abort")? {
+                    b.call_method0(py, "abort")?;
+                    Ok(())
+                } else {
+                    Err(not_implemented("abort", &core.name))
+                }
+            }
+        }
+    }
+
     fn register(&self, kind: HookKind, cb: Py<PyAny>) -> RemovableHandle {
         let id = self
             .core
@@ -501,7 +532,7 @@ impl PyTorchComm {
     pub(crate) fn issue_batch(
         &self,
         py: Python<'_>,
-        ops: Vec<(bool, Py<PyAny>, i64)>,
+        ops: Vec<(bool, Py<PyAny>, Py<PyAny>)>,
         async_op: bool,
         opts: OpOptions,
     ) -> PyResult<Py<PyTorchWork>> {
@@ -512,7 +543,7 @@ impl PyTorchComm {
                 let mut api = Vec::with_capacity(ops.len());
                 for (i, (send, t, peer)) in ops.iter().enumerate() {
                     let tensor = to_tensor(t.bind(py), &c.tag(name), &format!("ops[{i}].tensor"))?;
-                    let peer = c.rank_arg(name, &format!("ops[{i}].peer"), *peer)?;
+                    let peer = c.rank_arg(name, &format!("ops[{i}].peer"), peer.bind(py))?;
                     api.push(if *send {
                         torchcomms::P2POp::Send { tensor, peer }
                     } else {

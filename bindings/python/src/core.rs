@@ -11,6 +11,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 use torchcomms::{Error, ErrorKind, OpOptions, TorchComm, Work};
 
+use crate::args::{hints_arg, int_arg};
 use crate::error::{not_implemented, value_error, ResultExt};
 use crate::hooks::{self, HookOwner, Hooks};
 use crate::types::{timeout_arg, OpName, PyCommOptions};
@@ -180,16 +181,17 @@ impl CommCore {
         format!("[rank {}] {op}", self.rank)
     }
 
-    /// Checks a rank argument like upstream: "`root` must be in range [0, N), but got X".
-    pub(crate) fn rank_arg(&self, op: &str, arg: &str, r: i64) -> PyResult<usize> {
-        if r < 0 || r as u64 >= self.size as u64 {
-            return Err(value_error(format!(
-                "[rank {}] {op}: invalid argument `{arg}`: {arg} must be in range [0, {}), but \
-                 got {r}",
-                self.rank, self.size
-            )));
+    /// Reads a rank argument and checks it like upstream: "`root` must be in range [0, N), but
+    /// got X" (also for ints beyond 64 bits; anything but an int is a `CommTypeError`).
+    pub(crate) fn rank_arg(&self, op: &str, arg: &str, obj: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let tag = self.tag(op);
+        match int_arg(obj, &tag, arg)? {
+            Some(r) if r >= 0 && (r as u64) < self.size as u64 => Ok(r as usize),
+            _ => Err(value_error(format!(
+                "{tag}: invalid argument `{arg}`: {arg} must be in range [0, {}), but got {obj}",
+                self.size
+            ))),
         }
-        Ok(r as usize)
     }
 
     /// On a CUDA communicator, the caller's current stream
@@ -213,9 +215,10 @@ impl CommCore {
         &self,
         op: &str,
         async_op: bool,
-        hints: Option<HashMap<String, String>>,
+        hints: Option<&Bound<'_, PyAny>>,
         timeout: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<OpOptions> {
+        let hints = hints_arg(hints, &self.tag(op))?;
         // Built from a constructor, so fields the API adds later keep their defaults.
         let mut o = if async_op {
             OpOptions::async_op()

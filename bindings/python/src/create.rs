@@ -1,16 +1,17 @@
 //! Creating communicators: `new_comm` (backend discovery, options, the store), and backends
 //! written in Python (upstream §13: `TorchCommBackend`, `register_backend`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
-use crate::comm::{no_allocator, Hints, PyTorchComm};
+use crate::args::{callable_arg, hints_arg, opt_bool_arg, str_arg};
+use crate::comm::{no_allocator, PyTorchComm};
 use crate::core::{Backend, CommCore, NativeComm};
-use crate::error::{value_error, ResultExt};
+use crate::error::{guard, value_error, ResultExt};
 use crate::store::PyStore;
 use crate::tensor::parse_device;
 use crate::types::{timeout_arg, PyCommOptions};
@@ -41,11 +42,18 @@ impl PyTorchCommBackend {
 /// Registers `backend_class` (a `TorchCommBackend` subclass) under `name`; `new_comm(name,
 /// ...)` creates a new instance per communicator.
 #[pyfunction]
-pub(crate) fn register_backend(name: &str, backend_class: Py<PyAny>) {
+pub(crate) fn register_backend(
+    name: &Bound<'_, PyAny>,
+    backend_class: &Bound<'_, PyAny>,
+) -> PyResult<()> {
+    let op = "register_backend";
+    let name = str_arg(name, op, "name")?;
+    let backend_class = callable_arg(backend_class, op, "backend_class")?;
     py_backends()
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .insert(name.to_string(), backend_class);
+        .insert(name, backend_class);
+    Ok(())
 }
 
 fn py_backend(py: Python<'_>, name: &str) -> Option<Py<PyAny>> {
@@ -80,8 +88,12 @@ pub(crate) fn _registered_backends() -> Vec<String> {
 
 /// The global allocator of `backend`: none is registered in this build.
 #[pyfunction]
-pub(crate) fn get_mem_allocator(backend: &str) -> PyResult<()> {
-    Err(no_allocator(backend))
+pub(crate) fn get_mem_allocator(backend: &Bound<'_, PyAny>) -> PyResult<()> {
+    Err(no_allocator(&str_arg(
+        backend,
+        "get_mem_allocator",
+        "backend",
+    )?))
 }
 
 pub(crate) fn python_comm(
@@ -132,9 +144,51 @@ fn no_factory(backend: &str) -> PyErr {
 /// launcher's environment (torchrun, SLURM, MPI); the store from `store=` or
 /// `MASTER_ADDR`/`MASTER_PORT`.
 #[pyfunction]
-#[pyo3(signature = (backend, device, name, abort_process_on_timeout_or_error=None, timeout=None, is_high_priority_stream=None, store=None, enable_reconfigure=false, hints=None))]
+#[pyo3(signature = (backend, device, name, abort_process_on_timeout_or_error=None, timeout=None, is_high_priority_stream=None, store=None, enable_reconfigure=None, hints=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn new_comm(
+    py: Python<'_>,
+    backend: &Bound<'_, PyAny>,
+    device: &Bound<'_, PyAny>,
+    name: &Bound<'_, PyAny>,
+    abort_process_on_timeout_or_error: Option<&Bound<'_, PyAny>>,
+    timeout: Option<&Bound<'_, PyAny>>,
+    is_high_priority_stream: Option<&Bound<'_, PyAny>>,
+    store: Option<&Bound<'_, PyAny>>,
+    enable_reconfigure: Option<&Bound<'_, PyAny>>,
+    hints: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Py<PyTorchComm>> {
+    let op = "new_comm";
+    let backend = &str_arg(backend, op, "backend")?;
+    let name = &str_arg(name, op, "name")?;
+    let abort_process_on_timeout_or_error = opt_bool_arg(
+        abort_process_on_timeout_or_error,
+        op,
+        "abort_process_on_timeout_or_error",
+    )?;
+    let is_high_priority_stream =
+        opt_bool_arg(is_high_priority_stream, op, "is_high_priority_stream")?;
+    let enable_reconfigure =
+        opt_bool_arg(enable_reconfigure, op, "enable_reconfigure")?.unwrap_or(false);
+    let hints = hints_arg(hints, op)?;
+    guard(op, || {
+        new_comm_inner(
+            py,
+            backend,
+            device,
+            name,
+            abort_process_on_timeout_or_error,
+            timeout,
+            is_high_priority_stream,
+            store,
+            enable_reconfigure,
+            hints,
+        )
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn new_comm_inner(
     py: Python<'_>,
     backend: &str,
     device: &Bound<'_, PyAny>,
@@ -144,7 +198,7 @@ pub(crate) fn new_comm(
     is_high_priority_stream: Option<bool>,
     store: Option<&Bound<'_, PyAny>>,
     enable_reconfigure: bool,
-    hints: Hints,
+    hints: Option<HashMap<String, String>>,
 ) -> PyResult<Py<PyTorchComm>> {
     // Backend discovery: entry points first (importing a backend's module registers it); a
     // failure only matters when nothing registered the name.

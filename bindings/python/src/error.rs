@@ -13,6 +13,11 @@
 //!
 //! Wrong Python types (a dtype we do not handle, a list where a tensor belongs) raise
 //! `torchcomms.CommTypeError(TypeError, RuntimeError)`.
+//!
+//! A Rust panic never reaches Python as pyo3's `PanicException` (a `BaseException`, which
+//! `except Exception` does not catch): every entry point that reaches the engine runs inside
+//! [`guard`], which turns a panic into `torchcomms.CommInternalError(RuntimeError)`. Panics are
+//! bugs (bad arguments are checked before anything runs); this is the last line of defence.
 
 use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError};
 use pyo3::prelude::*;
@@ -80,13 +85,15 @@ impl<T, E: Into<CommError>> ResultExt<T> for Result<T, E> {
 static VALUE_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static TIMEOUT_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 static TYPE_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+static INTERNAL_ERROR: PyOnceLock<Py<PyType>> = PyOnceLock::new();
 
 fn make_type(py: Python<'_>, name: &str, base: &str, doc: &str) -> PyResult<Py<PyType>> {
     let builtins = py.import("builtins")?;
-    let bases = PyTuple::new(
-        py,
-        [builtins.getattr(base)?, builtins.getattr("RuntimeError")?],
-    )?;
+    let mut bases = vec![builtins.getattr(base)?];
+    if base != "RuntimeError" {
+        bases.push(builtins.getattr("RuntimeError")?);
+    }
+    let bases = PyTuple::new(py, bases)?;
     let ns = PyDict::new(py);
     ns.set_item("__module__", "torchcomms")?;
     ns.set_item("__doc__", doc)?;
@@ -116,6 +123,13 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
             "TypeError",
             "An argument of the wrong type or dtype (also a RuntimeError).",
         ),
+        (
+            &INTERNAL_ERROR,
+            "CommInternalError",
+            "RuntimeError",
+            "A bug in torchcomms (a Rust panic), raised instead of crashing; the communicator \
+             may be unusable afterwards.",
+        ),
     ] {
         let ty = make_type(py, name, base, doc)?;
         let _ = cell.set(py, ty);
@@ -128,6 +142,33 @@ fn new_err(py: Python<'_>, cell: &PyOnceLock<Py<PyType>>, msg: String) -> PyErr 
     match cell.get(py) {
         Some(ty) => PyErr::from_type(ty.bind(py).clone(), msg),
         None => PyRuntimeError::new_err(msg),
+    }
+}
+
+/// Runs the body of a Python entry point `what`, turning a Rust panic into
+/// `CommInternalError` (see the module documentation). The happy path costs nothing: unwinding
+/// is only set up, never taken.
+pub(crate) fn guard<T>(what: &str, f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
+    // Unwind safety: after a panic the state `f` touched may be inconsistent; the error says
+    // so, and shared state is behind mutexes the next user recovers from poisoning.
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(payload) => {
+            let why = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic payload".into());
+            Err(Python::attach(|py| {
+                new_err(
+                    py,
+                    &INTERNAL_ERROR,
+                    format!(
+                        "{what}: internal error (a bug in torchcomms, please report it): {why}"
+                    ),
+                )
+            }))
+        }
     }
 }
 

@@ -6,9 +6,10 @@
 //! adds `objcol`, `hooks` and backend discovery.
 //!
 //! Threading: every call that can block (init, synchronous operations, `wait()`, `split`,
-//! `finalize`) releases the GIL. Tensors are read through their Python attributes; the Python
-//! tensor object is handed to the engine as the owner of its memory, so async operations keep
-//! their tensors alive. Errors map once, in [`error`].
+//! `finalize`) releases the GIL. Tensors are read through torch's base class and checked
+//! against their storage ([`tensor`]); the Python tensor and storage objects are handed to the
+//! engine as the owner of the memory, so async operations keep their tensors alive. Errors map
+//! once, in [`error`], and no Rust panic reaches Python ([`error::guard`]).
 //!
 //! Logging: the engine logs through `tracing`; set the cvar `TORCHCOMMS_LOG` (an `EnvFilter`,
 //! e.g. `debug` or `ctran=trace`; environment or `TORCHCOMMS_CONFIG` file) to see it on stderr.
@@ -21,6 +22,7 @@ mod core;
 mod create;
 mod cvars;
 mod error;
+mod extent;
 mod fake;
 mod hooks;
 mod ops;
@@ -95,6 +97,13 @@ fn register_nvidia_wheels(py: Python<'_>) {
     }
 }
 
+/// Panics inside [`error::guard`], as a bug in an entry point would: tests check that Python
+/// sees `CommInternalError` (a `RuntimeError`), never pyo3's `PanicException`.
+#[pyfunction]
+fn _panic_for_test(message: &str) -> PyResult<()> {
+    error::guard("_panic_for_test", || panic!("{message}"))
+}
+
 #[pymodule]
 fn _comms(m: &Bound<'_, PyModule>) -> PyResult<()> {
     init_logging();
@@ -124,6 +133,7 @@ fn _comms(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(create::_registered_backends, m)?)?;
     m.add_function(wrap_pyfunction!(create::get_mem_allocator, m)?)?;
     m.add_function(wrap_pyfunction!(_colltrace_snapshot, m)?)?;
+    m.add_function(wrap_pyfunction!(_panic_for_test, m)?)?;
     m.add_function(wrap_pyfunction!(cvars::_cvar, m)?)?;
     m.add_function(wrap_pyfunction!(watchdog::_health_check, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

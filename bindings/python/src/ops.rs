@@ -7,9 +7,10 @@
 use pyo3::prelude::*;
 use torchcomms::TorchComm;
 
-use crate::args::{hook_value, int_arg, obj, pre, pybool, splits, tuple};
-use crate::comm::{Hints, PyTorchComm};
+use crate::args::{bool_arg, hook_value, obj, pre, pybool, splits, tuple};
+use crate::comm::PyTorchComm;
 use crate::core::PostKind;
+use crate::error::guard;
 use crate::hooks;
 use crate::persistent::persistent_arg;
 use crate::tensor::{to_tensor, to_tensors};
@@ -20,9 +21,7 @@ use crate::work::PyTorchWork;
 /// split sizes), `native` converts it for the API, `pass` hands the converted value on.
 macro_rules! py_arg {
     (check Rank, $core:ident, $op:ident, $name:expr, $v:ident) => {
-        $core
-            .rank_arg($op, $name, int_arg($v, $op, $name)?)
-            .map(|_| ())
+        $core.rank_arg($op, $name, $v).map(|_| ())
     };
     (check Splits, $core:ident, $op:ident, $name:expr, $v:ident) => {
         splits($v, &$core.tag($op), $name).map(|_| ())
@@ -37,7 +36,7 @@ macro_rules! py_arg {
         to_tensors($v, &$core.tag($op), $name)
     };
     (native Rank, $core:ident, $op:ident, $name:expr, $v:ident) => {
-        $core.rank_arg($op, $name, int_arg($v, $op, $name)?)
+        $core.rank_arg($op, $name, $v)
     };
     (native ReduceOp, $core:ident, $op:ident, $name:expr, $v:ident) => {
         reduce_op_arg($v, &$core.tag($op))
@@ -71,36 +70,39 @@ macro_rules! py_methods {
                     &self,
                     py: Python<'_>,
                     $($arg: &Bound<'_, PyAny>,)*
-                    async_op: bool,
-                    hints: Hints,
+                    async_op: &Bound<'_, PyAny>,
+                    hints: Option<&Bound<'_, PyAny>>,
                     timeout: Option<&Bound<'_, PyAny>>,
                 ) -> PyResult<Py<PyTorchWork>> {
                     let core = &self.core;
                     let op = stringify!($name);
-                    $(py_arg!(check $kind, core, op, stringify!($arg), $arg)?;)*
-                    let opts = core.op_options(op, async_op, hints, timeout)?;
-                    let native = match core.native() {
-                        Some(_) => {
-                            $(let $arg = py_arg!(native $kind, core, op, stringify!($arg), $arg)?;)*
-                            Some(move |comm: &TorchComm| {
-                                comm.$name($(py_arg!(pass $kind, $arg),)* &opts)
-                            })
-                        }
-                        None => None,
-                    };
-                    core.issue(
-                        py,
-                        OpName::[<$name:camel>],
-                        |py| {
-                            pre(py, hooks::[<$name:camel PreHookArgs>] {
-                                $($field: hook_value(py, $from, op, stringify!($from))?,)*
-                                async_op: pybool(py, async_op),
-                            })
-                        },
-                        native,
-                        |py| tuple(py, vec![$(obj($arg),)* pybool(py, async_op)]),
-                        PostKind::Collective,
-                    )
+                    guard(op, || {
+                        $(py_arg!(check $kind, core, op, stringify!($arg), $arg)?;)*
+                        let async_op = bool_arg(async_op, &core.tag(op), "async_op")?;
+                        let opts = core.op_options(op, async_op, hints, timeout)?;
+                        let native = match core.native() {
+                            Some(_) => {
+                                $(let $arg = py_arg!(native $kind, core, op, stringify!($arg), $arg)?;)*
+                                Some(move |comm: &TorchComm| {
+                                    comm.$name($(py_arg!(pass $kind, $arg),)* &opts)
+                                })
+                            }
+                            None => None,
+                        };
+                        core.issue(
+                            py,
+                            OpName::[<$name:camel>],
+                            |py| {
+                                pre(py, hooks::[<$name:camel PreHookArgs>] {
+                                    $($field: hook_value(py, $from, op, stringify!($from))?,)*
+                                    async_op: pybool(py, async_op),
+                                })
+                            },
+                            native,
+                            |py| tuple(py, vec![$(obj($arg),)* pybool(py, async_op)]),
+                            PostKind::Collective,
+                        )
+                    })
                 }
             )*
         }

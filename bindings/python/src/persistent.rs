@@ -5,9 +5,10 @@
 use pyo3::prelude::*;
 use torchcomms::AllGatherP;
 
-use crate::comm::{Hints, PyTorchComm};
+use crate::args::hints_arg;
+use crate::comm::PyTorchComm;
 use crate::core::Backend;
-use crate::error::{not_implemented, type_error, ResultExt};
+use crate::error::{guard, not_implemented, type_error, ResultExt};
 use crate::tensor::to_tensor;
 use crate::types::timeout_arg;
 
@@ -59,14 +60,14 @@ impl PyTorchComm {
         &self,
         py: Python<'_>,
         output: &Bound<'_, PyAny>,
-        hints: Hints,
+        hints: Option<&Bound<'_, PyAny>>,
         timeout: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyAny>> {
         let core = &self.core;
         let op = "all_gather_p_init";
         timeout_arg(timeout, &core.tag(op))?;
-        let _ = hints;
-        match &core.backend {
+        hints_arg(hints, &core.tag(op))?;
+        guard(op, || match &core.backend {
             Backend::Native(comm) => {
                 let t = to_tensor(output, &core.tag(op), "output")?;
                 let handle = comm.all_gather_p_init(&t).on_rank(core.rank)?;
@@ -83,14 +84,14 @@ impl PyTorchComm {
                 }
                 Ok(b.call_method1(op, (output,))?.unbind())
             }
-        }
+        })
     }
 
     /// Releases a handle of `all_gather_p_init`.
     fn all_gather_p_free(&self, py: Python<'_>, handle: &Bound<'_, PyAny>) -> PyResult<()> {
         let core = &self.core;
         let op = "all_gather_p_free";
-        match &core.backend {
+        guard(op, || match &core.backend {
             Backend::Native(comm) => {
                 let h = persistent_arg(handle, &core.tag(op), "handle")?;
                 comm.all_gather_p_free(h).on_rank(core.rank)
@@ -103,6 +104,6 @@ impl PyTorchComm {
                 b.call_method1(op, (handle,))?;
                 Ok(())
             }
-        }
+        })
     }
 }

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyTuple};
+use pyo3::types::{PyDelta, PyDict, PyFloat, PyInt, PyTuple};
 
 use crate::error::{type_error, value_error, ResultExt};
 
@@ -211,7 +211,13 @@ pub(crate) fn reduce_op_arg(op: &Bound<'_, PyAny>, opname: &str) -> PyResult<tor
 impl PyReduceOp {
     #[new]
     #[allow(non_snake_case)]
-    fn new(opType: RedOpType) -> PyResult<Self> {
+    fn new(opType: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let opType = opType.extract::<RedOpType>().map_err(|_| {
+            type_error(format!(
+                "ReduceOp: argument `opType` must be a RedOpType, got {}",
+                crate::args::type_name(opType)
+            ))
+        })?;
         if opType == RedOpType::PremulSum {
             return Err(value_error(
                 "ReduceOp(RedOpType.PREMUL_SUM) needs a factor: use ReduceOp.PREMUL_SUM(factor)",
@@ -266,17 +272,25 @@ impl PyReduceOp {
     #[staticmethod]
     #[pyo3(name = "PREMUL_SUM")]
     fn premul_sum(factor: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let what = "ReduceOp.PREMUL_SUM: argument `factor`";
         let value: f64 = if let Ok(f) = factor.extract::<f64>() {
             f
+        } else if factor.is_instance_of::<PyInt>() {
+            return Err(value_error(format!(
+                "{what} must be a float or a one-element tensor, got an int beyond the float \
+                 range: {factor}"
+            )));
         } else if factor.hasattr("item")? && factor.hasattr("numel")? {
-            let n: usize = factor.call_method0("numel")?.extract()?;
-            if n != 1 {
-                return Err(value_error(format!(
-                    "ReduceOp.PREMUL_SUM: argument `factor` must be a float or a one-element \
-                     tensor, got a tensor of {n} elements"
-                )));
-            }
-            factor.call_method0("item")?.extract()?
+            // `item()` itself refuses a tensor of several elements, whatever `numel()` says.
+            factor
+                .call_method0("item")
+                .and_then(|v| v.extract::<f64>())
+                .map_err(|e| {
+                    value_error(format!(
+                        "{what} must be a float or a one-element tensor, got a tensor of \
+                         several elements or a non-number: {e}"
+                    ))
+                })?
         } else {
             return Err(type_error(format!(
                 "ReduceOp.PREMUL_SUM: argument `factor` must be a float or a tensor, got {}",
@@ -357,19 +371,30 @@ pub(crate) fn timeout_arg(t: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<
     if t.is_none() {
         return Ok(None);
     }
-    if let Ok(d) = t.extract::<Duration>() {
-        return Ok(Some(d));
+    let out_of_range = || {
+        value_error(format!(
+            "{what}: invalid argument `timeout`: expected a non-negative datetime.timedelta or \
+             number of seconds, got {t}"
+        ))
+    };
+    if t.is_instance_of::<PyDelta>() {
+        return t
+            .extract::<Duration>()
+            .map(Some)
+            .map_err(|_| out_of_range());
     }
-    if let Ok(secs) = t.extract::<f64>() {
-        return Duration::try_from_secs_f64(secs).map(Some).map_err(|_| {
-            value_error(format!(
-                "{what}: argument `timeout` must be a non-negative number of seconds, got {secs}"
-            ))
-        });
+    if t.is_instance_of::<PyInt>() || t.is_instance_of::<PyFloat>() {
+        // An int too large for a float, a negative or non-finite number.
+        return t
+            .extract::<f64>()
+            .ok()
+            .and_then(|secs| Duration::try_from_secs_f64(secs).ok())
+            .map(Some)
+            .ok_or_else(out_of_range);
     }
     Err(type_error(format!(
-        "{what}: argument `timeout` must be a datetime.timedelta, got {} (negative timedeltas \
-         are refused)",
+        "{what}: argument `timeout` must be a datetime.timedelta, a number of seconds or None, \
+         got {}",
         t.get_type().name()?
     )))
 }
@@ -488,18 +513,22 @@ pub(crate) struct PyReconfigureOptions {
 #[pymethods]
 impl PyReconfigureOptions {
     #[new]
-    #[pyo3(signature = (uuid=0, init_handles=None, timeout=None, hints=None))]
+    #[pyo3(signature = (uuid=None, init_handles=None, timeout=None, hints=None))]
     fn new(
-        uuid: i64,
+        uuid: Option<&Bound<'_, PyAny>>,
         init_handles: Option<Py<PyAny>>,
         timeout: Option<&Bound<'_, PyAny>>,
-        hints: Option<HashMap<String, String>>,
+        hints: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        let op = "ReconfigureOptions";
         Ok(PyReconfigureOptions {
-            uuid,
+            uuid: match uuid.filter(|u| !u.is_none()) {
+                Some(u) => crate::args::index_arg(u, op, "uuid")? as i64,
+                None => 0,
+            },
             init_handles,
-            timeout: timeout_arg(timeout, "ReconfigureOptions")?,
-            hints: hints.unwrap_or_default(),
+            timeout: timeout_arg(timeout, op)?,
+            hints: crate::args::hints_arg(hints, op)?.unwrap_or_default(),
         })
     }
 }

@@ -74,22 +74,8 @@ impl PyTorchWork {
         }
         Ok(())
     }
-}
 
-#[pymethods]
-impl PyTorchWork {
-    /// Blocks until the operation finished; raises its error if it failed.
-    fn wait(&self, py: Python<'_>) -> PyResult<()> {
-        self.do_wait(py)
-    }
-
-    /// Blocks the CPU thread until the operation finished (the same as `wait()` on CPU).
-    fn wait_blocking(&self, py: Python<'_>) -> PyResult<()> {
-        self.do_wait(py)
-    }
-
-    /// True once the operation finished, successfully or not.
-    fn is_completed(&self, py: Python<'_>) -> PyResult<bool> {
+    fn completed(&self, py: Python<'_>) -> PyResult<bool> {
         Ok(match &self.inner {
             WorkInner::Native(w) => w.is_completed(),
             WorkInner::Done => true,
@@ -107,6 +93,24 @@ impl PyTorchWork {
                 }
             }
         })
+    }
+}
+
+#[pymethods]
+impl PyTorchWork {
+    /// Blocks until the operation finished; raises its error if it failed.
+    fn wait(&self, py: Python<'_>) -> PyResult<()> {
+        crate::error::guard("wait", || self.do_wait(py))
+    }
+
+    /// Blocks the CPU thread until the operation finished (the same as `wait()` on CPU).
+    fn wait_blocking(&self, py: Python<'_>) -> PyResult<()> {
+        crate::error::guard("wait_blocking", || self.do_wait(py))
+    }
+
+    /// True once the operation finished, successfully or not.
+    fn is_completed(&self, py: Python<'_>) -> PyResult<bool> {
+        crate::error::guard("is_completed", || self.completed(py))
     }
 
     /// Sets the status of a work returned by a Python backend.

@@ -211,6 +211,12 @@ macro_rules! for_each_op {
                     c.splits("output_split_sizes", output_split_sizes, output)?;
                     c.splits("input_split_sizes", input_split_sizes, input)?;
                     c.same_rows("output", output, input)?;
+                    // Lengths are checked above; the products fit: splits sum to at most the rows.
+                    c.own_block(
+                        "input_split_sizes",
+                        input_split_sizes[c.rank()] * input.row_numel(),
+                        output_split_sizes[c.rank()] * output.row_numel(),
+                    )?;
                     c.disjoint("input", std::slice::from_ref(input), "output", std::slice::from_ref(output))?;
                 }
                 call {

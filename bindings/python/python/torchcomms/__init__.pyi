@@ -8,6 +8,7 @@ from torchcomms._comms import (
     BatchP2POptions as BatchP2POptions,
     BatchSendRecv as BatchSendRecv,
     CommOptions as CommOptions,
+    CommInternalError as CommInternalError,
     CommTimeoutError as CommTimeoutError,
     CommTypeError as CommTypeError,
     CommValueError as CommValueError,
