@@ -12,6 +12,7 @@ mod futex;
 pub(crate) mod layout;
 pub(crate) mod node;
 mod segment;
+pub(crate) mod slot;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::Ordering;
@@ -22,6 +23,7 @@ use crate::span::Span;
 use crate::transport::{ReqId, TransportError};
 pub(crate) use layout::Sizes;
 use node::{Node, WaitEnd};
+use slot::{fifo_used, Slot};
 
 /// Finds out whether every local rank can read every other's memory: each publishes the address
 /// and value of a word of its own, reads every peer's word with `process_vm_readv`, and publishes
@@ -383,18 +385,24 @@ impl ShmTransport {
             // Sends: fill free slots of the FIFO me -> l.
             let pair = self.node.layout().pair(me, l);
             let mut finished = Vec::new();
+            let mut error = None;
             while let Some(s) = self.sends[l].front_mut() {
                 let idx = self.node.fifo(pair);
                 let head = idx.head.load(Ordering::Relaxed);
-                if head - idx.tail.load(Ordering::Acquire) >= k {
-                    break;
+                match fifo_used(head, idx.tail.load(Ordering::Acquire), k, self.global_of[l]) {
+                    Ok(used) if used < k => {}
+                    Ok(_) => break,
+                    Err(e) => {
+                        error = Some(e);
+                        break;
+                    }
                 }
                 let (msg_len, chunk_len, payload) = self.node.fifo_slot(pair, (head % k) as usize);
                 let n = (s.data.len() - s.sent).min(payload.len());
                 payload.copy_from(&s.data.sub(s.sent, n));
                 msg_len.store(s.data.len() as u64, Ordering::Relaxed);
                 chunk_len.store(n as u64, Ordering::Relaxed);
-                idx.head.store(head + 1, Ordering::Release);
+                idx.head.store(head.wrapping_add(1), Ordering::Release);
                 self.node.ring(l);
                 s.sent += n;
                 s.started = true;
@@ -406,26 +414,35 @@ impl ShmTransport {
             }
             // Receives: drain filled slots of the FIFO l -> me.
             let pair = self.node.layout().pair(l, me);
-            let mut error = None;
             while let Some(r) = self.recvs[l].front_mut() {
+                if error.is_some() {
+                    break;
+                }
                 let idx = self.node.fifo(pair);
                 let tail = idx.tail.load(Ordering::Relaxed);
-                if tail == idx.head.load(Ordering::Acquire) {
-                    break;
+                match fifo_used(idx.head.load(Ordering::Acquire), tail, k, self.global_of[l]) {
+                    Ok(0) => break,
+                    Ok(_) => {}
+                    Err(e) => {
+                        error = Some(e);
+                        break;
+                    }
                 }
                 let (msg_len, chunk_len, payload) = self.node.fifo_slot(pair, (tail % k) as usize);
-                let total = msg_len.load(Ordering::Relaxed) as usize;
-                if !r.started && total != r.data.len() {
-                    error = Some(TransportError::SizeMismatch {
-                        peer: self.global_of[l],
-                        expected: r.data.len(),
-                        got: total,
-                    });
-                    break;
-                }
-                let n = chunk_len.load(Ordering::Relaxed) as usize;
+                let slot = Slot {
+                    msg_len: msg_len.load(Ordering::Relaxed),
+                    chunk_len: chunk_len.load(Ordering::Relaxed),
+                };
+                let peer = self.global_of[l];
+                let n = match slot.check(r.started, r.data.len(), r.got, payload.len(), peer) {
+                    Ok(n) => n,
+                    Err(e) => {
+                        error = Some(e);
+                        break;
+                    }
+                };
                 r.data.sub(r.got, n).copy_from(&payload.sub(0, n));
-                idx.tail.store(tail + 1, Ordering::Release);
+                idx.tail.store(tail.wrapping_add(1), Ordering::Release);
                 self.node.ring(l);
                 r.got += n;
                 r.started = true;
@@ -453,8 +470,13 @@ impl ShmTransport {
         (0..node.nlocal()).filter(|&l| l != me).any(|l| {
             let out = node.fifo(node.layout().pair(me, l));
             let inn = node.fifo(node.layout().pair(l, me));
+            // A corrupt index (used > k) counts as ready: the pass reports it.
             (!self.sends[l].is_empty()
-                && out.head.load(Ordering::Relaxed) - out.tail.load(Ordering::Acquire) < k)
+                && out
+                    .head
+                    .load(Ordering::Relaxed)
+                    .wrapping_sub(out.tail.load(Ordering::Acquire))
+                    != k)
                 || (!self.recvs[l].is_empty()
                     && inn.tail.load(Ordering::Relaxed) != inn.head.load(Ordering::Acquire))
         })

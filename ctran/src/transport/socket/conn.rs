@@ -13,7 +13,7 @@ use crate::span::Span;
 use crate::transport::TransportError;
 
 const MAGIC: u32 = 0x7C7C_0D47;
-const HEADER_LEN: usize = 16;
+pub(crate) const HEADER_LEN: usize = 16;
 /// Header flag: the payload is a failing peer's last words (UTF-8), not data.
 const FLAG_ABORT: u32 = 1;
 /// Header flag: the peer finalized and closes; it sends nothing more.
@@ -404,7 +404,7 @@ fn is_bye(header: &[u8; HEADER_LEN]) -> bool {
 
 /// Checks a just-completed header against the receive posted for it (`read` bytes of the
 /// message, header included, have arrived; payload bytes landed in `data`).
-fn check_header(
+pub(crate) fn check_header(
     sock: &Socket,
     header: &[u8; HEADER_LEN],
     peer: usize,

@@ -18,7 +18,7 @@ use super::{SocketTransport, Waker};
 use crate::error::{Error, Result};
 
 const HELLO_MAGIC: &[u8; 8] = b"TCRSHELO";
-const HELLO_LEN: usize = 48;
+pub(crate) const HELLO_LEN: usize = 48;
 const HELLO_VERSION: u32 = 1;
 /// How long an accepted connection may take to say hello before it is dropped as stray.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
@@ -142,7 +142,7 @@ fn secret_matches(a: &[u8], b: &[u8; 16]) -> bool {
 }
 
 /// Checks a hello from an accepted connection; returns the peer's rank or why it was refused.
-fn check_hello(
+pub(crate) fn check_hello(
     h: &[u8; HELLO_LEN],
     plan: &MeshPlan,
     connected: &[bool],

@@ -20,6 +20,10 @@ use crate::span::Span;
 use crate::transport::{ReqId, Transport, TransportError};
 use conn::Conn;
 pub use mesh::{MeshPlan, SocketConfig};
+
+/// The frame header check, for the fuzz target (`crate::fuzzing`).
+#[cfg(feature = "fuzzing")]
+pub(crate) use conn::{check_header, HEADER_LEN};
 pub use waker::Waker;
 
 /// How long a failing rank keeps finishing a half-sent message so that its abort notice can

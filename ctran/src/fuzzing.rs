@@ -1,0 +1,122 @@
+//! Entry points for the fuzz targets in `fuzz/` (feature `fuzzing`; not an API).
+//!
+//! Each takes the fuzzer's bytes and drives one decoder of data that another process wrote:
+//! the TCP frame header, the mesh hello, the shared-memory slot headers and FIFO indices, and
+//! the records ranks publish at creation. They go through the narrowest decode function of
+//! each, so a change of a wire format changes only how the bytes are split here.
+
+use std::net::SocketAddr;
+
+use socket2::{Domain, Socket, Type};
+
+use crate::span::Span;
+use crate::transport::shm::slot::{fifo_used, Slot};
+use crate::transport::socket::mesh::{check_hello, MeshPlan, HELLO_LEN};
+use crate::transport::socket::{check_header, HEADER_LEN};
+
+/// The peer rank named in errors.
+const PEER: usize = 3;
+
+/// A frame header, then: the posted receive's size (`u16`), how many payload bytes arrived
+/// with the header (`u8`), then the bytes that follow on the socket.
+pub fn socket_frame(data: &[u8]) {
+    let Some((header, rest)) = data.split_first_chunk::<HEADER_LEN>() else {
+        return;
+    };
+    let Some((&[a, b, early], rest)) = rest.split_first_chunk::<3>() else {
+        return;
+    };
+    let posted = usize::from(u16::from_le_bytes([a, b])) % 4096;
+    let mut buf = vec![0u8; posted];
+    let early = usize::from(early).min(posted).min(rest.len());
+    buf[..early].copy_from_slice(&rest[..early]);
+    let Ok((ours, theirs)) = Socket::pair(Domain::UNIX, Type::STREAM, None) else {
+        return;
+    };
+    // The transport's sockets are non-blocking: the check must never wait for bytes.
+    if ours.set_nonblocking(true).is_err() || theirs.send(&rest[early..]).is_err() {
+        return;
+    }
+    // SAFETY: `buf` lives until the end of this function, and nothing else touches it while
+    // the check (the only user of the span) runs.
+    let span = unsafe { Span::from_slice(&mut buf) };
+    let _ = check_header(&ours, header, PEER, span, HEADER_LEN + early);
+}
+
+/// A hello, then this rank and the communicator size (`u8` each), a flag byte (bit 0: the
+/// plan's secret is the hello's own, so the checks after it are reached), then a bitmap of the
+/// ranks already connected.
+pub fn socket_hello(data: &[u8]) {
+    let Some((hello, rest)) = data.split_first_chunk::<HELLO_LEN>() else {
+        return;
+    };
+    let Some((&[rank, size, flags], rest)) = rest.split_first_chunk::<3>() else {
+        return;
+    };
+    let size = usize::from(size).max(1);
+    let rank = usize::from(rank) % size;
+    let mut secret = [0x5a; 16];
+    if flags & 1 != 0 {
+        secret.copy_from_slice(&hello[HELLO_LEN - 16..]);
+    }
+    let connected: Vec<bool> = (0..size)
+        .map(|r| rest.get(r / 8).is_some_and(|b| b >> (r % 8) & 1 != 0))
+        .collect();
+    let plan = MeshPlan {
+        comm: "fuzz".into(),
+        rank,
+        addrs: vec![SocketAddr::from(([127, 0, 0, 1], 1)); size],
+        secret,
+    };
+    if let Ok(from) = check_hello(hello, &plan, &connected) {
+        assert!(from < rank && !connected[from], "accepted rank {from}");
+    }
+}
+
+/// A receive of `u16` bytes through slots of `u8 + 1` bytes in a FIFO of `u8 % 8 + 1` slots,
+/// then slots as the peer left them: 24 bytes each, the FIFO head, the slot's message length
+/// and its chunk length (`u64` each). Does what the shared-memory transport does with each
+/// slot, including the copy, so an accepted header that does not fit panics here.
+pub fn shm_slot(data: &[u8]) {
+    let Some((&[a, b, slot_bytes, k], rest)) = data.split_first_chunk::<4>() else {
+        return;
+    };
+    let expected = usize::from(u16::from_le_bytes([a, b])) % 8192;
+    let slot_bytes = usize::from(slot_bytes) + 1;
+    let k = u64::from(k % 8) + 1;
+    let mut dst = vec![0u8; expected];
+    let mut payload = vec![0xa5u8; slot_bytes];
+    // SAFETY: both vectors live until the end of this function and are used only through
+    // these spans.
+    let (dst_span, src_span) = unsafe { (Span::from_slice(&mut dst), Span::from_slice(&mut payload)) };
+    let (mut tail, mut got, mut started) = (0u64, 0usize, false);
+    let word = |c: &[u8]| u64::from_le_bytes(c.try_into().expect("8 bytes"));
+    for rec in rest.chunks_exact(24) {
+        let head = word(&rec[..8]);
+        let slot = Slot {
+            msg_len: word(&rec[8..16]),
+            chunk_len: word(&rec[16..]),
+        };
+        match fifo_used(head, tail, k, PEER) {
+            Ok(0) => continue,
+            Ok(used) => assert!(used <= k),
+            Err(_) => return,
+        }
+        let Ok(n) = slot.check(started, expected, got, slot_bytes, PEER) else {
+            return;
+        };
+        dst_span.sub(got, n).copy_from(&src_span.sub(0, n));
+        got += n;
+        started = true;
+        tail = tail.wrapping_add(1);
+        if got == expected {
+            // The next message begins.
+            (got, started) = (0, false);
+        }
+    }
+}
+
+/// A selector byte, then a record as a rank publishes it at creation (see `comm::init`).
+pub fn init_records(data: &[u8]) {
+    crate::comm::fuzz_records(data);
+}
