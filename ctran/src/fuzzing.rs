@@ -88,7 +88,8 @@ pub fn shm_slot(data: &[u8]) {
     let mut payload = vec![0xa5u8; slot_bytes];
     // SAFETY: both vectors live until the end of this function and are used only through
     // these spans.
-    let (dst_span, src_span) = unsafe { (Span::from_slice(&mut dst), Span::from_slice(&mut payload)) };
+    let (dst_span, src_span) =
+        unsafe { (Span::from_slice(&mut dst), Span::from_slice(&mut payload)) };
     let (mut tail, mut got, mut started) = (0u64, 0usize, false);
     let word = |c: &[u8]| u64::from_le_bytes(c.try_into().expect("8 bytes"));
     for rec in rest.chunks_exact(24) {

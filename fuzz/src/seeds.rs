@@ -4,8 +4,7 @@
 //! fuzzing; the regression tests run them directly.
 
 use colltrace::schema::{
-    CommDump, CommState, Dump, Record, RecordKind, SeqCounters, State, SCHEMA_NAME,
-    SCHEMA_VERSION,
+    CommDump, CommState, Dump, Record, RecordKind, SeqCounters, State, SCHEMA_NAME, SCHEMA_VERSION,
 };
 use colltrace::Trigger;
 
@@ -58,7 +57,11 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         b
     };
     add("socket_frame", "data", frame(0, 5, 5, 2, b"hello"));
-    add("socket_frame", "abort", frame(1, 12, 64, 4, b"peer crashed"));
+    add(
+        "socket_frame",
+        "abort",
+        frame(1, 12, 64, 4, b"peer crashed"),
+    );
     add("socket_frame", "bye", frame(2, 0, 0, 0, b""));
     add("socket_frame", "mismatch", frame(0, 9, 5, 0, b""));
 
@@ -83,8 +86,16 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
     add("shm_slot", "two-chunks", shm);
 
     add("init_records", "secret", [&[0u8][..], &[9; 16]].concat());
-    add("init_records", "addr-v4", [&[1u8][..], b"10.0.0.1:29500"].concat());
-    add("init_records", "addr-v6", [&[1u8][..], b"[fe80::1]:40000"].concat());
+    add(
+        "init_records",
+        "addr-v4",
+        [&[1u8][..], b"10.0.0.1:29500"].concat(),
+    );
+    add(
+        "init_records",
+        "addr-v6",
+        [&[1u8][..], b"[fe80::1]:40000"].concat(),
+    );
     // Host id, a CPU mask of 1024 bits with CPUs 0-3, no quota.
     let mut host = vec![2u8];
     host.extend(0xABCDu64.to_le_bytes());
@@ -106,7 +117,10 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
     add("init_records", "split", rec);
 
     let dumps = vec![
-        dump(0, vec![rec_of(1, State::Completed), rec_of(2, State::Started)]),
+        dump(
+            0,
+            vec![rec_of(1, State::Completed), rec_of(2, State::Started)],
+        ),
         dump(1, vec![rec_of(1, State::Completed)]),
     ];
     let one = serde_json::to_vec(&dumps[0]).expect("a dump serializes");
@@ -117,9 +131,16 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
     add("colltrace_dump", "endpoint", http);
 
     // Environment lines: selector byte, value (the selector picks a variable by index).
-    let env: Vec<u8> = ["\u{0}1", "\u{1}64K", "\u{2}20ms", "\u{3}ring", "\u{4}0,1", "\u{5}yes"]
-        .join("\n")
-        .into_bytes();
+    let env: Vec<u8> = [
+        "\u{0}1",
+        "\u{1}64K",
+        "\u{2}20ms",
+        "\u{3}ring",
+        "\u{4}0,1",
+        "\u{5}yes",
+    ]
+    .join("\n")
+    .into_bytes();
     add("cvars_env", "values", env);
     add(
         "cvars_file",

@@ -216,9 +216,10 @@ fn connect_with_store(
     let mut addrs = Vec::with_capacity(size);
     for r in 0..size {
         let raw = store.get(&format!("addr/{r}"), left())?;
-        addrs.push(decode_addr(&raw).map_err(|text| {
-            fail(format!("rank {r} published a bad address {text:?}"))
-        })?);
+        addrs.push(
+            decode_addr(&raw)
+                .map_err(|text| fail(format!("rank {r} published a bad address {text:?}")))?,
+        );
     }
     let mut hosts = Vec::with_capacity(size);
     let mut cpus = Vec::with_capacity(size);
