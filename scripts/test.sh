@@ -24,6 +24,16 @@ cargo test --workspace --all-targets
 echo "== doctests"
 cargo test --workspace --doc
 
+# The fuzz targets' regression tests (corpus and past crashes) ran under cargo test above.
+# libFuzzer itself only when asked: installing cargo-fuzz and building the instrumented targets
+# takes several minutes (docs/fuzzing.md).
+if [ -n "${TORCHCOMMS_FUZZ_SECS:-}" ]; then
+    echo "== scripts/fuzz.sh $TORCHCOMMS_FUZZ_SECS"
+    scripts/fuzz.sh "$TORCHCOMMS_FUZZ_SECS"
+else
+    echo "== fuzzing: NOT RUN (set TORCHCOMMS_FUZZ_SECS=10 to run each target briefly)"
+fi
+
 # Ranks on several "hosts" (network namespaces, TCP between them, shared memory inside), launched
 # by torchrun. Creating namespaces needs root: CI runs as root; elsewhere this is reported.
 if [ "$(id -u)" = 0 ]; then

@@ -92,16 +92,22 @@ pub fn http_get(addr: &str, path: &str, timeout: Duration) -> Result<Vec<u8>, St
     let mut buf = Vec::new();
     s.read_to_end(&mut buf)
         .map_err(|e| format!("receive: {e}"))?;
-    let end = buf
+    http_body(&buf).map(<[u8]>::to_vec)
+}
+
+/// The body of an HTTP answer whose status is 200 (the rest of what [`http_get`] does, apart
+/// so that it can be fuzzed).
+pub fn http_body(answer: &[u8]) -> Result<&[u8], String> {
+    let end = answer
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
         .ok_or("malformed HTTP answer")?;
-    let head = String::from_utf8_lossy(&buf[..end]);
+    let head = String::from_utf8_lossy(&answer[..end]);
     let status = head.lines().next().unwrap_or("");
     if status.split_whitespace().nth(1) != Some("200") {
         return Err(format!("answered `{status}`"));
     }
-    Ok(buf[end + 4..].to_vec())
+    Ok(&answer[end + 4..])
 }
 
 /// Polls every endpoint once.

@@ -17,6 +17,9 @@ pub use types::{DataType, Device, ReduceOp};
 pub mod algos;
 pub mod comm;
 pub mod engine;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod gpe;
 pub mod mixed;
 pub mod nvl;

@@ -52,8 +52,23 @@ pub(crate) fn read_file(path: &Path) -> Result<BTreeMap<String, String>, Error> 
             )))
         }
     };
+    let text = std::fs::read_to_string(path).map_err(|e| file_err(e.to_string()))?;
+    parse_text(&text, format, path)
+}
+
+/// Parses the text of a configuration file in `format`; `path` is for messages only. Apart
+/// from [`read_file`] so that it can be fuzzed without files.
+pub(crate) fn parse_text(
+    text: &str,
+    format: config::FileFormat,
+    path: &Path,
+) -> Result<BTreeMap<String, String>, Error> {
+    let file_err = |reason: String| Error::ConfigFile {
+        path: path.to_path_buf(),
+        reason,
+    };
     let cfg = config::Config::builder()
-        .add_source(config::File::from(path).format(format).required(true))
+        .add_source(config::File::from_str(text, format))
         .build()
         .map_err(|e| file_err(e.to_string()))?;
     let map = config::Source::collect(&cfg).map_err(|e| file_err(e.to_string()))?;

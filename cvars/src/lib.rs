@@ -38,6 +38,9 @@ use std::sync::{Arc, RwLock};
 
 mod error;
 mod file;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod markdown;
 mod parse;
 mod spec;

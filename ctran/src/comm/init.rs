@@ -254,24 +254,19 @@ fn connect_with_store(
     let mut addrs = Vec::with_capacity(size);
     for r in 0..size {
         let raw = store.get(&format!("addr/{r}"), left())?;
-        let text = String::from_utf8_lossy(&raw);
         addrs.push(
-            text.parse::<SocketAddr>()
-                .map_err(|_| fail(format!("rank {r} published a bad address {text:?}")))?,
+            decode_addr(&raw)
+                .map_err(|text| fail(format!("rank {r} published a bad address {text:?}")))?,
         );
     }
     let mut hosts = Vec::with_capacity(size);
     let mut cpus = Vec::with_capacity(size);
     for r in 0..size {
         let raw = store.get(&format!("host/{r}"), left())?;
-        let (id, rank_cpus) = raw.split_at(8.min(raw.len()));
-        match (id.try_into(), RankCpus::from_bytes(rank_cpus)) {
-            (Ok(id), Some(c)) => {
-                hosts.push(u64::from_le_bytes(id));
-                cpus.push(c);
-            }
-            _ => return Err(fail(format!("rank {r} published a bad host record"))),
-        }
+        let (id, c) = decode_host(&raw)
+            .ok_or_else(|| fail(format!("rank {r} published a bad host record")))?;
+        hosts.push(id);
+        cpus.push(c);
     }
     let plan = MeshPlan {
         comm: config.name.clone(),
@@ -287,6 +282,26 @@ fn connect_with_store(
     // Nobody leaves before everybody has read the store, so the store can go away right after.
     comm.run(Op::Barrier, Some(left().max(Duration::from_millis(1))))?;
     Ok(comm)
+}
+
+/// The communicator's secret as rank 0 published it in the store.
+fn decode_secret(raw: &[u8]) -> Option<[u8; 16]> {
+    raw.try_into().ok()
+}
+
+/// A rank's listening address as it published it in the store (text); the text on failure.
+fn decode_addr(raw: &[u8]) -> std::result::Result<SocketAddr, String> {
+    let text = String::from_utf8_lossy(raw);
+    text.parse().map_err(|_| text.into_owned())
+}
+
+/// A rank's host record from the store: host id, then its CPUs.
+fn decode_host(raw: &[u8]) -> Option<(u64, RankCpus)> {
+    let (id, rank_cpus) = raw.split_at_checked(8)?;
+    Some((
+        u64::from_le_bytes(id.try_into().ok()?),
+        RankCpus::from_bytes(rank_cpus)?,
+    ))
 }
 
 /// What each parent rank tells the others during a split, as it is on the wire (fixed size, so
@@ -354,7 +369,7 @@ struct Record {
     cpus: RankCpus,
 }
 
-fn decode_record(b: &[u8]) -> Record {
+fn decode_record(b: &[u8; RECORD]) -> Record {
     // The gathered buffer gives no alignment: read the record by value.
     let w: WireRecord = bytemuck::pod_read_unaligned(b);
     let ip6 = Ipv6Addr::from(w.ip6);
@@ -432,7 +447,10 @@ fn split_inner(
     let Some((listener, _)) = listener else {
         return Ok(None);
     };
-    let records: Vec<Record> = gathered.chunks_exact(RECORD).map(decode_record).collect();
+    let records: Vec<Record> = gathered
+        .chunks_exact(RECORD)
+        .map(|c| decode_record(c.try_into().expect("chunks of RECORD bytes")))
+        .collect();
     let mut addrs = Vec::with_capacity(ranks.len());
     let mut hosts = Vec::with_capacity(ranks.len());
     let mut cpus = Vec::with_capacity(ranks.len());
@@ -489,6 +507,35 @@ fn split_inner(
     child.map(Some)
 }
 
+/// Fuzzing entry of the decoders of what other ranks published (feature `fuzzing`): the first
+/// byte picks the record, the rest is its bytes.
+#[cfg(feature = "fuzzing")]
+pub(crate) fn fuzz_records(data: &[u8]) {
+    let Some((&which, raw)) = data.split_first() else {
+        return;
+    };
+    match which % 4 {
+        0 => {
+            let _ = decode_secret(raw);
+        }
+        1 => {
+            let _ = decode_addr(raw);
+        }
+        2 => {
+            if let Some((_, cpus)) = decode_host(raw) {
+                // What the host's cores are computed from; must not panic on any mask.
+                super::cpus::host_cores([&cpus]);
+            }
+        }
+        _ => {
+            for c in raw.chunks_exact(RECORD) {
+                let r = decode_record(c.try_into().expect("chunks of RECORD bytes"));
+                super::cpus::host_cores([&r.cpus]);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -508,7 +555,7 @@ mod tests {
         assert_eq!(b[56..58], 4567u16.to_le_bytes());
         assert_eq!(b[58..64], [0; 6]);
         assert_eq!(b[64..72], host_id().to_le_bytes());
-        let r = decode_record(&b[..]);
+        let r = decode_record(&b);
         assert_eq!(
             (r.color, r.index, r.list_hash, r.addr),
             (Some(2), 5, 0xABCD, addr)

@@ -28,6 +28,8 @@ use crate::transport::mapper::Mapper;
 use crate::transport::socket::Waker;
 pub use config::CommConfig;
 use executor::{Command, Executor, Task};
+#[cfg(feature = "fuzzing")]
+pub(crate) use init::fuzz_records;
 pub(crate) use init::host_id;
 pub use op::{Op, P2p};
 pub use request::{Request, RequestStatus};

@@ -5,7 +5,9 @@ use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::protocol::{Request, CHECK_READY, VALIDATION_MAGIC, WAIT_CANCELED, WAIT_STOP_WAITING};
+use super::protocol::{
+    Request, CHECK_READY, MAX_VALUE_LEN, VALIDATION_MAGIC, WAIT_CANCELED, WAIT_STOP_WAITING,
+};
 use crate::bootstrap::Store;
 use crate::error::{Error, Result};
 
@@ -20,10 +22,27 @@ const MAX_IDLE: usize = 4;
 /// How long to wait for the server to answer `CANCEL_WAIT` after a wait timed out.
 const CANCEL_GRACE: Duration = Duration::from_secs(30);
 
-/// One validated connection to the server.
+/// One validated connection to the server. Generic over the byte stream so that the reply
+/// decoding can be fuzzed without a socket (see `fuzz` below); the client uses TCP.
 #[derive(Debug)]
-struct Conn {
-    stream: TcpStream,
+struct Conn<S = TcpStream> {
+    stream: S,
+}
+
+/// What [`Conn`] needs of its stream: bytes both ways, with per-call deadlines.
+trait Wire: Read + Write {
+    fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()>;
+    fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()>;
+}
+
+impl Wire for TcpStream {
+    fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        TcpStream::set_read_timeout(self, t)
+    }
+
+    fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        TcpStream::set_write_timeout(self, t)
+    }
 }
 
 /// An I/O failure or a reply that makes no sense; either way the connection is discarded.
@@ -68,7 +87,7 @@ impl std::fmt::Display for Failure {
     }
 }
 
-impl Conn {
+impl<S: Wire> Conn<S> {
     fn send(&mut self, req: &Request, deadline: Instant) -> Result<(), Failure> {
         let bytes = req.encode();
         let mut sent = 0;
@@ -117,7 +136,13 @@ impl Conn {
     }
 
     fn bytes(&mut self, deadline: Instant) -> Result<Vec<u8>, Failure> {
-        let len = self.i64(deadline)? as u64;
+        let len = self.i64(deadline)?;
+        // A length no server of ours would send (negative, or past what a server accepts) means
+        // the stream is out of step: fail now rather than read gigabytes into a key.
+        let len = u64::try_from(len)
+            .ok()
+            .filter(|&l| l <= MAX_VALUE_LEN)
+            .ok_or_else(|| Failure::Protocol(format!("a value of {len} bytes")))?;
         // Grow as bytes arrive instead of trusting the length for one allocation.
         let mut out = Vec::with_capacity(len.min(1 << 20) as usize);
         let mut left = len;
@@ -136,9 +161,15 @@ impl Conn {
     fn wait(&mut self, keys: Vec<Vec<u8>>, wait_deadline: Instant) -> Result<bool, Failure> {
         // Sending gets its own deadline: a zero wait timeout still asks the server once.
         self.send(&Request::Wait { keys }, Instant::now() + CANCEL_GRACE)?;
+        self.stop_waiting("WAIT", wait_deadline)
+    }
+
+    /// Reads the answer to a WAIT or BARRIER (`what`) until `wait_deadline`; on timeout,
+    /// withdraws it with CANCEL_WAIT. `Ok(false)` means timed out.
+    fn stop_waiting(&mut self, what: &str, wait_deadline: Instant) -> Result<bool, Failure> {
         match self.u8(wait_deadline) {
             Ok(WAIT_STOP_WAITING) => return Ok(true),
-            Ok(other) => return Err(Failure::Protocol(format!("WAIT answered {other}"))),
+            Ok(other) => return Err(Failure::Protocol(format!("{what} answered {other}"))),
             Err(Failure::Io(e)) if e.kind() == io::ErrorKind::TimedOut => {}
             Err(e) => return Err(e),
         }
@@ -153,6 +184,40 @@ impl Conn {
                 other => Err(Failure::Protocol(format!("CANCEL_WAIT answered {other}"))),
             },
             other => Err(Failure::Protocol(format!("CANCEL_WAIT answered {other}"))),
+        }
+    }
+
+    /// The answer to PING `nonce`.
+    fn pong(&mut self, nonce: u32, deadline: Instant) -> Result<(), Failure> {
+        match self.u32(deadline)? {
+            n if n == nonce => Ok(()),
+            n => Err(Failure::Protocol(format!("PING {nonce} answered {n}"))),
+        }
+    }
+
+    /// The answer to LIST_KEYS: a count, then that many keys, `/` prefix removed.
+    fn key_list(&mut self, deadline: Instant) -> Result<Vec<String>, Failure> {
+        let n = self.i64(deadline)?;
+        if n < 0 {
+            return Err(Failure::Protocol(format!("LIST_KEYS answered {n} keys")));
+        }
+        // No allocation from the count: keys are collected as they arrive.
+        (0..n)
+            .map(|_| {
+                let k = self.bytes(deadline)?;
+                let k = String::from_utf8_lossy(&k).into_owned();
+                Ok(k.strip_prefix(KEY_PREFIX).map(str::to_owned).unwrap_or(k))
+            })
+            .collect()
+    }
+
+    /// The answer to QUEUE_POP: the queue's length before the pop, then the item if there was
+    /// one.
+    fn popped(&mut self, deadline: Instant) -> Result<Option<Vec<u8>>, Failure> {
+        if self.i64(deadline)? > 0 {
+            Ok(Some(self.bytes(deadline)?))
+        } else {
+            Ok(None)
         }
     }
 }
@@ -324,10 +389,7 @@ impl TcpStoreClient {
         self.with_conn("ping", "", self.op_deadline(), |c| {
             let d = Instant::now() + self.timeout;
             c.send(&Request::Ping { nonce }, d)?;
-            match c.u32(d)? {
-                n if n == nonce => Ok(()),
-                n => Err(Failure::Protocol(format!("PING {nonce} answered {n}"))),
-            }
+            c.pong(nonce, d)
         })
     }
 
@@ -390,14 +452,7 @@ impl TcpStoreClient {
         let d = self.op_deadline();
         self.with_conn("list_keys", "", d, |c| {
             c.send(&Request::ListKeys, d)?;
-            let n = c.i64(d)?;
-            (0..n)
-                .map(|_| {
-                    let k = c.bytes(d)?;
-                    let k = String::from_utf8_lossy(&k).into_owned();
-                    Ok(k.strip_prefix(KEY_PREFIX).map(str::to_owned).unwrap_or(k))
-                })
-                .collect()
+            c.key_list(d)
         })
     }
 
@@ -425,11 +480,7 @@ impl TcpStoreClient {
         let d = self.op_deadline();
         self.with_conn("queue_pop", key, d, |c| {
             c.send(&Request::QueuePop { key: wire_key(key) }, d)?;
-            if c.i64(d)? > 0 {
-                Ok(Some(c.bytes(d)?))
-            } else {
-                Ok(None)
-            }
+            c.popped(d)
         })
     }
 
@@ -454,22 +505,7 @@ impl TcpStoreClient {
                 },
                 self.op_deadline(),
             )?;
-            match c.u8(deadline) {
-                Ok(WAIT_STOP_WAITING) => return Ok(true),
-                Ok(other) => return Err(Failure::Protocol(format!("BARRIER answered {other}"))),
-                Err(Failure::Io(e)) if e.kind() == io::ErrorKind::TimedOut => {}
-                Err(e) => return Err(e),
-            }
-            let grace = Instant::now() + CANCEL_GRACE;
-            c.send(&Request::CancelWait, grace)?;
-            match c.u8(grace)? {
-                WAIT_CANCELED => Ok(false),
-                WAIT_STOP_WAITING => match c.u8(grace)? {
-                    WAIT_CANCELED => Ok(true),
-                    other => Err(Failure::Protocol(format!("CANCEL_WAIT answered {other}"))),
-                },
-                other => Err(Failure::Protocol(format!("CANCEL_WAIT answered {other}"))),
-            }
+            c.stop_waiting("BARRIER", deadline)
         })?;
         if done {
             Ok(())
@@ -519,10 +555,7 @@ fn open(host: &str, port: u16, deadline: Instant) -> Result<Conn, String> {
                 deadline,
             )?;
             conn.send(&Request::Ping { nonce }, deadline)?;
-            match conn.u32(deadline)? {
-                n if n == nonce => Ok(()),
-                n => Err(Failure::Protocol(format!("PING {nonce} answered {n}"))),
-            }
+            conn.pong(nonce, deadline)
         })();
         match handshake {
             Ok(()) => return Ok(conn),
@@ -632,5 +665,68 @@ impl Store for TcpStoreClient {
 
     fn local_addr_hint(&self) -> Option<IpAddr> {
         Some(self.local_ip)
+    }
+}
+
+/// Fuzzing entry of the reply decoding (feature `fuzzing`): a [`Conn`] over bytes instead of a
+/// socket, so a fuzzer plays a hostile or broken server.
+#[cfg(feature = "fuzzing")]
+pub(super) mod fuzz {
+    use super::*;
+
+    /// A stream whose reads return the fuzzer's bytes, then end of file; writes are dropped.
+    struct Bytes<'a>(&'a [u8]);
+
+    impl Read for Bytes<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            self.0.read(buf)
+        }
+    }
+
+    impl Write for Bytes<'_> {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Wire for Bytes<'_> {
+        fn set_read_timeout(&self, _: Option<Duration>) -> io::Result<()> {
+            Ok(())
+        }
+
+        fn set_write_timeout(&self, _: Option<Duration>) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Reads `data` as a server's replies: each reply is one selector byte (which request the
+    /// client made) followed by what the server answered. Stops at the first failure, as the
+    /// client closes the connection then.
+    pub fn replies(data: &[u8]) {
+        let mut c = Conn {
+            stream: Bytes(data),
+        };
+        let d = Instant::now() + Duration::from_secs(60);
+        loop {
+            let Ok(op) = c.u8(d) else { return };
+            let ok = match op % 9 {
+                0 => c.pong(0x1234_5678, d).is_ok(),
+                1 => c.i64(d).is_ok(),
+                2 => c.bytes(d).is_ok(),
+                3 => c.stop_waiting("WAIT", d).is_ok(),
+                4 => c.key_list(d).is_ok(),
+                5 => c.popped(d).is_ok(),
+                6 => c.u8(d).is_ok(),
+                7 => (0..op / 9).all(|_| c.bytes(d).is_ok()),
+                _ => c.wait(vec![b"/k".to_vec()], d).is_ok(),
+            };
+            if !ok {
+                return;
+            }
+        }
     }
 }

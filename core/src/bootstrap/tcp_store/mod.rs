@@ -38,6 +38,15 @@ use std::time::Duration;
 pub use client::TcpStoreClient;
 pub use server::{StoreLimits, TcpStoreServer};
 
+/// Entry points for the fuzz targets (`fuzz/`): the decoders of both ends of the protocol.
+/// Not an API: present only with the `fuzzing` feature.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzz {
+    pub use super::client::fuzz::replies as client_replies;
+    pub use super::server::fuzz::{requests as server_requests, sample_session};
+}
+
 use crate::bootstrap::Store;
 use crate::error::Result;
 

@@ -11,6 +11,8 @@
 mod conn;
 mod daemon;
 mod db;
+#[cfg(feature = "fuzzing")]
+pub(super) mod fuzz;
 
 use std::io::{self, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, ToSocketAddrs};

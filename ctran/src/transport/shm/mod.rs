@@ -12,6 +12,7 @@ mod futex;
 pub(crate) mod layout;
 pub(crate) mod node;
 mod segment;
+pub(crate) mod slot;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::Ordering;
@@ -22,6 +23,7 @@ use crate::span::Span;
 use crate::transport::{OpTag, ReqId, TransportError, AGREEMENT_CHECK_AFTER};
 pub(crate) use layout::Sizes;
 use node::{Node, WaitEnd};
+use slot::{fifo_used, Slot as SlotHeader};
 
 /// Finds out whether every local rank can read every other's memory: each publishes the address
 /// and value of a word of its own, reads every peer's word with `process_vm_readv`, and publishes
@@ -442,11 +444,17 @@ impl ShmTransport {
             // Sends: fill free slots of the FIFO me -> l.
             let pair = self.node.layout().pair(me, l);
             let mut finished = Vec::new();
+            let mut error = None;
             while let Some(s) = self.sends[l].front_mut() {
                 let idx = self.node.fifo(pair);
                 let head = idx.head.load(Ordering::Relaxed);
-                if head - idx.tail.load(Ordering::Acquire) >= k {
-                    break;
+                match fifo_used(head, idx.tail.load(Ordering::Acquire), k, self.global_of[l]) {
+                    Ok(used) if used < k => {}
+                    Ok(_) => break,
+                    Err(e) => {
+                        error = Some(e);
+                        break;
+                    }
                 }
                 let slot = self.node.fifo_slot(pair, (head % k) as usize);
                 let n = (s.data.len() - s.sent).min(slot.payload.len());
@@ -458,7 +466,7 @@ impl ShmTransport {
                 slot.chunk_len.store(n as u64, Ordering::Relaxed);
                 slot.tag_word.store(s.tag.word, Ordering::Relaxed);
                 slot.tag_seq.store(s.tag.seq, Ordering::Relaxed);
-                idx.head.store(head + 1, Ordering::Release);
+                idx.head.store(head.wrapping_add(1), Ordering::Release);
                 self.node.ring(l);
                 s.sent += n;
                 s.started = true;
@@ -481,15 +489,21 @@ impl ShmTransport {
             }
             // Receives: drain filled slots of the FIFO l -> me.
             let pair = self.node.layout().pair(l, me);
-            let mut error = None;
             while let Some(r) = self.recvs[l].front_mut() {
-                let idx = self.node.fifo(pair);
-                let tail = idx.tail.load(Ordering::Relaxed);
-                if tail == idx.head.load(Ordering::Acquire) {
+                if error.is_some() {
                     break;
                 }
+                let idx = self.node.fifo(pair);
+                let tail = idx.tail.load(Ordering::Relaxed);
+                match fifo_used(idx.head.load(Ordering::Acquire), tail, k, self.global_of[l]) {
+                    Ok(0) => break,
+                    Ok(_) => {}
+                    Err(e) => {
+                        error = Some(e);
+                        break;
+                    }
+                }
                 let slot = self.node.fifo_slot(pair, (tail % k) as usize);
-                let total = slot.msg_len.load(Ordering::Relaxed) as usize;
                 let got = OpTag {
                     word: slot.tag_word.load(Ordering::Relaxed),
                     seq: slot.tag_seq.load(Ordering::Relaxed),
@@ -503,30 +517,29 @@ impl ShmTransport {
                     });
                     break;
                 }
-                if !r.started && total != r.data.len() {
-                    error = Some(TransportError::SizeMismatch {
-                        peer,
-                        expected: r.data.len(),
-                        got: total,
-                    });
-                    break;
-                }
                 // The peer's words are not trusted: a chunk never runs past the slot or the
                 // receive buffer.
-                let n = slot.chunk_len.load(Ordering::Relaxed) as usize;
+                let header = SlotHeader {
+                    msg_len: slot.msg_len.load(Ordering::Relaxed),
+                    chunk_len: slot.chunk_len.load(Ordering::Relaxed),
+                };
                 let left = r.data.len() - r.got;
-                if n > slot.payload.len() || n > left || (n == 0 && left > 0) {
-                    error = Some(TransportError::PeerLost {
+                let n = match header.check(r.started, r.data.len(), r.got, slot.payload.len(), peer) {
+                    Ok(0) if left > 0 => Err(TransportError::PeerLost {
                         peer,
-                        reason: format!(
-                            "corrupt shared-memory message: a chunk of {n} bytes where at most {} remain",
-                            (r.data.len() - r.got).min(slot.payload.len())
-                        ),
-                    });
-                    break;
-                }
+                        reason: "corrupt shared-memory slot: an empty chunk of an unfinished message".into(),
+                    }),
+                    checked => checked,
+                };
+                let n = match n {
+                    Ok(n) => n,
+                    Err(e) => {
+                        error = Some(e);
+                        break;
+                    }
+                };
                 r.data.sub(r.got, n).copy_from(&slot.payload.sub(0, n));
-                idx.tail.store(tail + 1, Ordering::Release);
+                idx.tail.store(tail.wrapping_add(1), Ordering::Release);
                 self.node.ring(l);
                 r.got += n;
                 r.started = true;
@@ -554,8 +567,13 @@ impl ShmTransport {
         (0..node.nlocal()).filter(|&l| l != me).any(|l| {
             let out = node.fifo(node.layout().pair(me, l));
             let inn = node.fifo(node.layout().pair(l, me));
+            // A corrupt index (used > k) counts as ready: the pass reports it.
             (!self.sends[l].is_empty()
-                && out.head.load(Ordering::Relaxed) - out.tail.load(Ordering::Acquire) < k)
+                && out
+                    .head
+                    .load(Ordering::Relaxed)
+                    .wrapping_sub(out.tail.load(Ordering::Acquire))
+                    != k)
                 || self.unconfirmed[l]
                     .front()
                     .is_some_and(|&first| first < out.tail.load(Ordering::Acquire))

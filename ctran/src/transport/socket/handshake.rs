@@ -27,7 +27,7 @@ use super::mesh::MeshPlan;
 
 const HELLO_MAGIC: &[u8; 8] = b"TCRSHEL2";
 const HELLO_VERSION: u32 = 2;
-pub(super) const HELLO_LEN: usize = 64;
+pub(crate) const HELLO_LEN: usize = 64;
 const CHALLENGE_LEN: usize = 64;
 const PROOF_LEN: usize = 32;
 const SERVER_LABEL: &[u8] = b"torchcomms-rs mesh server proof v2";
@@ -303,7 +303,7 @@ impl Shake {
 }
 
 /// Checks a HELLO from an accepted connection; returns the peer's rank or why it was refused.
-pub(super) fn check_hello(h: &[u8], plan: &MeshPlan, connected: &[bool]) -> Result<usize, String> {
+pub(crate) fn check_hello(h: &[u8], plan: &MeshPlan, connected: &[bool]) -> Result<usize, String> {
     if &h[..8] != HELLO_MAGIC {
         return Err("not a torchcomms-rs peer (bad magic)".into());
     }

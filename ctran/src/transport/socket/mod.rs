@@ -7,7 +7,7 @@
 
 mod conn;
 pub mod frame;
-mod handshake;
+pub(crate) mod handshake;
 pub mod mesh;
 mod waker;
 
@@ -22,6 +22,9 @@ use crate::span::Span;
 use crate::transport::{OpTag, ReqId, Transport, TransportError};
 use conn::Conn;
 pub use mesh::{MeshPlan, SocketConfig};
+
+/// The frame header check, for the fuzz target (`crate::fuzzing`).
+#[cfg(feature = "fuzzing")]
 pub use waker::Waker;
 
 /// How long a failing rank keeps finishing a half-sent message so that its abort notice can

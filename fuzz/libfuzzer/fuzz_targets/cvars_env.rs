@@ -1,0 +1,6 @@
+#![no_main]
+//! libFuzzer driver of the `cvars_env` target (body in `torchcomms-fuzz`).
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| (torchcomms_fuzz::target("cvars_env")
+    .expect("a target")
+    .run)(data));
