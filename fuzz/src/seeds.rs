@@ -56,12 +56,28 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         b.extend(seq.to_le_bytes());
         b
     };
-    add("socket_frame", "data", frame(0, 5, 0x00FF_FFFF_FF00_0002, 3));
-    add("socket_frame", "confirmed", frame(8, 64, 0x0000_0000_0100_0004, 9));
+    add(
+        "socket_frame",
+        "data",
+        frame(0, 5, 0x00FF_FFFF_FF00_0002, 3),
+    );
+    add(
+        "socket_frame",
+        "confirmed",
+        frame(8, 64, 0x0000_0000_0100_0004, 9),
+    );
     add("socket_frame", "abort", frame(1, 12, 0, 0));
     add("socket_frame", "bye", frame(2, 0, 0, 0));
-    add("socket_frame", "probe", frame(4, 0, 0x00FF_FFFF_FF00_0006, 11));
-    add("socket_frame", "ack", frame(16, 0, 0x0000_0000_0100_0003, 10));
+    add(
+        "socket_frame",
+        "probe",
+        frame(4, 0, 0x00FF_FFFF_FF00_0006, 11),
+    );
+    add(
+        "socket_frame",
+        "ack",
+        frame(16, 0, 0x0000_0000_0100_0003, 10),
+    );
 
     // A hello as `handshake.rs` writes it: rank 0 greets rank 1 of 2.
     let mut hello = b"TCRSHEL2".to_vec();

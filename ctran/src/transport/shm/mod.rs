@@ -524,10 +524,13 @@ impl ShmTransport {
                     chunk_len: slot.chunk_len.load(Ordering::Relaxed),
                 };
                 let left = r.data.len() - r.got;
-                let n = match header.check(r.started, r.data.len(), r.got, slot.payload.len(), peer) {
+                let n = match header.check(r.started, r.data.len(), r.got, slot.payload.len(), peer)
+                {
                     Ok(0) if left > 0 => Err(TransportError::PeerLost {
                         peer,
-                        reason: "corrupt shared-memory slot: an empty chunk of an unfinished message".into(),
+                        reason:
+                            "corrupt shared-memory slot: an empty chunk of an unfinished message"
+                                .into(),
                     }),
                     checked => checked,
                 };

@@ -3,36 +3,50 @@
 //! Lives under `server` because the key-value state ([`Db`]) is private to it; the fuzz crate
 //! reaches it through `tcp_store::fuzz`.
 
+use super::super::decode::Decoder;
 use super::super::protocol::Request;
 use super::db::{ConnId, Db, Outbox};
 
-/// Decodes `data` as the bytes clients sent and runs every decoded request against one store,
-/// as the server thread does. Requests go to three connections in turn, so waits, barriers and
+/// Decodes `data` as the bytes clients sent, arriving `first byte % 16 + 1` bytes at a time
+/// (the decoder resumes where it stopped), and runs every decoded request against one store, as
+/// the server thread does. Requests go to three connections in turn, so waits, barriers and
 /// queue pops of one are released by the others. Also checks that every decoded request
 /// encodes back to the bytes it came from.
 pub fn requests(data: &[u8]) {
+    let Some((&step, data)) = data.split_first() else {
+        return;
+    };
+    let step = usize::from(step % 16) + 1;
     let mut db = Db::default();
-    let mut pos = 0;
+    let mut decoder = Decoder::new(1 << 20);
+    let (mut pos, mut start, mut arrived) = (0, 0, step.min(data.len()));
     let mut n: ConnId = 0;
-    while pos < data.len() {
-        let (req, used) = match Request::parse(&data[pos..]) {
-            Ok(Some(r)) => r,
-            // Incomplete: the server waits for more bytes; garbage: it closes the connection.
-            Ok(None) | Err(_) => return,
+    loop {
+        let Ok((used, req)) = decoder.feed(&data[pos..arrived]) else {
+            // Garbage: the server closes the connection.
+            return;
         };
-        assert!(used > 0, "a request consumed no bytes");
-        assert_eq!(
-            req.encode(),
-            data[pos..pos + used],
-            "decoded request does not re-encode to its bytes"
-        );
         pos += used;
-        let conn = n % 3;
-        n += 1;
-        let mut out = Outbox::new();
-        if db.handle(conn, req, &mut out).is_err() {
-            // The server drops the connection and forgets its waits.
-            db.forget(conn);
+        if let Some(req) = req {
+            assert_eq!(
+                req.encode(),
+                data[start..pos],
+                "decoded request does not re-encode to its bytes"
+            );
+            start = pos;
+            let conn = n % 3;
+            n += 1;
+            let mut out = Outbox::new();
+            if db.handle(conn, req, usize::MAX, &mut out).is_err() {
+                // The server drops the connection and forgets its waits.
+                db.forget(conn);
+            }
+        } else if used == 0 {
+            if arrived == data.len() {
+                // Incomplete: the server waits for more bytes.
+                return;
+            }
+            arrived = (arrived + step).min(data.len());
         }
     }
 }
