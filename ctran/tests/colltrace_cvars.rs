@@ -72,7 +72,14 @@ fn every_variable_the_code_reads_is_declared() {
     assert!(files.len() > 20, "found only {} source files", files.len());
     // Launcher variables describe the job, they are not tunables (docs/cvars.md says so).
     // torchcomms-perf's launcher names each rank's CPUs with `--bind`.
-    let launcher = ["TORCHCOMM_RANK", "TORCHCOMM_SIZE", "TORCHCOMMS_PERF_CPUS"];
+    // The job key is a secret from the launcher, deliberately not a cvar: cvar listings and
+    // dumps must never show it (docs/security.md).
+    let launcher = [
+        "TORCHCOMM_RANK",
+        "TORCHCOMM_SIZE",
+        "TORCHCOMMS_PERF_CPUS",
+        "TORCHCOMMS_JOB_KEY",
+    ];
     let mut missing = Vec::new();
     for f in files
         .iter()
@@ -148,6 +155,7 @@ fn only_launcher_and_system_inputs_are_read_directly() {
         "PYTHONPATH",
         "PYTHONUSERBASE",
         "XDG_CACHE_HOME",
+        "XDG_RUNTIME_DIR",
         "HOME",
         // Test binaries' own switches (not library tunables).
         "GPU_TEST_NRANKS",
@@ -158,6 +166,8 @@ fn only_launcher_and_system_inputs_are_read_directly() {
         "cvars/src/lib.rs",
         "core/src/bootstrap/env.rs",
         "core/src/bootstrap/rendezvous.rs",
+        // The job key, a secret that is not a cvar (see above).
+        "core/src/bootstrap/auth.rs",
         "cuda/src/libs.rs",
         // Upstream's TORCHCOMMS_BACKEND_LIB_PATH_<BACKEND>, only named in an error message.
         "bindings/python/src/create.rs",
