@@ -23,8 +23,6 @@ use crate::transport::{OpTag, ReqId, Transport, TransportError};
 use conn::Conn;
 pub use mesh::{MeshPlan, SocketConfig};
 
-/// The frame header check, for the fuzz target (`crate::fuzzing`).
-#[cfg(feature = "fuzzing")]
 pub use waker::Waker;
 
 /// How long a failing rank keeps finishing a half-sent message so that its abort notice can
