@@ -215,7 +215,12 @@ impl Executor {
                 Command::Step(step) => self.run_step(step),
                 Command::Shutdown(reply) => {
                     self.write_unwritten();
-                    self.drain_inflight();
+                    // An aborted (failed) communicator's transfers can never finish: waiting
+                    // for them would hold the abort until their deadlines.
+                    match self.shared.failure() {
+                        Some(err) => self.fail_inflight(&err),
+                        None => self.drain_inflight(),
+                    }
                     let _ = reply.send(());
                     break;
                 }
@@ -517,6 +522,14 @@ impl Executor {
         }
     }
 
+    /// Fails every in-flight transfer with `err`: after a failure none can finish.
+    fn fail_inflight(&mut self, err: &Error) {
+        for f in self.inflight.drain(..) {
+            f.task
+                .complete(&mut self.tracer, &self.shared.tasks_done, Err(err.clone()));
+        }
+    }
+
     fn fail_task(&mut self, mut task: Task, err: Error) {
         tracing::error!(comm = %self.shared.name, rank = self.shared.rank, "{err}");
         // The trace shows this op failed before the failure dumps it; the caller wakes after
@@ -534,13 +547,7 @@ impl Executor {
         self.write_unwritten();
         let wrapped = self.shared.set_failed(err.clone());
         self.net.abort(&err.to_string());
-        for f in self.inflight.drain(..) {
-            f.task.complete(
-                &mut self.tracer,
-                &self.shared.tasks_done,
-                Err(wrapped.clone()),
-            );
-        }
+        self.fail_inflight(&wrapped);
         super::trace::report_failure(&self.shared.trace, &err);
         if self.shared.abort_process_on_error {
             tracing::error!(
