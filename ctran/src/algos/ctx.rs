@@ -79,24 +79,21 @@ impl<'a> OpCtx<'a> {
                 peer,
                 expected,
                 got,
-            } => Error::Mismatch {
-                op: self.op.into(),
-                seq: self.seq,
-                rank: self.rank,
+            } => self.mismatch(
                 peer,
-                detail: format!("this rank expected {expected} bytes, the peer sent {got}"),
-            },
+                format!("this rank expected {expected} bytes, the peer sent {got}"),
+            ),
             TransportError::Disagree {
                 peer,
                 expected,
                 got,
-            } => Error::Mismatch {
-                op: self.op.into(),
-                seq: self.seq,
-                rank: self.rank,
+            } => self.mismatch(
                 peer,
-                detail: format!("ranks disagree about the operation: this rank runs {expected}, peer {peer} runs {got}"),
-            },
+                format!(
+                    "ranks disagree about the operation: this rank runs {expected}, peer {peer} \
+                     runs {got}"
+                ),
+            ),
             TransportError::Aborted => Error::Aborted {
                 comm: String::new(),
                 reason: format!(
@@ -104,6 +101,16 @@ impl<'a> OpCtx<'a> {
                     self.op, self.seq, self.rank
                 ),
             },
+        }
+    }
+
+    fn mismatch(&self, peer: usize, detail: String) -> Error {
+        Error::Mismatch {
+            op: self.op.into(),
+            seq: self.seq,
+            rank: self.rank,
+            peer,
+            detail,
         }
     }
 
@@ -124,8 +131,18 @@ impl<'a> OpCtx<'a> {
 
     /// Waits for one request, moving every other posted request forward meanwhile.
     pub fn wait(&mut self, req: ReqId) -> Result<()> {
+        self.progress_until(|net| net.test(req), |net| net.peer_of(req))
+    }
+
+    /// Moves every posted request forward until `done` says so, failing at the deadline
+    /// (naming the peer `waited_on` gives).
+    fn progress_until(
+        &mut self,
+        mut done: impl FnMut(&mut dyn Transport) -> std::result::Result<bool, TransportError>,
+        waited_on: impl Fn(&dyn Transport) -> Option<usize>,
+    ) -> Result<()> {
         loop {
-            match self.net.test(req) {
+            match done(&mut *self.net) {
                 Ok(true) => return Ok(()),
                 Ok(false) => {}
                 Err(e) => return Err(self.error(e)),
@@ -135,7 +152,7 @@ impl<'a> OpCtx<'a> {
                     op: self.op.into(),
                     seq: self.seq,
                     rank: self.rank,
-                    peer: self.net.peer_of(req),
+                    peer: waited_on(&*self.net),
                     timeout: self.timeout,
                 });
             }
@@ -158,25 +175,7 @@ impl<'a> OpCtx<'a> {
     /// [`OpTag::needs_confirmation`]), so a rank whose part was only sending fails with a
     /// receiver that refused its message instead of succeeding alone.
     pub fn wait_confirmed(&mut self) -> Result<()> {
-        loop {
-            match self.net.unconfirmed() {
-                Ok(false) => return Ok(()),
-                Ok(true) => {}
-                Err(e) => return Err(self.error(e)),
-            }
-            if Instant::now() >= self.deadline {
-                return Err(Error::Timeout {
-                    op: self.op.into(),
-                    seq: self.seq,
-                    rank: self.rank,
-                    peer: None,
-                    timeout: self.timeout,
-                });
-            }
-            self.net
-                .progress(self.deadline, false)
-                .map_err(|e| self.error(e))?;
-        }
+        self.progress_until(|net| net.unconfirmed().map(|waiting| !waiting), |_| None)
     }
 
     /// Waits for every request in `reqs` and empties it.

@@ -245,10 +245,8 @@ fn connect_with_store(
     host.extend_from_slice(&RankCpus::of_this_thread().to_bytes());
     store.set(&format!("host/{rank}"), &host)?;
     let left = || deadline.saturating_duration_since(Instant::now());
-    let nonce = store.get("nonce", left())?;
-    if nonce.len() != 16 {
-        return Err(fail("the store holds a malformed nonce".into()));
-    }
+    let nonce = decode_nonce(&store.get("nonce", left())?)
+        .ok_or_else(|| fail("the store holds a malformed nonce".into()))?;
     let derived = key.comm_secret(store.prefix(), &nonce);
     let secret: [u8; 16] = derived[..16].try_into().expect("16 of 32 bytes");
     let mut addrs = Vec::with_capacity(size);
@@ -284,8 +282,8 @@ fn connect_with_store(
     Ok(comm)
 }
 
-/// The communicator's secret as rank 0 published it in the store.
-fn decode_secret(raw: &[u8]) -> Option<[u8; 16]> {
+/// The communicator's public nonce as rank 0 published it in the store.
+fn decode_nonce(raw: &[u8]) -> Option<[u8; 16]> {
     raw.try_into().ok()
 }
 
@@ -516,7 +514,7 @@ pub(crate) fn fuzz_records(data: &[u8]) {
     };
     match which % 4 {
         0 => {
-            let _ = decode_secret(raw);
+            let _ = decode_nonce(raw);
         }
         1 => {
             let _ = decode_addr(raw);

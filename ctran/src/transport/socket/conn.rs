@@ -291,7 +291,7 @@ impl Conn {
             let frame = frame::decode(&header).map_err(|reason| self.corrupt(reason))?;
             if let Frame::Data { tag, .. } = frame {
                 self.data_waiting = true;
-                return check_probe(self.peer, tag, [current]).map(|()| true);
+                return check_same_op(self.peer, tag, [current]).map(|()| true);
             }
             // A control frame: take its header (peeked whole, so it is there).
             if !matches!((&self.sock).read(&mut header), Ok(HEADER_LEN)) {
@@ -299,7 +299,7 @@ impl Conn {
             }
             match frame {
                 Frame::Bye => self.peer_finished = true,
-                Frame::Probe { tag } => check_probe(self.peer, tag, [current])?,
+                Frame::Probe { tag } => check_same_op(self.peer, tag, [current])?,
                 Frame::Ack { .. } => self.take_ack()?,
                 Frame::Abort { len } => return Err(self.abort_notice(len, Span::EMPTY)),
                 Frame::Data { .. } => {}
@@ -544,7 +544,7 @@ impl Conn {
             }
             frame @ (Frame::Probe { .. } | Frame::Ack { .. }) => {
                 match frame {
-                    Frame::Probe { tag } => check_probe(self.peer, tag, [r.tag, current])?,
+                    Frame::Probe { tag } => check_same_op(self.peer, tag, [r.tag, current])?,
                     _ => self.take_ack()?,
                 }
                 let r = &self.recvs[0];
@@ -577,7 +577,7 @@ impl Conn {
 /// A probe (or a message that arrived early) says the peer runs the operation `got`: a rank
 /// that runs another operation with the same sequence number (one of `mine`) disagrees with it.
 /// Different sequence numbers only mean that one rank is ahead.
-fn check_probe<const N: usize>(
+fn check_same_op<const N: usize>(
     peer: usize,
     got: OpTag,
     mine: [OpTag; N],
