@@ -400,9 +400,13 @@ fn size_mismatch_is_reported_not_hung() {
     });
     let rank1 = results[1].0.as_ref().unwrap_err();
     assert!(rank1.contains("mismatch with peer 0"), "{rank1}");
-    // Rank 0 finished its send; it learns of the failure when it next needs rank 1.
-    let fin0 = results[0].1.as_ref().unwrap_err().to_string();
-    assert!(fin0.contains("lost peer 1"), "{fin0}");
+    // Rank 0 only sends, but a broadcast waits until its receivers accepted the data: its
+    // operation fails too, with rank 1's reason.
+    let rank0 = results[0].0.as_ref().unwrap_err();
+    assert!(
+        rank0.contains("lost peer 1") && rank0.contains("expected 88 bytes, the peer sent 80"),
+        "{rank0}"
+    );
 }
 
 #[test]
