@@ -13,6 +13,13 @@ use torchcomms_core::bootstrap::Store;
 const MIB: usize = 1 << 20;
 const T: Duration = Duration::from_secs(20);
 
+/// The tests measure the process's memory and a client's latency, so they run one at a time.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn rss_bytes() -> usize {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
     let kb: usize = status
@@ -63,6 +70,7 @@ fn limits(max_value: usize, max_bytes: usize) -> StoreLimits {
 /// limit is refused at its header, and our client names the cvar.
 #[test]
 fn stalled_sets_past_the_quota_are_refused_and_memory_stays_bounded() {
+    let _serial = one_at_a_time();
     let server = TcpStoreServer::bind_with("127.0.0.1", 0, limits(16 * MIB, 64 * MIB)).unwrap();
     let port = server.port();
     let before = rss_bytes();
@@ -124,6 +132,7 @@ fn stalled_sets_past_the_quota_are_refused_and_memory_stays_bounded() {
 /// worth of replies (written replies stayed in its buffer before: 1.8 GB behind a 64 MiB mark).
 #[test]
 fn a_slow_readers_reply_buffer_stays_bounded() {
+    let _serial = one_at_a_time();
     let lim = StoreLimits {
         client_buffer: 4 * MIB,
         ..StoreLimits::default()
@@ -174,10 +183,12 @@ fn a_slow_readers_reply_buffer_stays_bounded() {
 }
 
 /// Twenty clients each send a MULTI_SET of 20000 pairs a few pairs at a time; another client's
-/// round trips stay within a small factor of the unloaded ones (each wake-up decoded every
-/// pending request from its start before: 2.8 s per request).
+/// 200 round trips still finish in seconds. When every wake-up decoded each pending request
+/// from its start, a single round trip took seconds, so the bound separates the two designs by
+/// orders of magnitude and does not depend on how busy the machine is.
 #[test]
 fn many_slow_partial_requests_do_not_slow_other_clients() {
+    let _serial = one_at_a_time();
     let server = TcpStoreServer::bind("127.0.0.1", 0).unwrap();
     let port = server.port();
     let client = TcpStoreClient::connect("127.0.0.1", port, T).unwrap();
@@ -217,11 +228,10 @@ fn many_slow_partial_requests_do_not_slow_other_clients() {
     for t in slow {
         t.join().unwrap();
     }
-    let ratio = loaded.as_secs_f64() / alone.as_secs_f64();
-    println!("200 set+get: alone {alone:?}, beside 20 slow requests {loaded:?} (x{ratio:.1})");
+    println!("200 set+get: alone {alone:?}, beside 20 slow requests {loaded:?}");
     assert!(
-        ratio < 20.0 && loaded < Duration::from_secs(10),
-        "x{ratio:.1}"
+        loaded < Duration::from_secs(20),
+        "200 round trips took {loaded:?} beside 20 slow requests (alone {alone:?})"
     );
 }
 
@@ -229,8 +239,9 @@ fn many_slow_partial_requests_do_not_slow_other_clients() {
 /// the handshake timeout.
 #[test]
 fn silent_connections_are_closed_after_the_handshake_timeout() {
+    let _serial = one_at_a_time();
     let lim = StoreLimits {
-        handshake_timeout: Duration::from_secs(1),
+        handshake_timeout: Duration::from_secs(4),
         ..StoreLimits::default()
     };
     let server = TcpStoreServer::bind_with("127.0.0.1", 0, lim).unwrap();
@@ -243,13 +254,13 @@ fn silent_connections_are_closed_after_the_handshake_timeout() {
     client.set("/a", b"1").unwrap();
     assert_eq!(client.get("/a", T).unwrap(), b"1");
     assert!(
-        start.elapsed() < Duration::from_millis(500),
-        "took {:?}",
+        start.elapsed() < Duration::from_secs(3),
+        "a client waited {:?} behind silent connections that time out after 4 s",
         start.elapsed()
     );
     let closed = silent
         .iter_mut()
-        .filter_map(|s| closed_within(s, Duration::from_secs(3)).then_some(()))
+        .filter_map(|s| closed_within(s, Duration::from_secs(8)).then_some(()))
         .count();
     assert_eq!(
         closed, 100,
