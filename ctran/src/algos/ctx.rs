@@ -116,9 +116,8 @@ impl<'a> OpCtx<'a> {
 
     /// Posts a send.
     pub fn send(&mut self, peer: usize, data: Span) -> Result<ReqId> {
-        let confirm = self.tag.needs_confirmation();
         self.net
-            .post_send(peer, data, self.tag, confirm)
+            .post_send(peer, data, self.tag, self.tag.delivery())
             .map_err(|e| self.error(e))
     }
 

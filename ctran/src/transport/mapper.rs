@@ -7,7 +7,7 @@ use crate::engine::select::ShmReach;
 use crate::span::Span;
 use crate::transport::shm::{ShmTransport, ID_BASE};
 use crate::transport::socket::SocketTransport;
-use crate::transport::{OpTag, ReqId, Transport, TransportError};
+use crate::transport::{Delivery, OpTag, ReqId, Transport, TransportError};
 
 /// How long a rank waiting on shared memory goes between checks of the TCP side (traffic to
 /// remote peers, closed local peers).
@@ -69,11 +69,11 @@ impl Transport for Mapper {
         peer: usize,
         data: Span,
         tag: OpTag,
-        confirm: bool,
+        delivery: Delivery,
     ) -> Result<ReqId, TransportError> {
         match &mut self.shm {
-            Some(shm) if shm.reaches(peer) => shm.post_send(peer, data, tag, confirm),
-            _ => self.socket.post_send(peer, data, tag, confirm),
+            Some(shm) if shm.reaches(peer) => shm.post_send(peer, data, tag, delivery),
+            _ => self.socket.post_send(peer, data, tag, delivery),
         }
     }
 

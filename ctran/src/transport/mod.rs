@@ -101,18 +101,32 @@ impl fmt::Display for TransportError {
     }
 }
 
+/// When a send's request finishes, and what becomes of the receiver's acceptance (its check of
+/// the sender's tag and size).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// Finishes once the data left this rank; acceptance is not awaited.
+    Eager,
+    /// Finishes once the data left; acceptance is awaited through [`Transport::unconfirmed`]
+    /// (a collective waits for all of its sends at its end).
+    Confirmed,
+    /// Finishes only once the receiver accepted it, so a point-to-point send whose receiver
+    /// refuses it fails as the receive does (a synchronous send, as MPI_Ssend).
+    Accepted,
+}
+
 /// Moves bytes between this rank and its peers. Single-threaded: the communicator's progress
 /// thread owns it.
 pub trait Transport: Send + fmt::Debug {
     /// Posts a send of `data` to `peer`, on behalf of the operation `tag` names. The memory must
-    /// stay valid until the request finishes. A `confirm`ed send is also tracked until the peer
-    /// accepted it (see [`Transport::unconfirmed`]).
+    /// stay valid until the request finishes. `delivery` says when it finishes and whether the
+    /// receiver's acceptance is awaited ([`Delivery`]).
     fn post_send(
         &mut self,
         peer: usize,
         data: Span,
         tag: OpTag,
-        confirm: bool,
+        delivery: Delivery,
     ) -> Result<ReqId, TransportError>;
 
     /// Whether confirmed sends wait for their receivers to accept them (tag and size checked);

@@ -5,6 +5,7 @@
 
 use std::fmt;
 
+use super::Delivery;
 use crate::types::{DataType, ReduceOp};
 
 /// The kind of operation a tag names.
@@ -125,22 +126,24 @@ impl OpTag {
         OpTag::collective(TagKind::Internal, 0, None, None, None)
     }
 
-    /// Whether senders of this operation wait until their receivers accepted the data: where
-    /// a rank's part can be sending only (a root handing out data, a leaf handing it up, the
-    /// sends of an all_to_all), a receiver that refuses it would otherwise fail alone while
-    /// the sender succeeds. Collectives where every rank receives from a chain that the failing
-    /// rank breaks (all_reduce, all_gather, reduce_scatter, barrier) learn of it anyway.
-    pub fn needs_confirmation(self) -> bool {
-        matches!(
-            self.kind(),
+    /// How the sends of this operation are delivered. Where a rank's part can be sending only
+    /// (a root handing out data, a leaf handing it up, the sends of an all_to_all), a receiver
+    /// that refuses the data would otherwise fail alone while the sender succeeds: collectives
+    /// await their receivers' acceptance at their end, a point-to-point send finishes only once
+    /// its receiver accepted it. Collectives where every rank receives from a chain that the
+    /// failing rank breaks (all_reduce, all_gather, reduce_scatter, barrier) learn of it anyway.
+    pub fn delivery(self) -> Delivery {
+        match self.kind() {
+            Some(TagKind::P2p) => Delivery::Accepted,
             Some(
                 TagKind::Broadcast
-                    | TagKind::Scatter
-                    | TagKind::Gather
-                    | TagKind::Reduce
-                    | TagKind::AllToAll
-            )
-        )
+                | TagKind::Scatter
+                | TagKind::Gather
+                | TagKind::Reduce
+                | TagKind::AllToAll,
+            ) => Delivery::Confirmed,
+            _ => Delivery::Eager,
+        }
     }
 
     fn kind(self) -> Option<TagKind> {

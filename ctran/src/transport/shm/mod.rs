@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::Result;
 use crate::span::Span;
-use crate::transport::{OpTag, ReqId, TransportError, AGREEMENT_CHECK_AFTER};
+use crate::transport::{Delivery, OpTag, ReqId, TransportError, AGREEMENT_CHECK_AFTER};
 pub(crate) use layout::Sizes;
 use node::{Node, WaitEnd};
 use slot::{fifo_used, Slot as SlotHeader};
@@ -142,9 +142,9 @@ struct PendingSend {
     tag: OpTag,
     sent: usize,
     started: bool,
-    /// Tracked until the receiver consumed its first slot (which it does only after checking
-    /// the tag and size).
-    confirm: bool,
+    /// Whether the receiver's consuming its first slot (which it does only after checking the
+    /// tag and size) is awaited.
+    delivery: Delivery,
     /// The FIFO position of its first slot.
     first_slot: u64,
 }
@@ -172,6 +172,9 @@ pub struct ShmTransport {
     /// Per local peer: FIFO positions of the first slots of confirmed messages it has not
     /// consumed yet.
     unconfirmed: Vec<VecDeque<u64>>,
+    /// Per local peer: sends written whose receiver has not accepted them yet
+    /// ([`Delivery::Accepted`]): the first slot's FIFO position and the request.
+    unaccepted: Vec<VecDeque<(u64, u64)>>,
     /// Since when nothing has moved, while requests wait.
     stalled_since: Option<Instant>,
     next_id: u64,
@@ -245,6 +248,7 @@ impl ShmTransport {
             sends: (0..nlocal).map(|_| VecDeque::new()).collect(),
             recvs: (0..nlocal).map(|_| VecDeque::new()).collect(),
             unconfirmed: (0..nlocal).map(|_| VecDeque::new()).collect(),
+            unaccepted: (0..nlocal).map(|_| VecDeque::new()).collect(),
             stalled_since: None,
             next_id: ID_BASE,
             pending: HashMap::new(),
@@ -304,14 +308,14 @@ impl ShmTransport {
         id
     }
 
-    /// Posts a send to a local peer, for the operation `tag` names (`confirm`: see
+    /// Posts a send to a local peer, for the operation `tag` names (`delivery`: see
     /// [`crate::transport::Transport::post_send`]).
     pub fn post_send(
         &mut self,
         peer: usize,
         data: Span,
         tag: OpTag,
-        confirm: bool,
+        delivery: Delivery,
     ) -> Result<ReqId, TransportError> {
         let l = self.local(peer)?;
         let id = self.new_id(peer);
@@ -321,7 +325,7 @@ impl ShmTransport {
             tag,
             sent: 0,
             started: false,
-            confirm,
+            delivery,
             first_slot: 0,
         });
         Ok(ReqId(id))
@@ -412,6 +416,7 @@ impl ShmTransport {
             .drain(..)
             .map(|s| s.id)
             .chain(self.recvs[l].drain(..).map(|r| r.id))
+            .chain(self.unaccepted[l].drain(..).map(|(_, id)| id))
             .collect();
         for id in ids {
             if self.pending.remove(&id).is_some() {
@@ -472,10 +477,14 @@ impl ShmTransport {
                 s.started = true;
                 moved = true;
                 if s.sent == s.data.len() {
-                    if s.confirm {
-                        self.unconfirmed[l].push_back(s.first_slot);
+                    match s.delivery {
+                        Delivery::Eager => finished.push(s.id),
+                        Delivery::Confirmed => {
+                            self.unconfirmed[l].push_back(s.first_slot);
+                            finished.push(s.id);
+                        }
+                        Delivery::Accepted => self.unaccepted[l].push_back((s.first_slot, s.id)),
                     }
-                    finished.push(s.id);
                     self.sends[l].pop_front();
                 }
             }
@@ -485,6 +494,14 @@ impl ShmTransport {
                 .is_some_and(|&first| first < consumed)
             {
                 self.unconfirmed[l].pop_front();
+                moved = true;
+            }
+            while let Some(&(first, id)) = self.unaccepted[l].front() {
+                if first >= consumed {
+                    break;
+                }
+                self.unaccepted[l].pop_front();
+                finished.push(id);
                 moved = true;
             }
             // Receives: drain filled slots of the FIFO l -> me.
@@ -580,6 +597,9 @@ impl ShmTransport {
                 || self.unconfirmed[l]
                     .front()
                     .is_some_and(|&first| first < out.tail.load(Ordering::Acquire))
+                || self.unaccepted[l]
+                    .front()
+                    .is_some_and(|&(first, _)| first < out.tail.load(Ordering::Acquire))
                 || (!self.recvs[l].is_empty()
                     && inn.tail.load(Ordering::Relaxed) != inn.head.load(Ordering::Acquire))
         })

@@ -12,9 +12,10 @@ use nix::errno::Errno;
 use nix::sys::socket::{self, MsgFlags};
 use socket2::Socket;
 
+use super::early::EarlyMessages;
 use super::frame::{self, Frame, HEADER_LEN, MAX_REASON};
 use crate::span::Span;
-use crate::transport::{OpTag, TransportError};
+use crate::transport::{Delivery, OpTag, TransportError};
 
 /// Most payload bytes one system call sends or receives. Calls that copy many megabytes at once
 /// are slower on TCP loopback, likely because the socket stays locked for the whole copy, so the
@@ -33,6 +34,9 @@ struct PendingSend {
     data: Span,
     /// Bytes written so far, header included.
     written: usize,
+    /// It finishes only once the peer acknowledged it ([`Delivery::Accepted`]), which it has
+    /// not yet.
+    awaits_ack: bool,
 }
 
 #[derive(Debug)]
@@ -70,8 +74,17 @@ pub(super) struct Conn {
     broken: Option<TransportError>,
     /// The peer said goodbye (finalized): its closing the connection is not a failure.
     peer_finished: bool,
-    /// Confirmed messages sent (or queued) that the peer has not acknowledged yet.
-    unacked: u64,
+    /// Messages sent (or queued) with an acknowledgement asked that the peer has not given
+    /// yet, oldest first: the request that finishes with it ([`Delivery::Accepted`]), or none
+    /// ([`Delivery::Confirmed`]).
+    awaiting_ack: VecDeque<Option<u64>>,
+    /// How many of those are [`Delivery::Confirmed`].
+    confirmed_unacked: u64,
+    /// Requests whose acknowledgement arrived after they were written: finished at the next
+    /// [`Conn::advance`].
+    accepted: Vec<u64>,
+    /// Data read before its receive was posted, while acknowledgements are awaited.
+    early: EarlyMessages,
 }
 
 impl Conn {
@@ -86,7 +99,10 @@ impl Conn {
             data_waiting: false,
             broken: None,
             peer_finished: false,
-            unacked: 0,
+            awaiting_ack: VecDeque::new(),
+            confirmed_unacked: 0,
+            accepted: Vec::new(),
+            early: EarlyMessages::default(),
         })
     }
 
@@ -116,15 +132,18 @@ impl Conn {
     }
 
     pub(super) fn wants_read(&self) -> bool {
-        self.broken.is_none() && (!self.recvs.is_empty() || self.unacked > 0)
+        self.broken.is_none()
+            && (!self.recvs.is_empty()
+                || !self.awaiting_ack.is_empty()
+                || !self.accepted.is_empty())
     }
 
     /// Whether confirmed messages wait for the peer's acknowledgement; the error that broke the
     /// connection if they never will get it.
     pub(super) fn awaits_acks(&self) -> Result<bool, TransportError> {
         match &self.broken {
-            Some(e) if self.unacked > 0 => Err(e.clone()),
-            _ => Ok(self.unacked > 0),
+            Some(e) if self.confirmed_unacked > 0 => Err(e.clone()),
+            _ => Ok(self.confirmed_unacked > 0),
         }
     }
 
@@ -135,16 +154,27 @@ impl Conn {
         self.broken.is_none() && self.recvs.is_empty() && !self.data_waiting && !self.peer_finished
     }
 
-    /// Queues a message. A `confirm`ed one is acknowledged by the peer once it accepted the
-    /// header (see [`Conn::awaits_acks`]); the send itself finishes when written, as any other.
-    pub(super) fn push_send(&mut self, id: u64, data: Span, tag: OpTag, confirm: bool) {
+    /// Queues a message. Unless `delivery` is eager the peer acknowledges it once it accepted
+    /// the header: a [`Delivery::Confirmed`] send finishes when written and its acknowledgement
+    /// is awaited through [`Conn::awaits_acks`]; a [`Delivery::Accepted`] one finishes with
+    /// its acknowledgement.
+    pub(super) fn push_send(&mut self, id: u64, data: Span, tag: OpTag, delivery: Delivery) {
         let len = data.len() as u64;
-        self.unacked += u64::from(confirm);
+        let confirm = delivery != Delivery::Eager;
+        match delivery {
+            Delivery::Eager => {}
+            Delivery::Confirmed => {
+                self.confirmed_unacked += 1;
+                self.awaiting_ack.push_back(None);
+            }
+            Delivery::Accepted => self.awaiting_ack.push_back(Some(id)),
+        }
         self.sends.push_back(PendingSend {
             id,
             header: frame::encode(Frame::Data { len, tag, confirm }),
             data,
             written: 0,
+            awaits_ack: delivery == Delivery::Accepted,
         });
     }
 
@@ -156,6 +186,7 @@ impl Conn {
             header: frame::encode(control),
             data: Span::EMPTY,
             written: 0,
+            awaits_ack: false,
         };
         let at = usize::from(self.sends.front().is_some_and(|s| s.written > 0));
         self.sends.insert(at, frame);
@@ -273,6 +304,14 @@ impl Conn {
     pub(super) fn read_idle(&mut self, current: OpTag) -> Result<bool, TransportError> {
         let mut took = false;
         while self.wants_idle_read() {
+            if self.early.filling() {
+                match self.early.fill(&self.sock) {
+                    Ok(true) => took = true,
+                    Ok(false) => return Ok(took),
+                    Err(e) => return Err(self.lost("recv", &e)),
+                }
+                continue;
+            }
             let mut header = [0u8; HEADER_LEN];
             let flags = MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT;
             match socket::recv(self.fd(), &mut header, flags) {
@@ -289,20 +328,25 @@ impl Conn {
                 Err(e) => return Err(self.lost("recv", &io::Error::from(e))),
             }
             let frame = frame::decode(&header).map_err(|reason| self.corrupt(reason))?;
-            if let Frame::Data { tag, .. } = frame {
-                self.data_waiting = true;
-                return check_same_op(self.peer, tag, [current]).map(|()| true);
+            if let Frame::Data { tag, len, .. } = frame {
+                check_same_op(self.peer, tag, [current])?;
+                let read_early =
+                    self.awaiting_ack.iter().any(Option::is_some) && self.early.has_room_for(len);
+                if !read_early {
+                    self.data_waiting = true;
+                    return Ok(true);
+                }
             }
-            // A control frame: take its header (peeked whole, so it is there).
+            // Take the header (peeked whole, so it is there).
             if !matches!((&self.sock).read(&mut header), Ok(HEADER_LEN)) {
-                return Err(self.corrupt("a control frame cut short".into()));
+                return Err(self.corrupt("a frame header cut short".into()));
             }
             match frame {
+                Frame::Data { len, tag, confirm } => self.early.start(len, tag, confirm),
                 Frame::Bye => self.peer_finished = true,
                 Frame::Probe { tag } => check_same_op(self.peer, tag, [current])?,
                 Frame::Ack { .. } => self.take_ack()?,
                 Frame::Abort { len } => return Err(self.abort_notice(len, Span::EMPTY)),
-                Frame::Data { .. } => {}
             }
         }
         Ok(took)
@@ -324,7 +368,14 @@ impl Conn {
         let mut ids: Vec<u64> = self.sends.iter().map(|s| s.id).collect();
         self.sends.truncate(usize::from(half_sent));
         ids.extend(self.recvs.drain(..).map(|r| r.id));
+        // Written sends that wait for their acknowledgement never get it now.
+        ids.extend(self.awaiting_ack.iter().flatten());
+        self.awaiting_ack.retain(Option::is_none);
+        ids.append(&mut self.accepted);
+        self.early.clear();
         ids.retain(|&id| id != CONTROL_ID);
+        ids.sort_unstable();
+        ids.dedup();
         ids
     }
 
@@ -341,8 +392,13 @@ impl Conn {
         }
         self.advance_sends(finished, &mut out)?;
         self.advance_recvs(finished, &mut out, current)?;
-        if self.recvs.is_empty() && self.unacked > 0 {
+        if self.recvs.is_empty() && !self.awaiting_ack.is_empty() {
             out.moved |= self.read_idle(current)?;
+        }
+        // Acknowledged sends, including those acknowledged while this rank slept.
+        if !self.accepted.is_empty() {
+            finished.append(&mut self.accepted);
+            out.moved = true;
         }
         // Acknowledgements queued while reading go out now, not on the next pass.
         if self.sends.front().is_some_and(|s| s.id == CONTROL_ID) {
@@ -437,7 +493,7 @@ impl Conn {
                     Err(e) => return Err(self.lost_while_sending(&e)),
                 }
             }
-            if s.id != CONTROL_ID {
+            if s.id != CONTROL_ID && !s.awaits_ack {
                 finished.push(s.id);
             }
             self.sends.pop_front();
@@ -452,6 +508,13 @@ impl Conn {
         current: OpTag,
     ) -> Result<(), TransportError> {
         while !self.recvs.is_empty() {
+            if !self.early.is_empty() {
+                if !self.take_early(finished)? {
+                    return Ok(());
+                }
+                out.moved = true;
+                continue;
+            }
             loop {
                 let r = &mut self.recvs[0];
                 if r.read >= HEADER_LEN && !r.checked {
@@ -504,12 +567,70 @@ impl Conn {
         Ok(())
     }
 
-    /// The peer acknowledged the oldest confirmed message.
+    /// The peer acknowledged the oldest message that asked for it. A send that finishes with
+    /// its acknowledgement finishes now, or when written if it is still being written (the peer
+    /// accepts a message at its header).
     fn take_ack(&mut self) -> Result<(), TransportError> {
-        if self.unacked == 0 {
-            return Err(self.corrupt("an acknowledgement of nothing".into()));
+        match self.awaiting_ack.pop_front() {
+            None => Err(self.corrupt("an acknowledgement of nothing".into())),
+            Some(None) => {
+                self.confirmed_unacked -= 1;
+                Ok(())
+            }
+            Some(Some(id)) => {
+                match self.sends.iter_mut().find(|s| s.id == id) {
+                    Some(s) => s.awaits_ack = false,
+                    None => self.accepted.push(id),
+                }
+                Ok(())
+            }
         }
-        self.unacked -= 1;
+    }
+
+    /// Hands the oldest early message to the front receive, once it is complete: checked as
+    /// a message read from the socket is, copied, acknowledged when asked. Returns whether it
+    /// was complete.
+    fn take_early(&mut self, finished: &mut Vec<u64>) -> Result<bool, TransportError> {
+        if self.early.filling()
+            && !self
+                .early
+                .fill(&self.sock)
+                .map_err(|e| self.lost("recv", &e))?
+        {
+            return Ok(false);
+        }
+        let Some(e) = self.early.take_complete() else {
+            return Ok(false);
+        };
+        self.accept_data(e.data.len() as u64, e.tag, e.confirm)?;
+        let r = self.recvs.pop_front().expect("a receive is posted");
+        r.data.copy_from_slice(&e.data);
+        finished.push(r.id);
+        Ok(true)
+    }
+
+    /// Checks a data header against the front receive: the peer's operation and size must be
+    /// the receive's. Acknowledges it when the sender asked.
+    fn accept_data(&mut self, len: u64, tag: OpTag, confirm: bool) -> Result<(), TransportError> {
+        let r = &mut self.recvs[0];
+        if tag != r.tag {
+            return Err(TransportError::Disagree {
+                peer: self.peer,
+                expected: r.tag,
+                got: tag,
+            });
+        }
+        if len != r.data.len() as u64 {
+            return Err(TransportError::SizeMismatch {
+                peer: self.peer,
+                expected: r.data.len(),
+                got: usize::try_from(len).unwrap_or(usize::MAX),
+            });
+        }
+        r.checked = true;
+        if confirm {
+            self.push_control(Frame::Ack { tag });
+        }
         Ok(())
     }
 
@@ -521,27 +642,7 @@ impl Conn {
     fn take_header(&mut self, current: OpTag) -> Result<(), TransportError> {
         let r = &self.recvs[0];
         match frame::decode(&self.recv_header).map_err(|reason| self.corrupt(reason))? {
-            Frame::Data { len, tag, confirm } => {
-                if tag != r.tag {
-                    return Err(TransportError::Disagree {
-                        peer: self.peer,
-                        expected: r.tag,
-                        got: tag,
-                    });
-                }
-                if len != r.data.len() as u64 {
-                    return Err(TransportError::SizeMismatch {
-                        peer: self.peer,
-                        expected: r.data.len(),
-                        got: usize::try_from(len).unwrap_or(usize::MAX),
-                    });
-                }
-                self.recvs[0].checked = true;
-                if confirm {
-                    self.push_control(Frame::Ack { tag });
-                }
-                Ok(())
-            }
+            Frame::Data { len, tag, confirm } => self.accept_data(len, tag, confirm),
             frame @ (Frame::Probe { .. } | Frame::Ack { .. }) => {
                 match frame {
                     Frame::Probe { tag } => check_same_op(self.peer, tag, [r.tag, current])?,

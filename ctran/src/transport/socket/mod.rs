@@ -6,6 +6,7 @@
 //! machine do not burn the core their peers need.
 
 mod conn;
+mod early;
 pub mod frame;
 pub(crate) mod handshake;
 pub mod mesh;
@@ -19,7 +20,7 @@ use std::time::{Duration, Instant};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use crate::span::Span;
-use crate::transport::{OpTag, ReqId, Transport, TransportError};
+use crate::transport::{Delivery, OpTag, ReqId, Transport, TransportError};
 use conn::Conn;
 pub use mesh::{MeshPlan, SocketConfig};
 
@@ -311,12 +312,12 @@ impl Transport for SocketTransport {
         peer: usize,
         data: Span,
         tag: OpTag,
-        confirm: bool,
+        delivery: Delivery,
     ) -> Result<ReqId, TransportError> {
         self.conn_mut(peer)?;
         self.note_current(tag);
         let id = self.new_id(peer);
-        self.conn_mut(peer)?.push_send(id, data, tag, confirm);
+        self.conn_mut(peer)?.push_send(id, data, tag, delivery);
         Ok(ReqId(id))
     }
 

@@ -3,6 +3,7 @@
 
 mod bad_input;
 mod faults;
+mod p2p;
 mod suite;
 
 use anyhow::{bail, Result};
@@ -55,6 +56,9 @@ enum Scenario {
     },
     /// A second thread issues while the first one's operation is in flight.
     TwoThreads,
+    /// Point-to-point orders where a waiting sender's acknowledgement follows data its
+    /// receiver has not asked for yet.
+    P2pOrder,
     /// The last rank never joins a split.
     SplitWithoutAPeer,
     /// One rank's arguments are refused where another rank's part is only sending.
@@ -144,6 +148,7 @@ fn main() {
         Scenario::Mismatch { op, size } => ("mismatch", bad_input::mismatch(&op, &size)),
         Scenario::Disagree { what } => ("disagree", bad_input::disagree(&what)),
         Scenario::TwoThreads => ("two-threads", bad_input::two_threads()),
+        Scenario::P2pOrder => ("p2p-order", p2p::p2p_order()),
         Scenario::Lopsided { what } => ("lopsided", bad_input::lopsided(&what)),
         Scenario::SplitWithoutAPeer => ("split-without-a-peer", bad_input::split_without_a_peer()),
     };
