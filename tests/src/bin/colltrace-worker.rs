@@ -8,6 +8,8 @@
 //!   all_reduce; then every rank dumps through the API.
 //! - `slow --iters N --rank R --delay-ms D`: rank R sleeps D ms before every all_reduce; then
 //!   every rank dumps through the API.
+//! - `stall --iters N --rank R --at I --delay-ms D`: rank R sleeps D ms before the I-th
+//!   all_reduce, the others wait in it: a live hang whose cause is a rank that never arrives.
 //! - `absent --rank R`: rank R exits without creating the communicator; the others time out
 //!   creating it.
 //!
@@ -33,6 +35,8 @@ enum Scenario {
     Mismatch,
     /// Rank `--rank` sleeps `--delay-ms` before every all_reduce.
     Slow,
+    /// Rank `--rank` sleeps `--delay-ms` before the `--at`-th all_reduce.
+    Stall,
     /// Rank `--rank` exits without creating the communicator.
     Absent,
 }
@@ -89,7 +93,8 @@ fn run(args: &Args) -> Result<()> {
             Scenario::Mismatch if me == odd && i == args.at => 64,
             _ => 2,
         };
-        if scenario == Scenario::Slow && me == odd {
+        let stalls = scenario == Scenario::Stall && i == args.at;
+        if (scenario == Scenario::Slow || stalls) && me == odd {
             std::thread::sleep(Duration::from_millis(args.delay_ms));
         }
         result = all_reduce(&comm, count, i % 2 == 1);
@@ -103,7 +108,7 @@ fn run(args: &Args) -> Result<()> {
     if args.hold_ms > 0 {
         std::thread::sleep(Duration::from_millis(args.hold_ms));
     }
-    if scenario != Scenario::Skip {
+    if !matches!(scenario, Scenario::Skip | Scenario::Stall) {
         let files = colltrace::dump_all(&colltrace::trace_dir())?;
         println!("DUMPED {files:?}");
     }
