@@ -6,7 +6,8 @@
 #
 #   scripts/fuzz.sh [seconds-per-target] [target...]
 #
-# Env: FUZZ_JOBS (parallel targets, default 1), FUZZ_SANITIZER (none | address; default none:
+# Env: FUZZ_JOBS (parallel targets, default 1), FUZZ_WRITE_SEEDS=1 (refresh the corpus seeds from
+# real messages first), FUZZ_SANITIZER (none | address; default none:
 # the decoders are safe Rust, and uninstrumented runs are several times faster), FUZZ_ARGS
 # (more libFuzzer flags). Only a stable toolchain is needed: RUSTC_BOOTSTRAP=1 lets cargo fuzz
 # pass its -Z flags. Installs cargo-fuzz when it is missing.
@@ -35,8 +36,11 @@ BUILD=(--fuzz-dir "$FUZZ_DIR" -s "$SAN" --debug-assertions)
 echo "== building ${#TARGETS[@]} targets (sanitizer: $SAN)"
 cargo fuzz build "${BUILD[@]}"
 
-# Seeds from real messages into each corpus (the committed corpus keeps them too).
-cargo test -q -p torchcomms-fuzz --test regressions -- --ignored write_seeds >/dev/null
+# Seeds from real messages into each corpus, when asked (the committed corpus keeps them; the
+# test builds the workspace again, without RUSTC_BOOTSTRAP, as the test suite does).
+if [ "${FUZZ_WRITE_SEEDS:-0}" = 1 ]; then
+    env -u RUSTC_BOOTSTRAP cargo test -q -p torchcomms-fuzz --test regressions -- --ignored write_seeds >/dev/null
+fi
 
 LOGS=$(mktemp -d)
 run_one() {

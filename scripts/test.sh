@@ -25,8 +25,8 @@ echo "== doctests"
 cargo test --workspace --doc
 
 # The fuzz targets' regression tests (corpus and past crashes) ran under cargo test above.
-# libFuzzer itself only when asked: installing cargo-fuzz and building the instrumented targets
-# takes several minutes (docs/fuzzing.md).
+# libFuzzer itself when TORCHCOMMS_FUZZ_SECS is set (CI sets it): installing cargo-fuzz and
+# building the instrumented targets takes several minutes (docs/fuzzing.md).
 if [ -n "${TORCHCOMMS_FUZZ_SECS:-}" ]; then
     echo "== scripts/fuzz.sh $TORCHCOMMS_FUZZ_SECS"
     scripts/fuzz.sh "$TORCHCOMMS_FUZZ_SECS"
