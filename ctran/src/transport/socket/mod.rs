@@ -9,6 +9,7 @@ mod conn;
 pub mod frame;
 pub(crate) mod handshake;
 pub mod mesh;
+mod protect;
 mod waker;
 
 use std::collections::{HashMap, HashSet};
@@ -22,6 +23,7 @@ use crate::span::Span;
 use crate::transport::{OpTag, ReqId, Transport, TransportError};
 use conn::Conn;
 pub use mesh::{MeshPlan, SocketConfig};
+pub use protect::Protection;
 
 pub use waker::Waker;
 
@@ -430,6 +432,7 @@ mod tests {
                         addrs: addrs.clone(),
                         key: [7; 32],
                         handshake_timeout: Duration::from_secs(10),
+                        protection: Protection::None,
                     };
                     s.spawn(move || connect_mesh(l, &plan, &SocketConfig::default(), deadline))
                 })
