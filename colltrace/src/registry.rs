@@ -148,7 +148,10 @@ fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<(), Error> {
         path: path.to_path_buf(),
         source: Arc::new(e),
     };
-    let tmp = path.with_extension(format!("json.tmp{}", std::process::id()));
+    // One temporary file per writer: two threads of a process may dump to the same path.
+    static WRITERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let writer = WRITERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = path.with_extension(format!("json.tmp{}-{writer}", std::process::id()));
     let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp).map_err(io)?);
     serde_json::to_writer_pretty(&mut f, value).map_err(|e| io(e.into()))?;
     f.flush().map_err(io)?;

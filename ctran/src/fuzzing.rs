@@ -50,6 +50,7 @@ pub fn socket_hello(data: &[u8]) {
         addrs: vec![SocketAddr::from(([127, 0, 0, 1], 1)); size],
         key: [0x5a; 32],
         handshake_timeout: std::time::Duration::from_secs(1),
+        protection: Default::default(),
     };
     if let Ok(from) = check_hello(hello, &plan, &connected) {
         assert!(from < rank && !connected[from], "accepted rank {from}");

@@ -80,8 +80,8 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
     );
 
     // A hello as `handshake.rs` writes it: rank 0 greets rank 1 of 2.
-    let mut hello = b"TCRSHEL2".to_vec();
-    hello.extend(2u32.to_le_bytes());
+    let mut hello = b"TCRSHEL3".to_vec();
+    hello.extend(3u32.to_le_bytes());
     hello.extend(0u32.to_le_bytes());
     hello.extend(1u32.to_le_bytes());
     hello.resize(64, 0);

@@ -120,15 +120,15 @@ fn an_intruder_with_only_master_port_gets_no_secret_and_no_connection() {
     let mut s = TcpStream::connect(&addr).unwrap();
     s.set_read_timeout(Some(T)).unwrap();
     let mut hello = [0u8; 64];
-    hello[..8].copy_from_slice(b"TCRSHEL2");
-    hello[8..12].copy_from_slice(&2u32.to_le_bytes());
+    hello[..8].copy_from_slice(b"TCRSHEL3");
+    hello[8..12].copy_from_slice(&3u32.to_le_bytes());
     hello[16..20].copy_from_slice(&1u32.to_le_bytes());
     s.write_all(&hello).unwrap();
     let mut garbage = TcpStream::connect(&addr).unwrap();
     garbage.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
     // Rank 1 answers handshakes once rank 0 published the communicator's nonce.
     let rank0 = job.spawn_rank(&worker(), 0, port);
-    let mut challenge = [0u8; 64];
+    let mut challenge = [0u8; 68];
     s.read_exact(&mut challenge)
         .expect("rank 1 challenges a well-formed hello");
     s.write_all(&[0u8; 32]).unwrap();

@@ -409,13 +409,18 @@ fn a_refused_message_fails_its_sender_over_tcp_and_shared_memory() {
 }
 
 /// A synchronous send whose acknowledgement follows data the receiver has not asked for yet
-/// still finishes (the data is read early), over TCP and shared memory, for a small message and
-/// one of 1 MiB; so does a blocking ring in alternating order.
+/// still finishes (the data is read early), over TCP (plain and protected) and shared memory,
+/// for a small message and one of 1 MiB; so does a blocking ring in alternating order.
 #[test]
 fn point_to_point_sends_that_wait_for_their_receiver_do_not_deadlock() {
-    for backends in ["socket", "socket,shm"] {
+    for (backends, protection) in [
+        ("socket", "none"),
+        ("socket", "encrypt"),
+        ("socket,shm", "none"),
+    ] {
         let mut job = Job::new(4, &["p2p-order"])
             .env("CTRAN_BACKENDS", backends)
+            .env("TORCHCOMMS_DATA_PROTECTION", protection)
             .env("TORCHCOMM_TIMEOUT_SECONDS", "20");
         job.timeout = Duration::from_secs(60);
         let outs = job.run(&worker());
@@ -677,13 +682,13 @@ fn forged_connection_is_refused() {
     std::io::Write::write_all(&mut garbage, b"GET / HTTP/1.0\r\n\r\n").unwrap();
     let mut forged = std::net::TcpStream::connect(&addr).expect("connect to rank 1");
     let mut hello = [0u8; 64];
-    hello[0..8].copy_from_slice(b"TCRSHEL2");
-    hello[8..12].copy_from_slice(&2u32.to_le_bytes());
+    hello[0..8].copy_from_slice(b"TCRSHEL3");
+    hello[8..12].copy_from_slice(&3u32.to_le_bytes());
     hello[16..20].copy_from_slice(&1u32.to_le_bytes());
     std::io::Write::write_all(&mut forged, &hello).unwrap();
     // Rank 1 answers handshakes once rank 0 published the communicator's nonce.
     let rank0 = job.spawn_rank(&worker(), 0, port);
-    let mut challenge = [0u8; 64];
+    let mut challenge = [0u8; 68];
     std::io::Read::read_exact(&mut forged, &mut challenge).expect("a challenge");
     std::io::Write::write_all(&mut forged, &[7u8; 32]).unwrap();
     let mut ack = [0u8; 1];

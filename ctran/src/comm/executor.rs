@@ -103,6 +103,10 @@ struct Unwritten {
     timeout: Duration,
 }
 
+/// How long the idle thread sleeps at most while only owed output (no transfer) waits for a
+/// socket to take it.
+const OWED_OUTPUT_SLICE: Duration = Duration::from_millis(50);
+
 /// Records kept unwritten at most: operations that never wait leave theirs to one that does
 /// (or to the idle spin), up to this many; beyond, the oldest is written after the signal.
 const UNWRITTEN_MAX: usize = 4;
@@ -195,7 +199,7 @@ impl Executor {
     pub(crate) fn run(mut self) {
         loop {
             self.reap_inflight();
-            let cmd = if self.inflight.is_empty() {
+            let cmd = if self.inflight.is_empty() && !self.net.owes_output() {
                 match self.next_command() {
                     Ok(c) => c,
                     Err(_) => break,
@@ -263,14 +267,15 @@ impl Executor {
         next
     }
 
-    /// Moves in-flight transfers while no new command is queued; wakes up for new commands.
+    /// Moves in-flight transfers (and output owed to peers) while no new command is queued;
+    /// wakes up for new commands.
     fn progress_idle(&mut self) {
         let until = self
             .inflight
             .iter()
             .map(|f| f.deadline)
             .min()
-            .unwrap_or_else(Instant::now);
+            .unwrap_or_else(|| Instant::now() + OWED_OUTPUT_SLICE);
         self.write_unwritten();
         self.tracer.park(true);
         self.waker.set_sleeping(true);

@@ -26,7 +26,7 @@ use crate::transport::shm::ShmTransport;
 use crate::transport::socket::mesh::{
     connect_mesh, default_listen_ip, Listener, MeshPlan, DEFAULT_SPIN,
 };
-use crate::transport::socket::{SocketTransport, Waker};
+use crate::transport::socket::{Protection, SocketTransport, Waker};
 
 /// How many communicators of each name this rank created: all ranks create them in the same
 /// order, so the count gives every instance its own store prefix. Keyed by rank too, for ranks
@@ -207,6 +207,14 @@ fn handshake_timeout() -> Result<Duration> {
         .torchcomms_handshake_timeout_seconds())
 }
 
+/// `TORCHCOMMS_DATA_PROTECTION`: what protects the data of the communicator's TCP connections.
+fn data_protection() -> Result<Protection> {
+    let cv = torchcomms_cvars::reload().map_err(super::trace::cvar_error)?;
+    let name = cv.torchcomms_data_protection();
+    Protection::parse(name)
+        .ok_or_else(|| Error::invalid(Protection::CVAR, "none, integrity or encrypt", name))
+}
+
 pub(super) fn init_with_store(config: CommConfig, store: Arc<dyn Store>) -> Result<Comm> {
     let trace = super::trace::new_trace(&config, (0..config.size).collect());
     let step = trace.begin_comm_op("init", config.timeout, None);
@@ -272,6 +280,7 @@ fn connect_with_store(
         addrs,
         key: mesh_key(&key, &config.name, &secret),
         handshake_timeout: handshake_timeout()?,
+        protection: data_protection()?,
     };
     let socket = connect_mesh(listener, &plan, &config.socket, deadline)?;
     let t = transports(&mut config, socket, &hosts, &cpus, &secret, deadline)?;
@@ -474,6 +483,7 @@ fn split_inner(
         addrs,
         key: mesh_key(&key, name, &records[ranks[0]].secret),
         handshake_timeout: handshake_timeout()?,
+        protection: data_protection()?,
     };
     let child_secret = records[ranks[0]].secret;
     let parent_ranks = &parent.trace().meta().global_ranks;

@@ -84,6 +84,10 @@ impl Transport for Mapper {
         }
     }
 
+    fn owes_output(&self) -> bool {
+        self.socket.owes_output()
+    }
+
     fn unconfirmed(&mut self) -> Result<bool, TransportError> {
         let shm = match &mut self.shm {
             Some(shm) => shm.unconfirmed()?,

@@ -134,6 +134,13 @@ pub trait Transport: Send + fmt::Debug {
     /// operation is only sending fail with the receiver instead of succeeding alone.
     fn unconfirmed(&mut self) -> Result<bool, TransportError>;
 
+    /// Whether bytes wait to be written although no request waits for them (acknowledgements
+    /// a full socket held back): the owner keeps calling [`Transport::progress`] until they
+    /// left, or a peer that waits for them would wait forever.
+    fn owes_output(&self) -> bool {
+        false
+    }
+
     /// This rank starts the collective `tag` names: peers that wait on it long compare it with
     /// theirs.
     fn begin_collective(&mut self, tag: OpTag);

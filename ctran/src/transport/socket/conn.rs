@@ -2,6 +2,8 @@
 //! non-blocking vectored I/O. Every message on the wire is a 32-byte header (magic, flags,
 //! length, the sender's [`OpTag`]) followed by the payload, so a receiver can check that the
 //! sender runs the same operation and agrees about the size before it takes the data as valid.
+//! A protected connection (`TORCHCOMMS_DATA_PROTECTION`) seals the same frames into records
+//! ([`protect`]); a plain one never looks at that path.
 
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, IoSliceMut, Read};
@@ -14,6 +16,7 @@ use socket2::Socket;
 
 use super::early::EarlyMessages;
 use super::frame::{self, Frame, HEADER_LEN, MAX_REASON};
+use super::protect::{self, OpenError, Session, SEALED_HEADER};
 use crate::span::Span;
 use crate::transport::{Delivery, OpTag, TransportError};
 
@@ -85,10 +88,12 @@ pub(super) struct Conn {
     accepted: Vec<u64>,
     /// Data read before its receive was posted, while acknowledgements are awaited.
     early: EarlyMessages,
+    /// The keys and record state of a protected connection; `None` on a plain one.
+    guard: Option<Box<Session>>,
 }
 
 impl Conn {
-    pub(super) fn new(peer: usize, sock: Socket) -> io::Result<Conn> {
+    pub(super) fn new(peer: usize, sock: Socket, guard: Option<Session>) -> io::Result<Conn> {
         sock.set_nonblocking(true)?;
         Ok(Conn {
             peer,
@@ -103,6 +108,7 @@ impl Conn {
             confirmed_unacked: 0,
             accepted: Vec::new(),
             early: EarlyMessages::default(),
+            guard: guard.map(Box::new),
         })
     }
 
@@ -188,8 +194,15 @@ impl Conn {
             written: 0,
             awaits_ack: false,
         };
-        let at = usize::from(self.sends.front().is_some_and(|s| s.written > 0));
+        let at = usize::from(self.front_started());
         self.sends.insert(at, frame);
+    }
+
+    /// Whether the front send began (bytes of it went out, or its header was sealed): no frame
+    /// may go before it.
+    fn front_started(&self) -> bool {
+        self.sends.front().is_some_and(|s| s.written > 0)
+            || self.guard.as_ref().is_some_and(|g| g.seal.mid_frame())
     }
 
     pub(super) fn push_recv(&mut self, id: u64, data: Span, tag: OpTag) {
@@ -231,21 +244,11 @@ impl Conn {
             return;
         }
         let deadline = Instant::now() + flush_for;
+        let started = self.front_started();
         if let Some(s) = self.sends.front_mut() {
-            let total = HEADER_LEN + s.data.len();
-            while s.written > 0 && s.written < total {
-                let payload_from = s.written.saturating_sub(HEADER_LEN);
-                let payload = s.data.sub(payload_from, s.data.len() - payload_from);
-                let header_left = &s.header[s.written.min(HEADER_LEN)..];
-                // SAFETY: as in `advance_sends`: the span is valid while its send is queued.
-                let r = unsafe {
-                    payload.with_slice(|p| {
-                        let bufs = [IoSlice::new(header_left), IoSlice::new(p)];
-                        self.sock
-                            .send_vectored_with_flags(&bufs, libc::MSG_NOSIGNAL)
-                    })
-                };
-                match r {
+            let total = wire_len(self.guard.is_some(), s);
+            while started && s.written < total {
+                match write_front(&self.sock, self.guard.as_deref_mut(), s) {
                     Ok(n) if n > 0 => s.written += n,
                     Err(e)
                         if e.kind() == io::ErrorKind::WouldBlock && Instant::now() < deadline =>
@@ -260,6 +263,11 @@ impl Conn {
         let header = frame::encode(Frame::Abort {
             len: reason.len() as u64,
         });
+        if let Some(g) = self.guard.as_deref_mut() {
+            let sealed = g.seal.seal_frame(&header, reason);
+            let _ = self.sock.send_with_flags(&sealed, libc::MSG_NOSIGNAL);
+            return;
+        }
         let bufs = [IoSlice::new(&header), IoSlice::new(reason)];
         let _ = self
             .sock
@@ -269,11 +277,16 @@ impl Conn {
     /// Says goodbye (this rank finalized) and half-closes, so the peer can tell a finished rank
     /// from a dead one.
     pub(super) fn send_bye(&mut self) {
-        if self.broken.is_some() || self.sends.front().is_some_and(|s| s.written > 0) {
+        if self.broken.is_some() || self.front_started() {
             return;
         }
         let header = frame::encode(Frame::Bye);
-        let _ = self.sock.send_with_flags(&header, libc::MSG_NOSIGNAL);
+        let _ = match self.guard.as_deref_mut() {
+            Some(g) => self
+                .sock
+                .send_with_flags(&g.seal.seal_frame(&header, &[]), libc::MSG_NOSIGNAL),
+            None => self.sock.send_with_flags(&header, libc::MSG_NOSIGNAL),
+        };
         let _ = self.sock.shutdown(std::net::Shutdown::Write);
     }
 
@@ -305,28 +318,17 @@ impl Conn {
         let mut took = false;
         while self.wants_idle_read() {
             if self.early.filling() {
-                match self.early.fill(&self.sock) {
-                    Ok(true) => took = true,
-                    Ok(false) => return Ok(took),
-                    Err(e) => return Err(self.lost("recv", &e)),
+                if !self.fill_early()? {
+                    return Ok(took);
                 }
+                took = true;
                 continue;
             }
-            let mut header = [0u8; HEADER_LEN];
-            let flags = MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT;
-            match socket::recv(self.fd(), &mut header, flags) {
-                Ok(0) => {
-                    return Err(TransportError::PeerLost {
-                        peer: self.peer,
-                        reason: "connection closed by peer (it exited or failed)".into(),
-                    })
-                }
-                // The rest of the header is on its way.
-                Ok(n) if n < HEADER_LEN => return Ok(took),
-                Ok(_) => took = true,
-                Err(Errno::EAGAIN | Errno::EINTR) => return Ok(took),
-                Err(e) => return Err(self.lost("recv", &io::Error::from(e))),
-            }
+            // The rest of the header is on its way.
+            let Some(header) = self.peek_header()? else {
+                return Ok(took);
+            };
+            took = true;
             let frame = frame::decode(&header).map_err(|reason| self.corrupt(reason))?;
             if let Frame::Data { tag, len, .. } = frame {
                 check_same_op(self.peer, tag, [current])?;
@@ -338,9 +340,7 @@ impl Conn {
                 }
             }
             // Take the header (peeked whole, so it is there).
-            if !matches!((&self.sock).read(&mut header), Ok(HEADER_LEN)) {
-                return Err(self.corrupt("a frame header cut short".into()));
-            }
+            self.take_peeked()?;
             match frame {
                 Frame::Data { len, tag, confirm } => self.early.start(len, tag, confirm),
                 Frame::Bye => self.peer_finished = true,
@@ -350,6 +350,54 @@ impl Conn {
             }
         }
         Ok(took)
+    }
+
+    /// The next frame's header, checked but left in the socket; `None` while it is not all
+    /// there.
+    fn peek_header(&self) -> Result<Option<[u8; HEADER_LEN]>, TransportError> {
+        let mut record = [0u8; SEALED_HEADER];
+        let want = self.header_bytes();
+        let flags = MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT;
+        match socket::recv(self.fd(), &mut record[..want], flags) {
+            Ok(0) => return Err(self.open_failed(OpenError::Closed)),
+            Ok(n) if n < want => return Ok(None),
+            Ok(_) => {}
+            Err(Errno::EAGAIN | Errno::EINTR) => return Ok(None),
+            Err(e) => return Err(self.lost("recv", &io::Error::from(e))),
+        }
+        match &self.guard {
+            Some(g) => g
+                .open
+                .peek_header(&record)
+                .map(Some)
+                .map_err(|f| self.open_failed(f.into())),
+            None => Ok(Some(record[..HEADER_LEN].try_into().expect("32 bytes"))),
+        }
+    }
+
+    /// Takes the header [`Conn::peek_header`] returned from the socket.
+    fn take_peeked(&mut self) -> Result<(), TransportError> {
+        let mut record = [0u8; SEALED_HEADER];
+        let want = self.header_bytes();
+        if !matches!((&self.sock).read(&mut record[..want]), Ok(n) if n == want) {
+            return Err(self.corrupt("a frame header cut short".into()));
+        }
+        match self.guard.as_deref_mut() {
+            Some(g) => match g.open.open_header(&record) {
+                Ok(_) => Ok(()),
+                Err(f) => Err(self.open_failed(f.into())),
+            },
+            None => Ok(()),
+        }
+    }
+
+    /// Bytes of a header on the wire: sealed or plain.
+    fn header_bytes(&self) -> usize {
+        if self.guard.is_some() {
+            SEALED_HEADER
+        } else {
+            HEADER_LEN
+        }
     }
 
     /// Marks the connection broken and returns the ids of every request it held. When the
@@ -364,7 +412,7 @@ impl Conn {
             }
             self.broken = Some(err);
         }
-        let half_sent = keep_open && self.sends.front().is_some_and(|s| s.written > 0);
+        let half_sent = keep_open && self.front_started();
         let mut ids: Vec<u64> = self.sends.iter().map(|s| s.id).collect();
         self.sends.truncate(usize::from(half_sent));
         ids.extend(self.recvs.drain(..).map(|r| r.id));
@@ -412,11 +460,15 @@ impl Conn {
     fn lost_while_sending(&mut self, e: &io::Error) -> TransportError {
         let mid_message = self.recvs.front().is_some_and(|r| r.read > 0);
         if !mid_message {
-            let mut header = [0u8; HEADER_LEN];
-            if let Ok(HEADER_LEN) = (&self.sock).read(&mut header) {
-                if let Ok(Frame::Abort { len }) = frame::decode(&header) {
-                    return self.abort_notice(len, Span::EMPTY);
+            let header = match self.guard.as_deref_mut() {
+                Some(g) => g.open.read_header(&self.sock).ok().flatten(),
+                None => {
+                    let mut header = [0u8; HEADER_LEN];
+                    matches!((&self.sock).read(&mut header), Ok(HEADER_LEN)).then_some(header)
                 }
+            };
+            if let Some(Ok(Frame::Abort { len })) = header.map(|h| frame::decode(&h)) {
+                return self.abort_notice(len, Span::EMPTY);
             }
         }
         self.lost("send", e)
@@ -436,16 +488,38 @@ impl Conn {
         }
     }
 
+    /// The error of a protected read that stopped.
+    fn open_failed(&self, e: OpenError) -> TransportError {
+        match e {
+            OpenError::Io(e) => self.lost("recv", &e),
+            OpenError::Closed => {
+                self.corrupt("connection closed by peer (it exited or failed)".into())
+            }
+            OpenError::Forged => self.corrupt(format!(
+                "integrity check failed: a frame from this peer was altered, replayed or \
+                 reordered on the way ({} is on)",
+                protect::Protection::CVAR
+            )),
+        }
+    }
+
     /// The error an abort notice of `len` reason bytes carries. The reason's first bytes may
     /// already sit in `landed` (a receive buffer); the rest is read from the socket.
-    fn abort_notice(&self, len: u64, landed: Span) -> TransportError {
+    fn abort_notice(&mut self, len: u64, landed: Span) -> TransportError {
         let len = usize::try_from(len).unwrap_or(usize::MAX).min(MAX_REASON);
         let have = landed.len().min(len);
         let mut reason = vec![0u8; have];
         landed.sub(0, have).copy_to_slice(&mut reason);
-        let mut rest = vec![0u8; len - have];
-        if let Ok(n) = (&self.sock).read(&mut rest) {
-            reason.extend_from_slice(&rest[..n]);
+        if let Some(g) = self.guard.as_deref_mut() {
+            // A protected notice never lands in a receive buffer: it is read whole and checked.
+            reason = g.open.read_reason(&self.sock, len).unwrap_or_else(|_| {
+                b"(its reason was cut short or failed the integrity check)".to_vec()
+            });
+        } else {
+            let mut rest = vec![0u8; len - have];
+            if let Ok(n) = (&self.sock).read(&mut rest) {
+                reason.extend_from_slice(&rest[..n]);
+            }
         }
         let peer = self.peer;
         TransportError::PeerLost {
@@ -460,24 +534,9 @@ impl Conn {
         out: &mut Advance,
     ) -> Result<(), TransportError> {
         while let Some(s) = self.sends.front_mut() {
-            let total = HEADER_LEN + s.data.len();
+            let total = wire_len(self.guard.is_some(), s);
             while s.written < total {
-                let header_left = &s.header[s.written.min(HEADER_LEN)..];
-                let payload_from = s.written.saturating_sub(HEADER_LEN);
-                let payload = s.data.sub(
-                    payload_from,
-                    (s.data.len() - payload_from).min(MAX_IO_BYTES),
-                );
-                // SAFETY: the span's owner keeps it valid and unmodified while the send is
-                // pending (Transport::post_send contract); the slice lives only for this call.
-                let r = unsafe {
-                    payload.with_slice(|p| {
-                        let bufs = [IoSlice::new(header_left), IoSlice::new(p)];
-                        self.sock
-                            .send_vectored_with_flags(&bufs, libc::MSG_NOSIGNAL)
-                    })
-                };
-                match r {
+                match write_front(&self.sock, self.guard.as_deref_mut(), s) {
                     Ok(0) => {
                         return Err(TransportError::PeerLost {
                             peer: self.peer,
@@ -507,6 +566,9 @@ impl Conn {
         out: &mut Advance,
         current: OpTag,
     ) -> Result<(), TransportError> {
+        if self.guard.is_some() {
+            return self.advance_sealed_recvs(finished, out, current);
+        }
         while !self.recvs.is_empty() {
             if !self.early.is_empty() {
                 if !self.take_early(finished)? {
@@ -567,6 +629,54 @@ impl Conn {
         Ok(())
     }
 
+    /// [`Conn::advance_recvs`] on a protected connection. A header record is read whole into
+    /// the guard and checked before it counts (the front receive's `read` then jumps to
+    /// `HEADER_LEN`); the payload lands in the receive buffer chunk by chunk, each checked in
+    /// place when its tag arrived, and `read - HEADER_LEN` counts its sealed bytes.
+    fn advance_sealed_recvs(
+        &mut self,
+        finished: &mut Vec<u64>,
+        out: &mut Advance,
+        current: OpTag,
+    ) -> Result<(), TransportError> {
+        while !self.recvs.is_empty() {
+            if !self.early.is_empty() {
+                if !self.take_early(finished)? {
+                    return Ok(());
+                }
+                out.moved = true;
+                continue;
+            }
+            let r = &mut self.recvs[0];
+            let g = self.guard.as_deref_mut().expect("a protected connection");
+            if !r.checked {
+                match g.open.read_header(&self.sock) {
+                    Ok(Some(header)) => {
+                        self.recv_header = header;
+                        r.read = HEADER_LEN;
+                        out.moved = true;
+                    }
+                    Ok(None) => return Ok(()),
+                    Err(e) => return Err(self.open_failed(e)),
+                }
+                self.take_header(current)?;
+                continue;
+            }
+            let (before, len) = (r.read - HEADER_LEN, r.data.len());
+            let mut off = before;
+            let res = g.open.read_payload(&self.sock, r.data, &mut off);
+            r.read = HEADER_LEN + off;
+            out.moved |= off > before;
+            res.map_err(|e| self.open_failed(e))?;
+            if !protect::payload_done(len, off) {
+                return Ok(());
+            }
+            finished.push(self.recvs[0].id);
+            self.recvs.pop_front();
+        }
+        Ok(())
+    }
+
     /// The peer acknowledged the oldest message that asked for it. A send that finishes with
     /// its acknowledgement finishes now, or when written if it is still being written (the peer
     /// accepts a message at its header).
@@ -591,12 +701,7 @@ impl Conn {
     /// a message read from the socket is, copied, acknowledged when asked. Returns whether it
     /// was complete.
     fn take_early(&mut self, finished: &mut Vec<u64>) -> Result<bool, TransportError> {
-        if self.early.filling()
-            && !self
-                .early
-                .fill(&self.sock)
-                .map_err(|e| self.lost("recv", &e))?
-        {
+        if self.early.filling() && !self.fill_early()? {
             return Ok(false);
         }
         let Some(e) = self.early.take_complete() else {
@@ -607,6 +712,31 @@ impl Conn {
         r.data.copy_from_slice(&e.data);
         finished.push(r.id);
         Ok(true)
+    }
+
+    /// Reads what has arrived of the newest early message's payload, through the guard on a
+    /// protected connection. Returns whether it is complete.
+    fn fill_early(&mut self) -> Result<bool, TransportError> {
+        let Some(guard) = self.guard.as_deref_mut() else {
+            return self
+                .early
+                .fill(&self.sock)
+                .map_err(|e| self.lost("recv", &e));
+        };
+        let Some((data, sealed_read)) = self.early.newest_mut() else {
+            return Ok(true);
+        };
+        let len = data.len();
+        // SAFETY: the buffer is the early message's own, which nothing else touches while it
+        // is filled; the span does not outlive this call.
+        let span = unsafe { Span::from_slice(data) };
+        let res = guard.open.read_payload(&self.sock, span, sealed_read);
+        let done = protect::payload_done(len, *sealed_read);
+        res.map_err(|e| self.open_failed(e))?;
+        if done {
+            self.early.mark_complete();
+        }
+        Ok(done)
     }
 
     /// Checks a data header against the front receive: the peer's operation and size must be
@@ -672,6 +802,37 @@ impl Conn {
                 ),
             }),
         }
+    }
+}
+
+/// Bytes of the message `s` on the wire: plain, or sealed when `guarded`.
+fn wire_len(guarded: bool, s: &PendingSend) -> usize {
+    if guarded {
+        protect::frame_len(s.data.len())
+    } else {
+        HEADER_LEN + s.data.len()
+    }
+}
+
+/// Writes more of the front message `s` (at most [`MAX_IO_BYTES`] of its payload), as it is or
+/// sealed by `guard`; returns the bytes written.
+fn write_front(sock: &Socket, guard: Option<&mut Session>, s: &PendingSend) -> io::Result<usize> {
+    if let Some(g) = guard {
+        return g.seal.send_some(sock, &s.header, s.data, s.written);
+    }
+    let header_left = &s.header[s.written.min(HEADER_LEN)..];
+    let payload_from = s.written.saturating_sub(HEADER_LEN);
+    let payload = s.data.sub(
+        payload_from,
+        (s.data.len() - payload_from).min(MAX_IO_BYTES),
+    );
+    // SAFETY: the span's owner keeps it valid and unmodified while the send is pending
+    // (Transport::post_send contract); the slice lives only for this call.
+    unsafe {
+        payload.with_slice(|p| {
+            let bufs = [IoSlice::new(header_left), IoSlice::new(p)];
+            sock.send_vectored_with_flags(&bufs, libc::MSG_NOSIGNAL)
+        })
     }
 }
 

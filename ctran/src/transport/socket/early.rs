@@ -26,14 +26,11 @@ pub(super) struct Early {
     pub(super) confirm: bool,
     /// The payload, as long as the header announced.
     pub(super) data: Vec<u8>,
-    /// Payload bytes read so far.
-    filled: usize,
-}
-
-impl Early {
-    pub(super) fn complete(&self) -> bool {
-        self.filled == self.data.len()
-    }
+    /// Bytes read so far off the wire (payload bytes; on a protected connection, sealed bytes
+    /// with their tags).
+    read: usize,
+    /// The whole payload arrived (and was checked, on a protected connection).
+    complete: bool,
 }
 
 /// The early messages of one connection, oldest first; only the newest may be incomplete.
@@ -61,36 +58,53 @@ impl EarlyMessages {
             tag,
             confirm,
             data: vec![0; len],
-            filled: 0,
+            read: 0,
+            complete: len == 0,
         });
     }
 
     /// Whether the newest message still waits for payload bytes.
     pub(super) fn filling(&self) -> bool {
-        self.queue.back().is_some_and(|e| !e.complete())
+        self.queue.back().is_some_and(|e| !e.complete)
     }
 
-    /// Reads what has arrived of the newest message's payload without blocking. `Ok(true)`
-    /// once it is complete; `Ok(false)` when the socket has nothing more now.
+    /// Reads what has arrived of the newest message's payload from a plain connection without
+    /// blocking. `Ok(true)` once it is complete; `Ok(false)` when the socket has nothing more.
     pub(super) fn fill(&mut self, mut sock: &Socket) -> io::Result<bool> {
         let Some(e) = self.queue.back_mut() else {
             return Ok(true);
         };
-        while !e.complete() {
-            match sock.read(&mut e.data[e.filled..]) {
+        while e.read < e.data.len() {
+            match sock.read(&mut e.data[e.read..]) {
                 Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-                Ok(n) => e.filled += n,
+                Ok(n) => e.read += n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
             }
         }
+        e.complete = true;
         Ok(true)
+    }
+
+    /// The newest message's buffer and its count of bytes read off the wire, for a reader that
+    /// knows the wire format (a protected connection); it calls `mark_complete` when done.
+    pub(super) fn newest_mut(&mut self) -> Option<(&mut [u8], &mut usize)> {
+        self.queue
+            .back_mut()
+            .map(|e| (e.data.as_mut_slice(), &mut e.read))
+    }
+
+    /// The newest message's payload arrived whole.
+    pub(super) fn mark_complete(&mut self) {
+        if let Some(e) = self.queue.back_mut() {
+            e.complete = true;
+        }
     }
 
     /// The oldest message, once complete.
     pub(super) fn take_complete(&mut self) -> Option<Early> {
-        if !self.queue.front()?.complete() {
+        if !self.queue.front()?.complete {
             return None;
         }
         let e = self.queue.pop_front()?;

@@ -3,8 +3,9 @@
 //! handshakes at once and a silent connection delays nobody.
 //!
 //! ```text
-//! connector -> acceptor  HELLO      magic, version, from, to, client nonce (64 bytes)
-//! acceptor  -> connector CHALLENGE  server nonce, HMAC(key, "server", HELLO, server nonce)
+//! connector -> acceptor  HELLO      magic, version, from, to, mode, client nonce (64 bytes)
+//! acceptor  -> connector CHALLENGE  server nonce, HMAC(key, "server", HELLO, server nonce,
+//!                                   mode), mode (68 bytes)
 //! connector -> acceptor  PROOF      HMAC(key, "client", HELLO, server nonce)
 //! acceptor  -> connector ACK        1
 //! ```
@@ -13,7 +14,13 @@
 //! itself never crosses the wire. The connector checks the acceptor's proof before it proves
 //! anything, so a process that took over a rank's address learns nothing it could relay
 //! later. Every read asks for at most the bytes the current message still needs: whatever a
-//! peer sends, nothing is buffered beyond 64 bytes.
+//! peer sends, nothing is buffered beyond 68 bytes.
+//!
+//! Each side names its data protection (`TORCHCOMMS_DATA_PROTECTION`) inside what the proofs
+//! cover, so no one on the path can downgrade it. When they differ, both fail init, each once
+//! the other proved the key (a stranger cannot make a rank fail this way): the connector after
+//! the acceptor's proof, the acceptor after the connector's. The transcript (HELLO and the
+//! server nonce) then keys the connection's data path ([`protect`](super::protect)).
 
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
@@ -24,14 +31,17 @@ use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use torchcomms_core::bootstrap::auth::{mac, verify_mac};
 
 use super::mesh::MeshPlan;
+use super::protect::{self, Protection, Session};
 
-const HELLO_MAGIC: &[u8; 8] = b"TCRSHEL2";
-const HELLO_VERSION: u32 = 2;
+const HELLO_MAGIC: &[u8; 8] = b"TCRSHEL3";
+const HELLO_VERSION: u32 = 3;
 pub(crate) const HELLO_LEN: usize = 64;
-const CHALLENGE_LEN: usize = 64;
+/// Where HELLO holds the connector's data protection ([`Protection`]'s code).
+const HELLO_MODE: usize = 20;
+const CHALLENGE_LEN: usize = 68;
 const PROOF_LEN: usize = 32;
-const SERVER_LABEL: &[u8] = b"torchcomms-rs mesh server proof v2";
-const CLIENT_LABEL: &[u8] = b"torchcomms-rs mesh client proof v2";
+const SERVER_LABEL: &[u8] = b"torchcomms-rs mesh server proof v3";
+const CLIENT_LABEL: &[u8] = b"torchcomms-rs mesh client proof v3";
 
 /// Where a handshake stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,6 +93,9 @@ pub(super) struct Shake {
     out_pos: usize,
     hello: [u8; HELLO_LEN],
     server_nonce: [u8; 32],
+    /// Connector: the acceptor proved the key but uses another data protection; init fails
+    /// with this once the acceptor learned it too.
+    mismatch: Option<String>,
 }
 
 impl Shake {
@@ -106,6 +119,7 @@ impl Shake {
         hello[8..12].copy_from_slice(&HELLO_VERSION.to_le_bytes());
         hello[12..16].copy_from_slice(&(plan.rank as u32).to_le_bytes());
         hello[16..20].copy_from_slice(&(peer as u32).to_le_bytes());
+        hello[HELLO_MODE..HELLO_MODE + 4].copy_from_slice(&plan.protection.code().to_le_bytes());
         hello[32..64].copy_from_slice(&rand::random::<[u8; 32]>());
         Ok(Shake {
             sock,
@@ -119,6 +133,7 @@ impl Shake {
             out_pos: 0,
             hello,
             server_nonce: [0; 32],
+            mismatch: None,
         })
     }
 
@@ -137,6 +152,7 @@ impl Shake {
             out_pos: 0,
             hello: [0; HELLO_LEN],
             server_nonce: [0; 32],
+            mismatch: None,
         })
     }
 
@@ -159,8 +175,25 @@ impl Shake {
         match self.step(revents, plan, connected) {
             Ok(o) => o,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Outcome::Pending,
-            Err(e) => self.broken(format!("{e}")),
+            Err(e) => match self.mismatch.take() {
+                // The acceptor closes once it found the modes differ.
+                Some(why) => Outcome::Fatal(why),
+                None => self.broken(format!("{e}")),
+            },
         }
+    }
+
+    /// The keys of the data path of a connection whose handshake is done (`None` when
+    /// unprotected). Rank `i` connects to every rank above it, so the higher end connected.
+    pub(super) fn session(&self, plan: &MeshPlan) -> Option<Session> {
+        let connector = self.peer.is_some_and(|p| p > plan.rank);
+        protect::session(
+            plan.protection,
+            &plan.key,
+            &self.hello,
+            &self.server_nonce,
+            connector,
+        )
     }
 
     /// A connection that failed at the transport level (reset, closed, refused).
@@ -200,7 +233,7 @@ impl Shake {
         }
         // Read no more than the message in progress needs.
         while self.inbuf.len() < self.want {
-            let mut chunk = [0u8; HELLO_LEN];
+            let mut chunk = [0u8; CHALLENGE_LEN];
             let n = (&self.sock).read(&mut chunk[..self.want - self.inbuf.len()])?;
             if n == 0 {
                 return Err(io::Error::new(
@@ -230,16 +263,19 @@ impl Shake {
                 self.peer = Some(from);
                 self.hello.copy_from_slice(&msg);
                 self.server_nonce = rand::random();
-                let proof = mac(key, &[SERVER_LABEL, &self.hello, &self.server_nonce]);
+                let mode = plan.protection.code().to_le_bytes();
+                let proof = mac(key, &[SERVER_LABEL, &self.hello, &self.server_nonce, &mode]);
                 self.out.extend_from_slice(&self.server_nonce);
                 self.out.extend_from_slice(&proof);
+                self.out.extend_from_slice(&mode);
                 self.stage = Stage::AwaitProof;
                 self.want = PROOF_LEN;
             }
             Stage::AwaitChallenge => {
-                let (nonce, proof) = msg.split_at(32);
+                let (nonce, rest) = msg.split_at(32);
+                let (proof, mode) = rest.split_at(32);
                 let peer = self.peer.expect("a connector knows its peer");
-                if !verify_mac(key, &[SERVER_LABEL, &self.hello, nonce], proof) {
+                if !verify_mac(key, &[SERVER_LABEL, &self.hello, nonce, mode], proof) {
                     return Ok(Outcome::Fatal(format!(
                         "rank {peer} at {} did not prove it holds this job's key: the ranks hold \
                          different job keys (TORCHCOMMS_JOB_KEY / TORCHCOMMS_JOB_KEY_FILE, see \
@@ -248,6 +284,11 @@ impl Shake {
                     )));
                 }
                 self.server_nonce.copy_from_slice(nonce);
+                let theirs = u32::from_le_bytes(mode.try_into().expect("4 bytes"));
+                if theirs != plan.protection.code() {
+                    // Prove the key all the same, so the acceptor may fail too.
+                    self.mismatch = Some(mode_mismatch(plan, peer, theirs));
+                }
                 let mine = mac(key, &[CLIENT_LABEL, &self.hello, &self.server_nonce]);
                 self.out.extend_from_slice(&mine);
                 self.stage = Stage::AwaitAck;
@@ -261,6 +302,10 @@ impl Shake {
                          without this job's key, or a rank with another TORCHCOMMS_JOB_KEY)"
                     )));
                 }
+                let theirs = hello_word(&self.hello, HELLO_MODE);
+                if theirs != plan.protection.code() {
+                    return Ok(Outcome::Fatal(mode_mismatch(plan, from, theirs)));
+                }
                 if connected[from] {
                     return Ok(Outcome::Refused(format!(
                         "rank {from} is already connected"
@@ -270,6 +315,9 @@ impl Shake {
                 self.stage = Stage::SendingAck;
             }
             Stage::AwaitAck => {
+                if let Some(why) = self.mismatch.take() {
+                    return Ok(Outcome::Fatal(why));
+                }
                 let peer = self.peer.expect("a connector knows its peer");
                 return Ok(if msg == [1] {
                     Outcome::Done(peer)
@@ -302,12 +350,29 @@ impl Shake {
     }
 }
 
+/// The little-endian word at `at` of a HELLO.
+fn hello_word(h: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(h[at..at + 4].try_into().expect("4 bytes"))
+}
+
+/// Why init fails when `peer` protects its data path with the mode of code `theirs`.
+fn mode_mismatch(plan: &MeshPlan, peer: usize, theirs: u32) -> String {
+    format!(
+        "{} differs between ranks: rank {} uses {}, rank {peer} uses {}; every rank must set \
+         the same value",
+        Protection::CVAR,
+        plan.rank,
+        plan.protection,
+        Protection::name_of_code(theirs)
+    )
+}
+
 /// Checks a HELLO from an accepted connection; returns the peer's rank or why it was refused.
 pub(crate) fn check_hello(h: &[u8], plan: &MeshPlan, connected: &[bool]) -> Result<usize, String> {
     if &h[..8] != HELLO_MAGIC {
         return Err("not a torchcomms-rs peer (bad magic)".into());
     }
-    let word = |i: usize| u32::from_le_bytes(h[i..i + 4].try_into().expect("4 bytes"));
+    let word = |i: usize| hello_word(h, i);
     let version = word(8);
     if version != HELLO_VERSION {
         return Err(format!(

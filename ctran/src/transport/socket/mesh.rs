@@ -20,6 +20,7 @@ use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 use super::conn::Conn;
 use super::handshake::{Outcome, Shake};
+use super::protect::{Protection, Session};
 use super::{SocketTransport, Waker};
 use crate::error::{Error, Result};
 
@@ -100,6 +101,9 @@ pub struct MeshPlan {
     /// How long one handshake may take before it is dropped (an incoming one) or retried (an
     /// outgoing one): `TORCHCOMMS_HANDSHAKE_TIMEOUT_SECONDS`.
     pub handshake_timeout: Duration,
+    /// What protects the data of every connection (`TORCHCOMMS_DATA_PROTECTION`); the
+    /// handshake fails when two ranks differ.
+    pub protection: Protection,
 }
 
 /// Connects this rank to every other rank of `plan`, within `deadline`.
@@ -117,10 +121,10 @@ pub fn connect_mesh(
     let mut conns = Vec::with_capacity(size);
     for (peer, sock) in socks.into_iter().enumerate() {
         match sock {
-            Some(s) => {
+            Some((s, session)) => {
                 let tuning = |e| Error::io(format!("tuning socket to rank {peer}"), e);
                 s.set_tcp_nodelay(true).map_err(tuning)?;
-                let conn = Conn::new(peer, s).map_err(|e| Error::io("O_NONBLOCK", e))?;
+                let conn = Conn::new(peer, s, session).map_err(|e| Error::io("O_NONBLOCK", e))?;
                 if let Some(bytes) = cfg.buf_bytes.filter(|&b| b > 0) {
                     conn.set_buffers(bytes).map_err(tuning)?;
                 }
@@ -137,12 +141,15 @@ pub fn connect_mesh(
     ))
 }
 
+/// A connection whose handshake is done, with the keys of its data path (if protected).
+type Authenticated = (Socket, Option<Session>);
+
 /// The handshakes of one rank's mesh set-up.
 struct Handshakes<'a> {
     plan: &'a MeshPlan,
     deadline: Instant,
     /// Authenticated connection per peer.
-    socks: Vec<Option<Socket>>,
+    socks: Vec<Option<Authenticated>>,
     connected: Vec<bool>,
     /// Incoming handshakes, oldest first (`None`: finished this round, swept at the next).
     incoming: Vec<Option<Shake>>,
@@ -188,7 +195,7 @@ impl<'a> Handshakes<'a> {
     }
 
     /// Runs every handshake to the end; returns the authenticated socket of every peer.
-    fn run(mut self, listener: &Listener) -> Result<Vec<Option<Socket>>> {
+    fn run(mut self, listener: &Listener) -> Result<Vec<Option<Authenticated>>> {
         listener
             .sock
             .set_nonblocking(true)
@@ -412,7 +419,8 @@ impl<'a> Handshakes<'a> {
                     self.outgoing[id - n_in].take().expect("checked above")
                 };
                 self.connected[peer] = true;
-                self.socks[peer] = Some(shake.sock);
+                let session = shake.session(self.plan);
+                self.socks[peer] = Some((shake.sock, session));
             }
             Outcome::Refused(why) => {
                 let shake = self.take_incoming(id);
@@ -487,6 +495,7 @@ mod tests {
                     addrs: addrs.clone(),
                     key: keys[rank],
                     handshake_timeout: Duration::from_secs(10),
+                    protection: Protection::None,
                 };
                 std::thread::spawn(move || {
                     let r = connect_mesh(l, &plan, &SocketConfig::default(), start + timeout);

@@ -10,6 +10,7 @@ mod early;
 pub mod frame;
 pub(crate) mod handshake;
 pub mod mesh;
+mod protect;
 mod waker;
 
 use std::collections::{HashMap, HashSet};
@@ -23,6 +24,7 @@ use crate::span::Span;
 use crate::transport::{Delivery, OpTag, ReqId, Transport, TransportError};
 use conn::Conn;
 pub use mesh::{MeshPlan, SocketConfig};
+pub use protect::Protection;
 
 pub use waker::Waker;
 
@@ -325,6 +327,10 @@ impl Transport for SocketTransport {
         self.note_current(tag);
     }
 
+    fn owes_output(&self) -> bool {
+        !self.aborted && self.conns.iter().flatten().any(|c| c.wants_write())
+    }
+
     fn unconfirmed(&mut self) -> Result<bool, TransportError> {
         let mut waiting = false;
         for conn in self.conns.iter().flatten() {
@@ -431,6 +437,7 @@ mod tests {
                         addrs: addrs.clone(),
                         key: [7; 32],
                         handshake_timeout: Duration::from_secs(10),
+                        protection: Protection::None,
                     };
                     s.spawn(move || connect_mesh(l, &plan, &SocketConfig::default(), deadline))
                 })
