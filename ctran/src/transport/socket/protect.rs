@@ -22,9 +22,10 @@
 //! after its last tag verified. `encrypt` uses AES-256-GCM, encrypting each chunk of a send
 //! into a staging buffer of one chunk (the caller's buffer is never written). `integrity` sends
 //! the caller's bytes as they are and authenticates each record as the associated data of
-//! ChaCha20-Poly1305, whose Poly1305 ring computes in bulk (ring authenticates AES-GCM's
-//! associated data one 16-byte block per call, about three times slower on the machine of
-//! `docs/perf/security.md`). ring picks AES-NI/VAES, PCLMUL and AVX2 code at run time.
+//! ChaCha20-Poly1305: ring computes Poly1305 over it in bulk, but AES-GCM's associated data
+//! one 16-byte block per call, two to three times slower (`docs/security.md`). ring picks
+//! AES-NI/VAES, PCLMUL and AVX2 code at run time; with VAES, encrypting costs less than the
+//! integrity-only MAC (`docs/perf/security.md`).
 
 use std::fmt;
 use std::io::{self, IoSlice, IoSliceMut, Read};
