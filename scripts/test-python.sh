@@ -42,11 +42,12 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 torchrun=("$PYTHON" -m torch.distributed.run --standalone)
 
 for n in 1 2 3 4; do
-    # The fault tests launch jobs of their own: once is enough (in the 1-rank run).
-    faults=0
-    [[ $n == 1 ]] && faults=1
+    # The fault tests and the torch.distributed jobs (test_z_dist_jobs.py) launch jobs of their
+    # own: once is enough (in the 1-rank run).
+    jobs=0
+    [[ $n == 1 ]] && jobs=1
     echo "== pytest under torchrun --nproc_per_node $n"
-    TORCHCOMMS_TEST_FAULTS=$faults "${torchrun[@]}" --nproc_per_node "$n" \
+    TORCHCOMMS_TEST_FAULTS=$jobs TORCHCOMMS_TEST_JOBS=$jobs "${torchrun[@]}" --nproc_per_node "$n" \
         bindings/python/tests/run_tests.py "$@"
 done
 
