@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds and installs the Python package (bindings/python) and runs its test suite under torchrun
-# for 1, 2, 3 and 4 ranks, then the example. Needs Rust, Python >= 3.9 with pip, and network
+# for 1, 2, 3 and 4 ranks, then the examples (all-reduce, DDP, FSDP2). Needs Rust, Python >= 3.9 with pip, and network
 # access to PyPI the first time (maturin, pytest, and torch when it is missing).
 #
 #   scripts/test-python.sh               # into the current python3 (PYTHON=... to pick another)
@@ -51,7 +51,9 @@ for n in 1 2 3 4; do
         bindings/python/tests/run_tests.py "$@"
 done
 
-echo "== example: torchrun --nproc_per_node 4 examples/python/allreduce.py"
-"${torchrun[@]}" --nproc_per_node 4 examples/python/allreduce.py
+for example in allreduce ddp fsdp; do
+    echo "== example: torchrun --nproc_per_node 4 examples/python/$example.py"
+    "${torchrun[@]}" --nproc_per_node 4 "examples/python/$example.py"
+done
 
 echo "== python tests passed in $(($(date +%s) - start)) s"
