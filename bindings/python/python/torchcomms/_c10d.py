@@ -316,6 +316,19 @@ class _BackendWrapperOptions(_OptionsBase):
         self.is_high_priority_stream = is_high_priority_stream
         self.store = store
 
+    def __copy__(self) -> "_BackendWrapperOptions":
+        return _BackendWrapperOptions(
+            self.abort_process_on_timeout_or_error,
+            self.timeout,
+            self.hints,
+            self.is_high_priority_stream,
+            self.store,
+        )
+
+    def __deepcopy__(self, memo: Any) -> "_BackendWrapperOptions":
+        # The store is shared, as the c10d options of torch's own backends share theirs.
+        return self.__copy__()
+
 
 def _option(opts: Any, name: str, default: Any = None) -> Any:
     return getattr(opts, name, default) if opts is not None else default
@@ -932,6 +945,9 @@ class TorchCommsProcessGroup(_C.ProcessGroup):  # type: ignore[misc]
         self._group_desc = group_desc
         self._cpu = self._backends.get("cpu")
         self._cuda = self._backends.get("cuda")
+        # The accelerator this rank's communicators use (init_process_group's device_id), also
+        # when the group does not announce it as bound_device_id (see _may_bind_device).
+        self._device_id: Optional[torch.device] = None
         self._lock = threading.Lock()
         self._splits = 0
         self._closed = False
@@ -1009,7 +1025,7 @@ class TorchCommsProcessGroup(_C.ProcessGroup):  # type: ignore[misc]
         return self._for(t, where)
 
     def _default_backend(self, where: str) -> _BackendWrapper:
-        bound = self.bound_device_id
+        bound = self.bound_device_id or self._device_id
         if bound is not None:
             return self._for_device(bound, where)
         if "cuda" in self._devices and torch.cuda.is_available() and (
@@ -1027,20 +1043,36 @@ class TorchCommsProcessGroup(_C.ProcessGroup):  # type: ignore[misc]
                 return self._backend("cuda", where)
         return self._backend(device.type, where)
 
+    def _existing(self, device: Any, where: str) -> _BackendWrapper:
+        """The backend of ``device`` if its communicator exists. Looking a backend up never
+        creates a communicator: creation is a collective, and torch looks backends up on some
+        ranks only (``batch_isend_irecv`` on a pipeline's pair)."""
+        d = torch.device(device).type
+        b = self._backends.get(d)
+        if b is not None:
+            return b
+        if d in self._devices:
+            raise RuntimeError(
+                f"[rank {self._r}] {where}: this process group has no {d} communicator yet: it "
+                f"is created by the group's first {d} collective (or at init_process_group with "
+                f"device_id)"
+            )
+        raise RuntimeError(f"No backend type associated with device type {d}")
+
     def _get_backend(self, device: Any) -> _BackendWrapper:
-        return self._for_device(device, "_get_backend")
+        return self._existing(device, "_get_backend")
 
     def get_backend(self, device: Any) -> _BackendWrapper:
-        return self._for_device(device, "get_backend")
+        return self._existing(device, "get_backend")
 
     @property
     def _device_types(self) -> list:
-        """The device types the group serves: those with a communicator, and those it can make
-        one for here (CUDA only where a GPU is present)."""
+        """The device types whose communicator exists; before any does, the ones the group can
+        create (a CUDA-only group without ``device_id``, before its first operation)."""
+        if self._backends:
+            return [torch.device(d) for d in self._devices if d in self._backends]
         return [
-            torch.device(d)
-            for d in self._devices
-            if d in self._backends or (d != "cuda" or torch.cuda.is_available())
+            torch.device(d) for d in self._devices if d != "cuda" or torch.cuda.is_available()
         ]
 
     def _has_hooks(self) -> bool:
@@ -1198,20 +1230,29 @@ class TorchCommsProcessGroup(_C.ProcessGroup):  # type: ignore[misc]
 
     # ---------------------------------------------------------------- point-to-point
 
+    # Point-to-point operations run on existing communicators only: only the two ranks take part,
+    # and creating a communicator takes the whole group.
+
+    def _p2p(self, tensors: Any, where: str) -> _BackendWrapper:
+        t = tensors
+        while not isinstance(t, torch.Tensor):
+            t = t[0]
+        return self._existing(t.device, where)
+
     def send(self, tensors: Any, dst: int, tag: int = 0) -> _Work:
-        return self._first(tensors, "send").send(tensors, dst, tag)
+        return self._p2p(tensors, "send").send(tensors, dst, tag)
 
     def recv(self, tensors: Any, src: int, tag: int = 0) -> _Work:
-        return self._first(tensors, "recv").recv(tensors, src, tag)
+        return self._p2p(tensors, "recv").recv(tensors, src, tag)
 
     def recv_anysource(self, tensors: Any, tag: int = 0) -> _Work:
-        return self._first(tensors, "recv").recv_anysource(tensors, tag)
+        return self._p2p(tensors, "recv").recv_anysource(tensors, tag)
 
     def _start_coalescing(self, device: Any) -> None:
-        self._for_device(device, "start_coalescing").start_coalescing(device)
+        self._existing(device, "start_coalescing").start_coalescing(device)
 
     def _end_coalescing(self, device: Any) -> _Work:
-        return self._for_device(device, "end_coalescing").end_coalescing(device)
+        return self._existing(device, "end_coalescing").end_coalescing(device)
 
     start_coalescing = _start_coalescing
     end_coalescing = _end_coalescing
@@ -1269,6 +1310,7 @@ class TorchCommsProcessGroup(_C.ProcessGroup):  # type: ignore[misc]
             group_name=name,
             group_desc=group_desc or name,
         )
+        pg._device_id = self._device_id
         return pg
 
     splitGroup = split_group  # noqa: N815 - the trampoline's name
@@ -1291,6 +1333,7 @@ class TorchCommsProcessGroup(_C.ProcessGroup):  # type: ignore[misc]
         return 0
 
     def eager_connect_single_device(self, device: Any) -> None:
+        """Creates the communicator of ``device`` now (a collective over the group)."""
         if device is not None:
             self._for_device(device, "eager_connect_single_device")
 
@@ -1302,7 +1345,39 @@ def _has_store(pg: TorchCommsProcessGroup) -> bool:
     return pg._store is not None
 
 
+def batch_p2p_coalesces() -> bool:
+    """Whether ``torch.distributed.batch_isend_irecv`` coalesces the operations of a group of
+    ours into one torchcomms batch (torch >= 2.14 asks the group's backend whether it supports
+    coalescing; older torch does so only for groups of exactly ``ProcessGroup``, and issues the
+    operations of a subclass one at a time)."""
+    import inspect
+
+    dc = sys.modules.get("torch.distributed.distributed_c10d")
+    try:
+        src = inspect.getsource(dc.batch_isend_irecv)  # type: ignore[union-attr]
+    except (AttributeError, OSError, TypeError):
+        return False
+    return "type(group) is ProcessGroup" not in src
+
+
 # --------------------------------------------------------------------------- creating groups
+
+
+def _may_bind_device() -> bool:
+    """Whether a group of ours may announce its device (``ProcessGroup.bound_device_id``). torch
+    treats the default group's bound backend as the source of communicator splits for every new
+    group; before 2.15 it hands that backend to ProcessGroupNCCL (``Options.split_from``), which
+    only takes its own kind, so ``new_group(backend="nccl")`` beside a bound ctran group would
+    fail. torch 2.15 splits only from a backend of the requested kind (``_get_split_source``
+    takes the backend)."""
+    import inspect
+
+    dc = sys.modules.get("torch.distributed.distributed_c10d")
+    f = getattr(dc, "_get_split_source", None)
+    try:
+        return f is not None and len(inspect.signature(f).parameters) >= 2
+    except (TypeError, ValueError):
+        return False
 
 
 class _RankEnv:
@@ -1411,6 +1486,11 @@ def _create(dist_opts: Any, pg_options: Any, *, c10d_name: str) -> Any:
     pg_being_built = getattr(dist_opts, "process_group", None)
     if device_id is None and pg_being_built is not None:
         device_id = pg_being_built.bound_device_id
+    if device_id is None:
+        # A subgroup: the device of the default group, if it is ours.
+        dc = sys.modules.get("torch.distributed.distributed_c10d")
+        default = getattr(getattr(dc, "_world", None), "default_pg", None) if dc else None
+        device_id = getattr(default, "_device_id", None)
     # The backend map: every device this call serves, and whether other backends take part.
     config = caller.get("backend_config")
     device_map = {}
@@ -1456,7 +1536,9 @@ def _create(dist_opts: Any, pg_options: Any, *, c10d_name: str) -> Any:
         group_name=group_name,
     )
     if device_id is not None:
-        pg.bound_device_id = torch.device(device_id)
+        pg._device_id = torch.device(device_id)
+        if _may_bind_device():
+            pg.bound_device_id = torch.device(device_id)
     return pg
 
 

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from torchcomms import _c10d
 from torchcomms._c10d import TorchCommsProcessGroup, _BackendWrapper
 
 __all__ = ["init_device_mesh"]
@@ -67,8 +68,10 @@ def _create_torchcomm_process_group(
         group_name=group_name,
         group_desc=group_name,
     )
-    if device.type == "cuda":
-        pg.bound_device_id = device if device.index is not None else None
+    if device.type == "cuda" and device.index is not None:
+        pg._device_id = device
+        if _c10d._may_bind_device():
+            pg.bound_device_id = device
     world = c10d._world
     # The bookkeeping wants a store; these groups meet through their communicator.
     world.pg_map[pg] = (backend_str, dist.HashStore())
