@@ -114,6 +114,8 @@ def _dist_error(e: BaseException) -> BaseException:
 
 _AllreduceOptions = _C.AllreduceOptions
 _RT = _C.ReduceOp.RedOpType
+_RT_SUM = _RT.SUM
+_TC_SUM = _TcOp.SUM
 _REDUCE = {
     _RT.SUM: _TcOp.SUM,
     _RT.AVG: _TcOp.AVG,
@@ -496,8 +498,10 @@ class _BackendWrapper(_BackendBase):
             t = _one(tensors, self._r, "allreduce")
             tensors = [t]
         red = opts.reduceOp
-        op = _REDUCE.get(red.op)
-        if op is None:
+        # Comparing with SUM costs less than reading the op's type (DDP and most code sum).
+        if red == _RT_SUM:
+            op = _TC_SUM
+        else:
             op = _reduce_op(red, self._r, "allreduce")
         to = opts.timeout
         if not to > _ZERO:
@@ -505,16 +509,15 @@ class _BackendWrapper(_BackendBase):
         comm = self._comm
         if not opts.asyncOp and not self._cuda:
             try:
-                comm.all_reduce(t, op, False, timeout=to)
+                # Positional `hints, timeout`: keywords cost pyo3 a dict per call.
+                comm.all_reduce(t, op, False, None, to)
             except BaseException as e:
                 err = _dist_error(e)
                 if err is e:
                     raise
                 raise err from e
             return self._completed(tensors, to)
-        return self._issue(
-            lambda a: comm.all_reduce(t, op, a, timeout=to), tensors, opts.asyncOp, to
-        )
+        return self._issue(lambda a: comm.all_reduce(t, op, a, None, to), tensors, opts.asyncOp, to)
 
     def allreduce_coalesced(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> _Work:
         opts = opts if opts is not None else _C.AllreduceCoalescedOptions()
@@ -1260,8 +1263,12 @@ class TorchCommsProcessGroup(_C.ProcessGroup):  # type: ignore[misc]
     # ---------------------------------------------------------------- management
 
     def set_timeout(self, timeout: timedelta) -> None:
+        """The default timeout of the group's operations (``dist.set_timeout``), also of the
+        communicators it creates later."""
         for b in list(self._backends.values()):
             b.set_timeout(timeout)
+        if self._make_comm is not None:
+            self._make_comm.timeout = timeout
 
     def split_group(
         self,
