@@ -154,6 +154,11 @@ def test_reduce_scatter_forms() -> None:
     out2 = torch.empty(5)
     dist.reduce_scatter_tensor(out2, big, op=dist.ReduceOp.AVG, async_op=True).wait()
     torch.testing.assert_close(out2, expected / WORLD)
+    # Uneven sizes (reduce_scatter_v): rank r receives r + 1 elements.
+    uneven_in = [torch.full((r + 1,), float(RANK + 1)) for r in range(WORLD)]
+    uneven_out = torch.empty(RANK + 1)
+    dist.reduce_scatter(uneven_out, uneven_in)
+    assert torch.all(uneven_out == WORLD * (WORLD + 1) / 2)
 
 
 def test_all_to_all_forms() -> None:

@@ -49,6 +49,8 @@ _ZERO = timedelta(0)
 # c10d backend name -> torchcomms backend name. "ctran" is our engine; "tc_nccl" the vendor NCCL
 # behind torchcomms' `nccl` backend (c10d's own "nccl" is torch's ProcessGroupNCCL).
 C10D_BACKENDS = {"ctran": "ctran", "tc_nccl": "nccl"}
+# The device types each serves (what a bare backend name means in init_process_group).
+C10D_DEVICES = {"ctran": ["cpu", "cuda"], "tc_nccl": ["cuda"]}
 
 
 def _python_backends_supported() -> bool:
@@ -231,6 +233,15 @@ class _Work(_C.Work):  # type: ignore[misc]
         return all(w._status() == _WorkStatus.COMPLETED for w in self._torch_works())
 
     def exception(self) -> Optional[BaseException]:
+        """The error of a failed operation (None while it runs or when it succeeded)."""
+        if self._error is None and self._side is None:
+            for w in self._torch_works():
+                if w.is_completed() and w._status() != _WorkStatus.COMPLETED:
+                    try:
+                        w.wait()  # finished: raises its error at once
+                    except BaseException as e:
+                        self._error = _dist_error(e)
+                        break
         return self._error
 
     def result(self) -> Any:
@@ -954,6 +965,7 @@ class TorchCommsProcessGroup(_C.ProcessGroup):  # type: ignore[misc]
         self._lock = threading.Lock()
         self._splits = 0
         self._closed = False
+        self._cpp_registered: set[str] = set()
         self._register_cpp_backends()
 
     # ---------------------------------------------------------------- backends
@@ -965,9 +977,9 @@ class TorchCommsProcessGroup(_C.ProcessGroup):  # type: ignore[misc]
         if not PYTHON_BACKENDS:
             return
         for d, b in self._backends.items():
-            if isinstance(b, _C.Backend) and getattr(b, "_registered", None) is not self:
+            if d not in self._cpp_registered and isinstance(b, _C.Backend):
                 self._register_backend(torch.device(d), _C.ProcessGroup.BackendType.CUSTOM, b)
-                b._registered = self
+                self._cpp_registered.add(d)
         if self._backends:
             self._set_default_backend(_C.ProcessGroup.BackendType.CUSTOM)
 
@@ -1504,7 +1516,7 @@ def _create(dist_opts: Any, pg_options: Any, *, c10d_name: str) -> Any:
     if config is not None:
         device_map = {d: str(b) for d, b in config.get_device_backend_map().items()}
     if not device_map:
-        device_map = {"cpu": c10d_name, "cuda": c10d_name}
+        device_map = {d: c10d_name for d in C10D_DEVICES[c10d_name]}
     ours = {d: C10D_BACKENDS[b] for d, b in device_map.items() if b in C10D_BACKENDS}
     foreign = {d: b for d, b in device_map.items() if b not in C10D_BACKENDS}
     if foreign:
@@ -1570,7 +1582,7 @@ def register_c10d_backends() -> None:
         if name.upper() in backend_cls._plugins:
             continue
         backend_cls.register_backend(
-            name, _creator(name), extended_api=True, devices=["cpu", "cuda"]
+            name, _creator(name), extended_api=True, devices=C10D_DEVICES[name]
         )
 
 
