@@ -298,37 +298,65 @@ def upstream() -> None:
     )
 
 
-def torch_use_torchcomms() -> None:
-    """torch's own TorchComms path (``dist.config.use_torchcomms``, upstream's
-    C10dTorchCommTest): torch creates the communicators through ``new_comm`` and registers
-    ``_BackendWrapper(comm)`` as each group's c10d backend."""
-    if not _c10d.PYTHON_BACKENDS or not hasattr(dist, "config") or not hasattr(dist.config, "use_torchcomms"):
-        result(skipped=f"torch {torch.__version__} has no use_torchcomms path for Python backends")
+def backend_paths() -> None:
+    """The paths where torch's C++ ProcessGroup drives our ``_BackendWrapper`` (torch >= 2.14):
+    a device map mixing ctran with another backend ("cpu:ctran,cuda:gloo"), then torch's own
+    TorchComms path (``dist.config.use_torchcomms``, upstream's C10dTorchCommTest), where torch
+    creates the communicators through ``new_comm`` and registers ``_BackendWrapper(comm)``. On
+    torch 2.11 the mixed map must be refused with a ValueError saying why."""
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), WORLD, is_master=RANK == 0,
+        timeout=timedelta(seconds=120),
+    )
+    if not _c10d.PYTHON_BACKENDS:
+        try:
+            dist.init_process_group("cpu:ctran,cuda:gloo", store=dist.PrefixStore("mixed", store), rank=RANK, world_size=WORLD)
+            result(mixed_refused=False)
+        except ValueError as e:
+            result(mixed_refused="torch >= 2.14" in str(e) and f"rank {RANK}" in str(e), msg=str(e))
+        result(skipped=f"torch {torch.__version__} has no Python c10d backends", clean_exit=True)
         return
-    dist.config.use_torchcomms = True
-    dist.init_process_group(backend="ctran", timeout=timedelta(seconds=120))
+    checks: dict[str, bool] = {}
+    dist.init_process_group(
+        "cpu:ctran,cuda:gloo", store=dist.PrefixStore("mixed", store), rank=RANK, world_size=WORLD,
+        timeout=timedelta(seconds=120),
+    )
     pg = dist.group.WORLD
-    backend = pg._get_backend(torch.device("cpu"))
-    checks = {"wrapper": isinstance(backend, torchcomms._BackendWrapper)}
+    checks["mixed_plain_group"] = type(pg) is dist.ProcessGroup
+    checks["mixed_wrapper"] = isinstance(pg._get_backend(torch.device("cpu")), torchcomms._BackendWrapper)
+    t = torch.full((3,), float(RANK + 1))
+    dist.all_reduce(t)
+    checks["mixed_all_reduce"] = t.tolist() == [WORLD * (WORLD + 1) / 2] * 3
+    fut = dist.all_reduce(torch.ones(2), async_op=True).get_future()
+    checks["mixed_future"] = fut.wait()[0].tolist() == [float(WORLD)] * 2
+    dist.destroy_process_group()
+
+    dist.config.use_torchcomms = True
+    dist.init_process_group(
+        backend="ctran", store=dist.PrefixStore("tc", store), rank=RANK, world_size=WORLD,
+        timeout=timedelta(seconds=120),
+    )
+    pg = dist.group.WORLD
+    checks["tc_wrapper"] = isinstance(pg._get_backend(torch.device("cpu")), torchcomms._BackendWrapper)
     t = torch.tensor([RANK + 1.0])
     dist.all_reduce(t, op=dist.ReduceOp.AVG)
-    checks["avg"] = t.item() == sum(range(1, WORLD + 1)) / WORLD
+    checks["tc_avg"] = t.item() == sum(range(1, WORLD + 1)) / WORLD
     out = torch.empty(WORLD)
     dist.all_gather_into_tensor(out, torch.tensor([float(RANK)]))
-    checks["all_gather_into_tensor"] = out.tolist() == [float(r) for r in range(WORLD)]
+    checks["tc_all_gather_into_tensor"] = out.tolist() == [float(r) for r in range(WORLD)]
     splits_in = [RANK + 1] * WORLD
     splits_out = [r + 1 for r in range(WORLD)]
     x = torch.cat([torch.full((RANK + 1,), float(RANK + d)) for d in range(WORLD)])
     y = torch.empty(sum(splits_out))
     dist.all_to_all_single(y, x, output_split_sizes=splits_out, input_split_sizes=splits_in)
     want = torch.cat([torch.full((r + 1,), float(r + RANK)) for r in range(WORLD)])
-    checks["all_to_all_single_splits"] = bool(torch.equal(y, want))
+    checks["tc_all_to_all_single_splits"] = bool(torch.equal(y, want))
     nxt, prv = (RANK + 1) % WORLD, (RANK - 1) % WORLD
     recv = torch.empty(2)
     ops = [dist.P2POp(dist.isend, torch.full((2,), float(RANK)), nxt), dist.P2POp(dist.irecv, recv, prv)]
     for w in dist.batch_isend_irecv(ops):
         w.wait()
-    checks["batch_isend_irecv"] = recv.tolist() == [float(prv)] * 2
+    checks["tc_batch_isend_irecv"] = recv.tolist() == [float(prv)] * 2
     dist.barrier()
     dist.destroy_process_group()
     result(checks=checks, clean_exit=True)
@@ -404,7 +432,7 @@ if __name__ == "__main__":
     {
         "training": training,
         "upstream": upstream,
-        "torch_use_torchcomms": torch_use_torchcomms,
+        "backend_paths": backend_paths,
         "killed": killed,
         "timeout": timeout,
     }[sys.argv[1]]()
