@@ -44,6 +44,8 @@ def test_default_group_runs_on_torchcomms(world_pg: Any) -> None:
     assert comm.get_rank() == RANK and comm.get_size() == WORLD and comm.get_backend() == "ctran"
     assert backend.name() == "ctran" and world_pg.name() == "ctran"
     assert torch.device("cpu") in world_pg._device_types
+    # The creator read the group's device map: "ctran" alone means ctran on CPU and CUDA.
+    assert world_pg._make_comm.devices == {"cpu": "ctran", "cuda": "ctran"}
     if _c10d.PYTHON_BACKENDS:
         # torch >= 2.14: the wrapper is a real c10d backend, registered with the C++ group.
         assert isinstance(backend, torch._C._distributed_c10d.Backend)

@@ -71,8 +71,8 @@ PYTHON_BACKENDS: bool = _python_backends_supported()
 
 
 def _process_group_takes_store() -> bool:
-    """Whether a Python subclass of ``ProcessGroup`` can be built with a store (torch >= 2.12;
-    2.11 only has the ``(rank, size)`` constructor for subclasses)."""
+    """Whether a Python subclass of ``ProcessGroup`` can be built with a store (2.14 and 2.15 can;
+    2.11 has only the ``(rank, size)`` constructor for subclasses)."""
 
     class _Probe(_C.ProcessGroup):  # type: ignore[misc]
         pass
@@ -518,7 +518,8 @@ class _BackendWrapper(_BackendBase):
         if not to > _ZERO:
             to = None
         comm = self._comm
-        if not opts.asyncOp and not self._cuda:
+        if not opts.asyncOp:
+            # Synchronous (CPU: finished on return; CUDA: on the current stream).
             try:
                 # Positional `hints, timeout`: keywords cost pyo3 a dict per call.
                 comm.all_reduce(t, op, False, None, to)
