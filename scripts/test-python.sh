@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds and installs the Python package (bindings/python) and runs its test suite under torchrun
-# for 1, 2, 3 and 4 ranks, then the example. Needs Rust, Python >= 3.9 with pip, and network
+# for 1, 2, 3 and 4 ranks, then the examples (all-reduce, DDP, FSDP2). Needs Rust, Python >= 3.9 with pip, and network
 # access to PyPI the first time (maturin, pytest, and torch when it is missing).
 #
 #   scripts/test-python.sh               # into the current python3 (PYTHON=... to pick another)
@@ -42,15 +42,18 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 torchrun=("$PYTHON" -m torch.distributed.run --standalone)
 
 for n in 1 2 3 4; do
-    # The fault tests launch jobs of their own: once is enough (in the 1-rank run).
-    faults=0
-    [[ $n == 1 ]] && faults=1
+    # The fault tests and the torch.distributed jobs (test_z_dist_jobs.py) launch jobs of their
+    # own: once is enough (in the 1-rank run).
+    jobs=0
+    [[ $n == 1 ]] && jobs=1
     echo "== pytest under torchrun --nproc_per_node $n"
-    TORCHCOMMS_TEST_FAULTS=$faults "${torchrun[@]}" --nproc_per_node "$n" \
+    TORCHCOMMS_TEST_FAULTS=$jobs TORCHCOMMS_TEST_JOBS=$jobs "${torchrun[@]}" --nproc_per_node "$n" \
         bindings/python/tests/run_tests.py "$@"
 done
 
-echo "== example: torchrun --nproc_per_node 4 examples/python/allreduce.py"
-"${torchrun[@]}" --nproc_per_node 4 examples/python/allreduce.py
+for example in allreduce ddp fsdp; do
+    echo "== example: torchrun --nproc_per_node 4 examples/python/$example.py"
+    "${torchrun[@]}" --nproc_per_node 4 "examples/python/$example.py"
+done
 
 echo "== python tests passed in $(($(date +%s) - start)) s"

@@ -26,4 +26,4 @@ pub mod nvl;
 pub mod shm_collectives;
 pub mod transport;
 
-pub use comm::{Comm, CommConfig, Op, P2p, Request, RequestStatus};
+pub use comm::{Comm, CommConfig, FinishCallback, Op, P2p, Request, RequestStatus};

@@ -41,7 +41,7 @@ pub use registry::{backend_names, is_backend_registered, register_backend, Backe
 pub use tensor::{Element, Tensor};
 pub use torchcomms_core::bootstrap::Store;
 pub use torchcomms_core::{DataType, Device, ReduceOp};
-pub use work::{Work, WorkHandle, WorkStatus};
+pub use work::{OnComplete, Work, WorkHandle, WorkStatus};
 
 /// Creates a communicator on `backend` for `device`, named `name`. A collective over all ranks:
 /// rank and size come from `options` or the launcher's environment, the store from `options`

@@ -20,6 +20,9 @@ pub enum WorkStatus {
     Error,
 }
 
+/// A function [`Work::on_complete`] runs once the work finished.
+pub type OnComplete = Box<dyn FnOnce() + Send>;
+
 /// What a backend implements for its work objects.
 pub trait WorkHandle: Send + Sync + Debug {
     /// Waits for the work: CPU backends block until it finishes or `timeout` passes; CUDA
@@ -34,6 +37,12 @@ pub trait WorkHandle: Send + Sync + Debug {
     fn status(&self) -> WorkStatus;
     /// The error of failed work.
     fn error(&self) -> Option<crate::Error>;
+    /// Arranges for `f` to run once the work finished (successfully or not): on the thread
+    /// that finishes it, or at once if it already has. A handle that cannot tell (the default)
+    /// hands `f` back, and the caller watches [`WorkHandle::status`] instead.
+    fn on_complete(&self, f: OnComplete) -> std::result::Result<(), OnComplete> {
+        Err(f)
+    }
 }
 
 /// A work handle that is complete from the start (synchronous ops, empty batches).
@@ -49,6 +58,10 @@ impl WorkHandle for Completed {
     }
     fn error(&self) -> Option<crate::Error> {
         None
+    }
+    fn on_complete(&self, f: OnComplete) -> std::result::Result<(), OnComplete> {
+        f();
+        Ok(())
     }
 }
 
@@ -111,5 +124,56 @@ impl Work {
     /// The error of failed work.
     pub fn error(&self) -> Option<crate::Error> {
         self.handle.error()
+    }
+
+    /// Runs `f` once the work finished, successfully or not, on the thread that finishes it
+    /// (a backend's progress thread: `f` must be quick and must not block), or at once if it
+    /// already has. Hands `f` back when the backend cannot notify; poll
+    /// [`Work::is_completed`] then.
+    pub fn on_complete(&self, f: OnComplete) -> std::result::Result<(), OnComplete> {
+        self.handle.on_complete(f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    #[derive(Debug)]
+    struct Silent;
+
+    impl WorkHandle for Silent {
+        fn wait(&self, _timeout: Duration) -> Result<()> {
+            Ok(())
+        }
+        fn status(&self) -> WorkStatus {
+            WorkStatus::InProgress
+        }
+        fn error(&self) -> Option<crate::Error> {
+            None
+        }
+    }
+
+    #[test]
+    fn a_completed_work_runs_the_callback_at_once() {
+        let ran = Arc::new(AtomicBool::new(false));
+        let r = Arc::clone(&ran);
+        let back = Work::completed().on_complete(Box::new(move || r.store(true, Ordering::SeqCst)));
+        assert!(back.is_ok());
+        assert!(ran.load(Ordering::SeqCst));
+    }
+
+    #[test]
+    fn a_handle_that_cannot_notify_hands_the_callback_back() {
+        let w = Work::new(Box::new(Silent), Duration::from_secs(1));
+        let ran = Arc::new(AtomicBool::new(false));
+        let r = Arc::clone(&ran);
+        let back = w.on_complete(Box::new(move || r.store(true, Ordering::SeqCst)));
+        let f = back.expect_err("Silent cannot notify");
+        assert!(!ran.load(Ordering::SeqCst));
+        f();
+        assert!(ran.load(Ordering::SeqCst));
     }
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use ctran::gpe::GpeRequest;
 use ctran::{Request, RequestStatus};
-use torchcomms::{Error, Result, WorkHandle, WorkStatus};
+use torchcomms::{Error, OnComplete, Result, WorkHandle, WorkStatus};
 
 /// Work handle over a host request.
 #[derive(Debug)]
@@ -42,6 +42,11 @@ impl WorkHandle for CtranWork {
 
     fn error(&self) -> Option<Error> {
         self.request.error().map(Error::Engine)
+    }
+
+    fn on_complete(&self, f: OnComplete) -> std::result::Result<(), OnComplete> {
+        self.request.on_finish(f);
+        Ok(())
     }
 }
 

@@ -18,6 +18,7 @@
 mod args;
 mod batch;
 mod comm;
+mod completion;
 mod core;
 mod create;
 mod cvars;

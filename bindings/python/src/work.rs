@@ -135,6 +135,32 @@ impl PyTorchWork {
         }
     }
 
+    /// Runs `callback(error)` once the operation finished, successfully (`error` is None) or
+    /// not (`error` is the exception `wait()` raises): at once on this thread when it already
+    /// has, else on the package's completion thread, with the GIL. A work of a Python backend
+    /// is waited on here first. Used by the `torch.distributed` backend to complete futures.
+    fn _add_done_callback(&self, py: Python<'_>, callback: Py<PyAny>) -> PyResult<()> {
+        crate::error::guard("_add_done_callback", || match &self.inner {
+            WorkInner::Native(w) => {
+                if w.is_completed() {
+                    let error = crate::completion::outcome(py, w, &self.comm);
+                    callback.call1(py, (error,))?;
+                } else {
+                    crate::completion::add_done_callback(w, &self.comm, callback);
+                }
+                Ok(())
+            }
+            WorkInner::Done => callback.call1(py, (py.None(),)).map(drop),
+            WorkInner::Python { .. } => {
+                let error = match self.do_wait(py) {
+                    Ok(()) => py.None(),
+                    Err(e) => e.into_value(py).into_any(),
+                };
+                callback.call1(py, (error,)).map(drop)
+            }
+        })
+    }
+
     /// Registers callables run before and after each `wait()` (used by the clog hook).
     fn _add_wait_callbacks(&self, before: Py<PyAny>, after: Py<PyAny>) {
         self.wait_callbacks

@@ -14,6 +14,9 @@ from torchcomms import _comms
 PKG = os.path.dirname(torchcomms.__file__)
 # Names only the stubs have: type aliases of the stubs themselves.
 STUB_ONLY = {"PostHook", "PreHook", "_Device", "_Hints", "_Timeout", "_HooksFr", "_HooksClog", "_Hooks"}
+# Set by the package only where torch can use it (torch >= 2.14: Python c10d backends).
+if not torchcomms._c10d.PYTHON_BACKENDS:
+    STUB_ONLY |= {"_BackendWrapper"}
 
 
 def _stub(path: str, imports: bool) -> dict[str, Optional[set[str]]]:

@@ -32,7 +32,7 @@ use executor::{Command, Executor, Task};
 pub(crate) use init::fuzz_records;
 pub(crate) use init::host_id;
 pub use op::{Op, P2p};
-pub use request::{Request, RequestStatus};
+pub use request::{FinishCallback, Request, RequestStatus};
 
 /// Owners of an operation's buffers, dropped by the progress thread once the operation finished.
 pub type KeepAlive = Vec<Arc<dyn std::any::Any + Send + Sync>>;

@@ -1,7 +1,9 @@
 //! The completion side of an operation: the caller holds a [`Request`], the progress thread
 //! finishes it. A waiting caller spins briefly on an atomic flag before it sleeps on a condition
 //! variable, and the progress thread only makes the wake-up system call when somebody sleeps:
-//! for short operations both thread hand-offs stay in user space.
+//! for short operations both thread hand-offs stay in user space. Callers that cannot block
+//! (the Python bindings completing a `torch.futures.Future`) register a callback instead
+//! ([`Request::on_finish`]), which the finishing thread runs.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -31,6 +33,29 @@ struct Locked {
     state: State,
     /// Waiters asleep on `cv`: a finish without any makes no wake-up call.
     sleepers: usize,
+    /// Run once by the thread that finishes the request.
+    on_finish: FinishCallbacks,
+}
+
+/// A function [`Request::on_finish`] runs once the request finished.
+pub type FinishCallback = Box<dyn FnOnce() + Send>;
+
+#[derive(Default)]
+struct FinishCallbacks(Vec<FinishCallback>);
+
+impl std::fmt::Debug for FinishCallbacks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} finish callback(s)", self.0.len())
+    }
+}
+
+/// Runs finish callbacks; one that panics is logged, never unwinds into the engine's thread.
+fn run_callbacks(callbacks: Vec<FinishCallback>, op: &str, seq: u64) {
+    for cb in callbacks {
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(cb)).is_err() {
+            tracing::error!(op, seq, "a finish callback panicked");
+        }
+    }
 }
 
 /// Lifecycle of an operation as seen by its caller.
@@ -66,6 +91,7 @@ impl Request {
                 locked: Mutex::new(Locked {
                     state: State::Queued,
                     sleepers: 0,
+                    on_finish: FinishCallbacks::default(),
                 }),
                 cv: Condvar::new(),
                 finished: AtomicBool::new(false),
@@ -119,14 +145,32 @@ impl Request {
     }
 
     pub(crate) fn finish(&self, result: Result<()>) {
-        let mut s = self.lock();
-        s.state = match result {
-            Ok(()) => State::Done,
-            Err(e) => State::Failed(e),
+        let callbacks = {
+            let mut s = self.lock();
+            s.state = match result {
+                Ok(()) => State::Done,
+                Err(e) => State::Failed(e),
+            };
+            self.shared.finished.store(true, Ordering::Release);
+            if s.sleepers > 0 {
+                self.shared.cv.notify_all();
+            }
+            std::mem::take(&mut s.on_finish.0)
         };
-        self.shared.finished.store(true, Ordering::Release);
-        if s.sleepers > 0 {
-            self.shared.cv.notify_all();
+        run_callbacks(callbacks, self.op, self.seq);
+    }
+
+    /// Runs `f` once the operation finished, successfully or not: on the thread that finishes
+    /// it (the communicator's progress thread), or at once on this thread if it already has.
+    /// `f` must be quick and must not block (hand the news to another thread); a panic in it
+    /// is logged and goes no further.
+    pub fn on_finish(&self, f: FinishCallback) {
+        let mut s = self.lock();
+        if matches!(s.state, State::Done | State::Failed(_)) {
+            drop(s);
+            run_callbacks(vec![f], self.op, self.seq);
+        } else {
+            s.on_finish.0.push(f);
         }
     }
 
@@ -251,6 +295,37 @@ mod tests {
             assert!(got.to_string().contains("on purpose"), "{got}");
             t.join().unwrap();
         }
+    }
+
+    #[test]
+    fn finish_callbacks_run_once_on_the_finishing_thread_or_at_once() {
+        use std::sync::atomic::AtomicUsize;
+        let r = Request::new("all_reduce", 5, Duration::ZERO);
+        let ran = Arc::new(AtomicUsize::new(0));
+        let (tx, rx) = std::sync::mpsc::channel();
+        {
+            let ran = Arc::clone(&ran);
+            r.on_finish(Box::new(move || {
+                ran.fetch_add(1, Ordering::SeqCst);
+                tx.send(std::thread::current().id()).unwrap();
+            }));
+        }
+        // A panicking callback does not stop the others nor the finishing thread.
+        r.on_finish(Box::new(|| panic!("on purpose")));
+        assert_eq!(ran.load(Ordering::SeqCst), 0);
+        let t = finish_later(&r, Duration::from_millis(10), Ok(()));
+        let finisher = t.thread().id();
+        t.join().unwrap();
+        assert_eq!(rx.recv().unwrap(), finisher);
+        assert_eq!(ran.load(Ordering::SeqCst), 1);
+        // Registered after the finish: runs at once, here.
+        let here = Arc::new(AtomicUsize::new(0));
+        let h = Arc::clone(&here);
+        r.on_finish(Box::new(move || {
+            h.fetch_add(1, Ordering::SeqCst);
+        }));
+        assert_eq!(here.load(Ordering::SeqCst), 1);
+        assert_eq!(ran.load(Ordering::SeqCst), 1);
     }
 
     #[test]

@@ -113,6 +113,20 @@ def _alias_hook_modules() -> None:
 
 _alias_hook_modules()
 
+# torch.distributed on torchcomms (torchcomms/_c10d.py): the c10d backend over a TorchComm, under
+# upstream's name. Where torch can take it as a c10d backend (torch >= 2.14) it is also
+# `torchcomms._comms._BackendWrapper`, where torch.distributed looks for it. This runs while
+# torch.distributed itself may be importing torchcomms: nothing here needs more than torch._C.
+from torchcomms import _c10d  # noqa: E402
+from torchcomms._c10d import _BackendWrapper  # noqa: E402, F401
+import torchcomms.functional as functional  # noqa: E402, F401
+
+if _c10d.PYTHON_BACKENDS:
+    _comms._BackendWrapper = _BackendWrapper
+# init_process_group(backend="ctran"): registered now if torch.distributed is complete, else by
+# torch's backend entry points (see pyproject.toml).
+_c10d.register_c10d_backends()
+
 
 def _patch_for_compile() -> bool:
     """The cvar TORCHCOMMS_PATCH_FOR_COMPILE; an invalid value warns here (importing never
@@ -126,8 +140,9 @@ def _patch_for_compile() -> bool:
 
 if _patch_for_compile():
     warnings.warn(
-        "TORCHCOMMS_PATCH_FOR_COMPILE=1: torch.compile support (torchcomms.functional) is not "
-        "available in torchcomms-rs yet; collectives run eagerly",
+        "TORCHCOMMS_PATCH_FOR_COMPILE=1: compiling TorchComm methods (upstream's "
+        "torchcomms.functional) is not available in torchcomms-rs yet; they run eagerly. "
+        "torch.distributed functional collectives on a torchcomms process group compile.",
         stacklevel=2,
     )
 

@@ -2,8 +2,10 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from torchcomms import functional as functional
 from torchcomms import hooks as hooks
 from torchcomms import objcol as objcol
+from torchcomms._c10d import _BackendWrapper as _BackendWrapper
 from torchcomms._comms import (
     BatchP2POptions as BatchP2POptions,
     BatchSendRecv as BatchSendRecv,

@@ -153,6 +153,7 @@ class TorchWork:
     def _set_status(self, status: WorkStatus) -> None: ...
     def _status(self) -> WorkStatus: ...
     def _add_wait_callbacks(self, before: Callable[[], None], after: Callable[[], None]) -> None: ...
+    def _add_done_callback(self, callback: Callable[[Optional[BaseException]], None]) -> None: ...
 
 class P2POp:
     type: P2POpType
@@ -398,5 +399,9 @@ class _Hooks:
 
 # Upstream's C++ submodules torchcomms._comms.hooks.{fr,clog}; here aliases of torchcomms.hooks.
 hooks: _Hooks
+# Set by the package where torch takes Python c10d backends (torch >= 2.14; torch.distributed looks
+# for it here): torchcomms._c10d._BackendWrapper.
+_BackendWrapper: type
+
 # The nccl backend (bindings/python/src/lib.rs): where libnccl was found, or why not.
 def _nccl_info() -> str: ...
