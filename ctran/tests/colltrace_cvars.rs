@@ -143,6 +143,9 @@ fn only_launcher_and_system_inputs_are_read_directly() {
         "WORLD_SIZE",
         "MASTER_ADDR",
         "LOCAL_RANK",
+        // Whether the user set it at all (not its value) decides the default of communicators
+        // made for torch.distributed, which report failures as exceptions unless told to abort.
+        "TORCHCOMM_ABORT_ON_ERROR",
         // torchcomms-perf's launcher: a rank's CPUs under `--bind`.
         "TORCHCOMMS_PERF_CPUS",
         // The machine and the user's environment.

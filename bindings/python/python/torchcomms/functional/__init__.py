@@ -10,7 +10,6 @@ does not implement that yet. What compiles here is torch's own functional collec
 
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 # Upstream's minimum PyTorch for compiling TorchComm methods (".dev0" admits nightlies).
@@ -46,7 +45,9 @@ def is_torch_compile_supported(
         import torch
 
         _current_version = torch.__version__
-    if os.environ.get("TORCHCOMMS_COMPILE_IGNORE_PYTORCH_VERSION_REQUIREMENT") == "1":
+    from torchcomms import _comms
+
+    if _comms._cvar("TORCHCOMMS_COMPILE_IGNORE_PYTORCH_VERSION_REQUIREMENT"):
         return True
     return _parse(_current_version) >= _parse(min_version)
 
