@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::algos::select::{AlgoConfig, Choice, Collective, CostOverrides};
 use crate::error::{Error, Result};
 use crate::transport::shm::ShmConfig;
-use crate::transport::socket::SocketConfig;
+use crate::transport::socket::{Protection, SocketConfig};
 
 pub use torchcomms_core::DEFAULT_TIMEOUT;
 
@@ -29,6 +29,10 @@ pub struct CommConfig {
     pub gpe_staging_bytes: usize,
     /// TCP transport settings.
     pub socket: SocketConfig,
+    /// Deadline of each connection's handshake (`TORCHCOMMS_HANDSHAKE_TIMEOUT_SECONDS`).
+    pub handshake_timeout: Duration,
+    /// What protects the data of the TCP connections (`TORCHCOMMS_DATA_PROTECTION`).
+    pub protection: Protection,
     /// Use shared memory between ranks of one host (`CTRAN_BACKENDS` contains `shm`).
     pub use_shm: bool,
     /// Use the NVLink transport for GPU buffers when every rank's GPU reaches every other's.
@@ -110,6 +114,13 @@ impl CommConfig {
             gpe_chunk_bytes: cv.ctran_gpe_chunk_bytes(),
             gpe_staging_bytes: cv.ctran_gpe_staging_bytes(),
             socket,
+            handshake_timeout: cv.torchcomms_handshake_timeout_seconds(),
+            protection: {
+                let mode = cv.torchcomms_data_protection();
+                Protection::parse(mode).ok_or_else(|| {
+                    Error::invalid(Protection::CVAR, "none, integrity or encrypt", mode)
+                })?
+            },
             use_shm: cv.ctran_backends().contains(&"shm"),
             use_nvl: cv.ctran_backends().contains(&"nvl"),
             nvl: crate::nvl::NvlConfig {

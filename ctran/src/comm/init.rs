@@ -26,7 +26,7 @@ use crate::transport::shm::ShmTransport;
 use crate::transport::socket::mesh::{
     connect_mesh, default_listen_ip, Listener, MeshPlan, DEFAULT_SPIN,
 };
-use crate::transport::socket::{Protection, SocketTransport, Waker};
+use crate::transport::socket::{SocketTransport, Waker};
 
 /// How many communicators of each name this rank created: all ranks create them in the same
 /// order, so the count gives every instance its own store prefix. Keyed by rank too, for ranks
@@ -201,20 +201,6 @@ fn mesh_key(key: &JobKey, comm: &str, secret: &[u8; 16]) -> [u8; 32] {
     key.mac(&[b"torchcomms-rs mesh key v1", comm.as_bytes(), secret])
 }
 
-fn handshake_timeout() -> Result<Duration> {
-    Ok(torchcomms_cvars::reload()
-        .map_err(super::trace::cvar_error)?
-        .torchcomms_handshake_timeout_seconds())
-}
-
-/// `TORCHCOMMS_DATA_PROTECTION`: what protects the data of the communicator's TCP connections.
-fn data_protection() -> Result<Protection> {
-    let cv = torchcomms_cvars::reload().map_err(super::trace::cvar_error)?;
-    let name = cv.torchcomms_data_protection();
-    Protection::parse(name)
-        .ok_or_else(|| Error::invalid(Protection::CVAR, "none, integrity or encrypt", name))
-}
-
 pub(super) fn init_with_store(config: CommConfig, store: Arc<dyn Store>) -> Result<Comm> {
     let trace = super::trace::new_trace(&config, (0..config.size).collect());
     let step = trace.begin_comm_op("init", config.timeout, None);
@@ -279,8 +265,8 @@ fn connect_with_store(
         rank,
         addrs,
         key: mesh_key(&key, &config.name, &secret),
-        handshake_timeout: handshake_timeout()?,
-        protection: data_protection()?,
+        handshake_timeout: config.handshake_timeout,
+        protection: config.protection,
     };
     let socket = connect_mesh(listener, &plan, &config.socket, deadline)?;
     let t = transports(&mut config, socket, &hosts, &cpus, &secret, deadline)?;
@@ -482,8 +468,8 @@ fn split_inner(
         rank: config.rank,
         addrs,
         key: mesh_key(&key, name, &records[ranks[0]].secret),
-        handshake_timeout: handshake_timeout()?,
-        protection: data_protection()?,
+        handshake_timeout: config.handshake_timeout,
+        protection: config.protection,
     };
     let child_secret = records[ranks[0]].secret;
     let parent_ranks = &parent.trace().meta().global_ranks;
