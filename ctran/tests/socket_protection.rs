@@ -170,14 +170,16 @@ fn messages_of_every_size_round_trip_in_both_modes() {
     ];
     for mode in MODES {
         let ends = pair(mode, None);
+        // Each end lives until both finished: one closed early (with bytes it never read) would
+        // reset the connection under the other's last acknowledgements.
         let got: Vec<_> = thread::scope(|s| {
             let joins: Vec<_> = ends
                 .into_iter()
-                .map(|mut t| s.spawn(move || (t.rank(), exchange(&mut t, &sizes))))
+                .map(|mut t| s.spawn(move || (t.rank(), exchange(&mut t, &sizes), t)))
                 .collect();
             joins.into_iter().map(|j| j.join().unwrap()).collect()
         });
-        for (rank, recvs) in got {
+        for (rank, recvs, _end) in got {
             let recvs = recvs.unwrap_or_else(|e| panic!("{mode}, rank {rank}: {e}"));
             for (i, r) in recvs.iter().enumerate() {
                 let want = pattern(sizes[i], (1 - rank) * 100 + i);
