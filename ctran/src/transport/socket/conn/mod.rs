@@ -14,6 +14,8 @@ use nix::errno::Errno;
 use nix::sys::socket::{self, MsgFlags};
 use socket2::Socket;
 
+mod sealed;
+
 use super::early::EarlyMessages;
 use super::frame::{self, Frame, HEADER_LEN, MAX_REASON};
 use super::protect::{self, OpenError, Session, SEALED_HEADER};
@@ -566,17 +568,18 @@ impl Conn {
         out: &mut Advance,
         current: OpTag,
     ) -> Result<(), TransportError> {
+        // Early messages came before anything still in the socket; none arrive while a receive
+        // is posted.
+        while !self.recvs.is_empty() && !self.early.is_empty() {
+            if !self.take_early(finished)? {
+                return Ok(());
+            }
+            out.moved = true;
+        }
         if self.guard.is_some() {
             return self.advance_sealed_recvs(finished, out, current);
         }
         while !self.recvs.is_empty() {
-            if !self.early.is_empty() {
-                if !self.take_early(finished)? {
-                    return Ok(());
-                }
-                out.moved = true;
-                continue;
-            }
             loop {
                 let r = &mut self.recvs[0];
                 if r.read >= HEADER_LEN && !r.checked {
@@ -629,54 +632,6 @@ impl Conn {
         Ok(())
     }
 
-    /// [`Conn::advance_recvs`] on a protected connection. A header record is read whole into
-    /// the guard and checked before it counts (the front receive's `read` then jumps to
-    /// `HEADER_LEN`); the payload lands in the receive buffer chunk by chunk, each checked in
-    /// place when its tag arrived, and `read - HEADER_LEN` counts its sealed bytes.
-    fn advance_sealed_recvs(
-        &mut self,
-        finished: &mut Vec<u64>,
-        out: &mut Advance,
-        current: OpTag,
-    ) -> Result<(), TransportError> {
-        while !self.recvs.is_empty() {
-            if !self.early.is_empty() {
-                if !self.take_early(finished)? {
-                    return Ok(());
-                }
-                out.moved = true;
-                continue;
-            }
-            let r = &mut self.recvs[0];
-            let g = self.guard.as_deref_mut().expect("a protected connection");
-            if !r.checked {
-                match g.open.read_header(&self.sock) {
-                    Ok(Some(header)) => {
-                        self.recv_header = header;
-                        r.read = HEADER_LEN;
-                        out.moved = true;
-                    }
-                    Ok(None) => return Ok(()),
-                    Err(e) => return Err(self.open_failed(e)),
-                }
-                self.take_header(current)?;
-                continue;
-            }
-            let (before, len) = (r.read - HEADER_LEN, r.data.len());
-            let mut off = before;
-            let res = g.open.read_payload(&self.sock, r.data, &mut off);
-            r.read = HEADER_LEN + off;
-            out.moved |= off > before;
-            res.map_err(|e| self.open_failed(e))?;
-            if !protect::payload_done(len, off) {
-                return Ok(());
-            }
-            finished.push(self.recvs[0].id);
-            self.recvs.pop_front();
-        }
-        Ok(())
-    }
-
     /// The peer acknowledged the oldest message that asked for it. A send that finishes with
     /// its acknowledgement finishes now, or when written if it is still being written (the peer
     /// accepts a message at its header).
@@ -712,31 +667,6 @@ impl Conn {
         r.data.copy_from_slice(&e.data);
         finished.push(r.id);
         Ok(true)
-    }
-
-    /// Reads what has arrived of the newest early message's payload, through the guard on a
-    /// protected connection. Returns whether it is complete.
-    fn fill_early(&mut self) -> Result<bool, TransportError> {
-        let Some(guard) = self.guard.as_deref_mut() else {
-            return self
-                .early
-                .fill(&self.sock)
-                .map_err(|e| self.lost("recv", &e));
-        };
-        let Some((data, sealed_read)) = self.early.newest_mut() else {
-            return Ok(true);
-        };
-        let len = data.len();
-        // SAFETY: the buffer is the early message's own, which nothing else touches while it
-        // is filled; the span does not outlive this call.
-        let span = unsafe { Span::from_slice(data) };
-        let res = guard.open.read_payload(&self.sock, span, sealed_read);
-        let done = protect::payload_done(len, *sealed_read);
-        res.map_err(|e| self.open_failed(e))?;
-        if done {
-            self.early.mark_complete();
-        }
-        Ok(done)
     }
 
     /// Checks a data header against the front receive: the peer's operation and size must be
