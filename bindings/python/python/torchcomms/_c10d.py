@@ -1494,6 +1494,17 @@ def _caller_locals() -> dict:
     return {}
 
 
+def _comm_name(group_name: str, global_ranks: list[int]) -> str:
+    """The communicators' name: the group's, and its members. torch reuses group names after
+    ``destroy_process_group`` (and names subgroups by a counter, so "1" may be ranks {0} once and
+    {0, 1} later); the engine numbers the instances of a name per process, which only agrees
+    between ranks that created the same groups of that name: the members make it so."""
+    import zlib
+
+    members = zlib.crc32(",".join(map(str, global_ranks)).encode())
+    return f"c10d_{group_name}_{members:08x}"
+
+
 def _create(dist_opts: Any, pg_options: Any, *, c10d_name: str) -> Any:
     """The creator registered with ``torch.distributed.Backend.register_backend`` for each name
     of :data:`C10D_BACKENDS` (``extended_api=True``)."""
@@ -1502,6 +1513,7 @@ def _create(dist_opts: Any, pg_options: Any, *, c10d_name: str) -> Any:
     store = dist_opts.store
     timeout = dist_opts.timeout
     group_name = str(getattr(dist_opts, "group_id", "") or "")
+    comm_name = _comm_name(group_name, list(getattr(dist_opts, "global_ranks_in_group", None) or range(size)))
     device_id = caller.get("device_id")
     pg_being_built = getattr(dist_opts, "process_group", None)
     if device_id is None and pg_being_built is not None:
@@ -1534,12 +1546,12 @@ def _create(dist_opts: Any, pg_options: Any, *, c10d_name: str) -> Any:
                 f"c10d backends); torch {torch.__version__} can run {c10d_name!r} for every "
                 f"device (e.g. backend=\"{c10d_name}\")"
             )
-        factory = _CommFactory({device: C10D_BACKENDS[c10d_name]}, store, rank, size, f"c10d_{group_name}", timeout, pg_options)
+        factory = _CommFactory({device: C10D_BACKENDS[c10d_name]}, store, rank, size, comm_name, timeout, pg_options)
         dev = torch.device(device)
         if dev.type == "cuda":
             dev = device_id if device_id is not None and device_id.type == "cuda" else torch.device("cuda", torch.cuda.current_device())
         return _BackendWrapper(factory(dev))
-    factory = _CommFactory(ours, store, rank, size, f"c10d_{group_name}", timeout, pg_options)
+    factory = _CommFactory(ours, store, rank, size, comm_name, timeout, pg_options)
     backends: dict[str, _BackendWrapper] = {}
     if "cpu" in ours:
         backends["cpu"] = _BackendWrapper(factory(torch.device("cpu")))
