@@ -12,8 +12,9 @@ On CUDA a round times only the issuing (the device work is synchronized outside 
 part), so it measures the host. On the CPU the time includes the operation itself; the
 difference between the ways is still the extra host cost.
 
-Before that, on every rank alone: the same three ways on upstream's ``fake`` backend (every
-operation a completed no-op), which isolates the host cost of each layer from any engine.
+Before that, on rank 0 alone: the same three ways on upstream's ``fake`` backend (every
+operation a completed no-op), which isolates the host cost of each layer from any engine, and
+``dist.all_reduce`` on a group that does nothing (torch.distributed's own Python layer).
 """
 
 from __future__ import annotations
@@ -122,7 +123,9 @@ def main() -> None:
         dist.init_process_group(a.backend, timeout=timedelta(seconds=300))
         sync = lambda: None  # noqa: E731
     rank, world = dist.get_rank(), dist.get_world_size()
-    fake = fake_backend(a.iters, a.rounds)
+    # Rank 0 alone (the others wait in a barrier), so the ranks do not share the cores.
+    fake = fake_backend(a.iters, a.rounds) if rank == 0 else {}
+    dist.barrier()
 
     pg = dist.group.WORLD
     comm = pg._get_backend(dev).get_comm()
@@ -139,6 +142,7 @@ def main() -> None:
             for way in ("dist_sync", "dist_async_wait")
         }
         for name, r in (("fake", fake), ("real", real))
+        if r
     }
     row = {
         "device": a.device,
