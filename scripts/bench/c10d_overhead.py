@@ -54,7 +54,7 @@ def measure(ways: dict, iters: int, rounds: int, sync: Callable[[], None]) -> di
     samples: dict[str, list[float]] = {k: [] for k in ways}
     names = list(ways)
     for r in range(rounds):
-        for k in names[r % len(names):] + names[: r % len(names)]:
+        for k in names[r % len(names) :] + names[: r % len(names)]:
             samples[k].append(per_call_us(ways[k], iters, sync))
     return {k: {"median": statistics.median(v), "min": min(v)} for k, v in samples.items()}
 
@@ -157,10 +157,15 @@ def main() -> None:
         "torch": torch.__version__,
     }
     if rank == 0:
-        print(f"host us per all_reduce of {a.numel} elements: median (min) of {a.rounds} rounds of {a.iters} calls")
+        print(
+            f"host us per all_reduce of {a.numel} elements: median (min) of {a.rounds} rounds of {a.iters} calls"
+        )
         ways = ["direct", "dist_sync", "dist_async_wait", "torch_layer_only"]
         print(f"{'':30s}" + "".join(f"{w:>22s}" for w in ways))
-        for name, r in (("fake backend (layers only)", fake), (f"{a.backend} on {a.device}, {world} ranks", real)):
+        for name, r in (
+            ("fake backend (layers only)", fake),
+            (f"{a.backend} on {a.device}, {world} ranks", real),
+        ):
             cells = [f"{r[w]['median']:.2f} ({r[w]['min']:.2f})" if w in r else "-" for w in ways]
             print(f"{name:30s}" + "".join(f"{c:>22s}" for c in cells))
         for name in ("fake", "real"):

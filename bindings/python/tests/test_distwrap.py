@@ -78,7 +78,9 @@ def test_collectives_on_the_communicator() -> None:
     if RANK == 0:
         assert [x.item() for x in g] == [float(i) for i in range(WORLD)]
     s = torch.empty(1)
-    distwrap.scatter(s, [torch.full((1,), float(i * 3)) for i in range(WORLD)] if RANK == 0 else None, src=0)
+    distwrap.scatter(
+        s, [torch.full((1,), float(i * 3)) for i in range(WORLD)] if RANK == 0 else None, src=0
+    )
     assert s.item() == RANK * 3
     distwrap.barrier()
     with pytest.raises(ValueError, match="both src and group_src"):
@@ -122,7 +124,9 @@ def test_object_collectives() -> None:
 
 
 def test_split_group_splits_the_communicators() -> None:
-    halves = [h for h in (list(range(0, (WORLD + 1) // 2)), list(range((WORLD + 1) // 2, WORLD))) if h]
+    halves = [
+        h for h in (list(range(0, (WORLD + 1) // 2)), list(range((WORLD + 1) // 2, WORLD))) if h
+    ]
     mine = next(h for h in halves if RANK in h)
     pg = distwrap.split_group(split_ranks=halves, group_desc="halves")
     assert pg is not None and dist.get_process_group_ranks(pg) == mine

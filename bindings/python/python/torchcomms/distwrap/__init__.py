@@ -39,7 +39,6 @@ from torch.distributed import (  # noqa: F401 - re-exported, as upstream
     get_process_group_ranks,
     get_rank,
     get_world_size,
-    group,
     is_available,
     is_initialized,
 )
@@ -149,7 +148,9 @@ def _shared_store(rank: int, world_size: int) -> Store:
     addr = os.environ.get("MASTER_ADDR", "localhost")
     port = int(os.environ.get("MASTER_PORT", "29500"))
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
-    return dist.TCPStore(addr, port, world_size, is_master=rank == 0 and not agent, wait_for_workers=not agent)
+    return dist.TCPStore(
+        addr, port, world_size, is_master=rank == 0 and not agent, wait_for_workers=not agent
+    )
 
 
 # --------------------------------------------------------------------------- groups
@@ -271,7 +272,9 @@ def split_group(
     if mine is None:
         raise ValueError(f"Rank {me} not found in any split_ranks group")
     device_backends = (
-        parse_backend_string(backend) if backend is not None else pg_info_get_data(parent, "device_backends")
+        parse_backend_string(backend)
+        if backend is not None
+        else pg_info_get_data(parent, "device_backends")
     )
     parent_global = get_process_group_ranks(parent)
     if not torchcomms_is_enabled() and hasattr(dist, "split_group"):
@@ -299,7 +302,14 @@ def split_group(
     return pg
 
 
-def _new_groups(parent_global: list[int], split_ranks: list[list[int]], mine: list[int], timeout: Any, desc: Any, device_backends: dict[str, str]) -> Any:
+def _new_groups(
+    parent_global: list[int],
+    split_ranks: list[list[int]],
+    mine: list[int],
+    timeout: Any,
+    desc: Any,
+    device_backends: dict[str, str],
+) -> Any:
     """torch.distributed subgroups for every split (every rank calls new_group with the same
     ranks, in the same order); returns this rank's."""
     out = None
@@ -393,15 +403,29 @@ def _make_nccl_premul_sum(mul_factor: Any) -> ReduceOp:
     return dist._make_nccl_premul_sum(mul_factor)
 
 
-def all_reduce(tensor: torch.Tensor, op: Any = ReduceOp.SUM, group: Optional[ProcessGroup] = None, async_op: bool = False) -> Any:
+def all_reduce(
+    tensor: torch.Tensor,
+    op: Any = ReduceOp.SUM,
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+) -> Any:
     pg = _pg(group)
     if torchcomms_is_enabled():
         comm = _comm(pg, tensor)
-        return _ret(comm.all_reduce(tensor, _reduce_op(op, comm.get_rank(), "all_reduce"), async_op), async_op)
+        return _ret(
+            comm.all_reduce(tensor, _reduce_op(op, comm.get_rank(), "all_reduce"), async_op),
+            async_op,
+        )
     return dist.all_reduce(tensor, op, pg, async_op)
 
 
-def broadcast(tensor: torch.Tensor, src: Optional[int] = None, group: Optional[ProcessGroup] = None, async_op: bool = False, group_src: Optional[int] = None) -> Any:
+def broadcast(
+    tensor: torch.Tensor,
+    src: Optional[int] = None,
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+    group_src: Optional[int] = None,
+) -> Any:
     pg = _pg(group)
     if torchcomms_is_enabled():
         root = _group_rank(pg, src, group_src, "src")
@@ -409,16 +433,30 @@ def broadcast(tensor: torch.Tensor, src: Optional[int] = None, group: Optional[P
     return dist.broadcast(tensor, src, pg, async_op, group_src=group_src)
 
 
-def reduce(tensor: torch.Tensor, dst: Optional[int] = None, op: Any = ReduceOp.SUM, group: Optional[ProcessGroup] = None, async_op: bool = False, group_dst: Optional[int] = None) -> Any:
+def reduce(
+    tensor: torch.Tensor,
+    dst: Optional[int] = None,
+    op: Any = ReduceOp.SUM,
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+    group_dst: Optional[int] = None,
+) -> Any:
     pg = _pg(group)
     if torchcomms_is_enabled():
         root = _group_rank(pg, dst, group_dst, "dst")
         comm = _comm(pg, tensor)
-        return _ret(comm.reduce(tensor, root, _reduce_op(op, comm.get_rank(), "reduce"), async_op), async_op)
+        return _ret(
+            comm.reduce(tensor, root, _reduce_op(op, comm.get_rank(), "reduce"), async_op), async_op
+        )
     return dist.reduce(tensor, dst, op, pg, async_op, group_dst=group_dst)
 
 
-def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Optional[ProcessGroup] = None, async_op: bool = False) -> Any:
+def all_gather(
+    tensor_list: list[torch.Tensor],
+    tensor: torch.Tensor,
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+) -> Any:
     pg = _pg(group)
     if torchcomms_is_enabled():
         comm = _comm(pg, tensor)
@@ -428,35 +466,73 @@ def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Opt
     return dist.all_gather(tensor_list, tensor, pg, async_op)
 
 
-def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Optional[ProcessGroup] = None, async_op: bool = False) -> Any:
+def all_gather_into_tensor(
+    output_tensor: torch.Tensor,
+    input_tensor: torch.Tensor,
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+) -> Any:
     pg = _pg(group)
     if torchcomms_is_enabled():
-        return _ret(_comm(pg, input_tensor).all_gather_single(output_tensor, input_tensor, async_op), async_op)
+        return _ret(
+            _comm(pg, input_tensor).all_gather_single(output_tensor, input_tensor, async_op),
+            async_op,
+        )
     return dist.all_gather_into_tensor(output_tensor, input_tensor, pg, async_op)
 
 
-def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor], op: Any = ReduceOp.SUM, group: Optional[ProcessGroup] = None, async_op: bool = False) -> Any:
+def reduce_scatter(
+    output: torch.Tensor,
+    input_list: list[torch.Tensor],
+    op: Any = ReduceOp.SUM,
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+) -> Any:
     pg = _pg(group)
     if torchcomms_is_enabled():
         comm = _comm(pg, output)
         equal = all(t.numel() == output.numel() for t in input_list)
         rs = comm.reduce_scatter if equal else comm.reduce_scatter_v
-        return _ret(rs(output, input_list, _reduce_op(op, comm.get_rank(), "reduce_scatter"), async_op), async_op)
+        return _ret(
+            rs(output, input_list, _reduce_op(op, comm.get_rank(), "reduce_scatter"), async_op),
+            async_op,
+        )
     return dist.reduce_scatter(output, input_list, op, pg, async_op)
 
 
-def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: Any = ReduceOp.SUM, group: Optional[ProcessGroup] = None, async_op: bool = False) -> Any:
+def reduce_scatter_tensor(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    op: Any = ReduceOp.SUM,
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+) -> Any:
     pg = _pg(group)
     if torchcomms_is_enabled():
         comm = _comm(pg, input)
-        return _ret(comm.reduce_scatter_single(output, input, _reduce_op(op, comm.get_rank(), "reduce_scatter_tensor"), async_op), async_op)
+        return _ret(
+            comm.reduce_scatter_single(
+                output, input, _reduce_op(op, comm.get_rank(), "reduce_scatter_tensor"), async_op
+            ),
+            async_op,
+        )
     return dist.reduce_scatter_tensor(output, input, op, pg, async_op)
 
 
-def all_to_all(output_tensor_list: list[torch.Tensor], input_tensor_list: list[torch.Tensor], group: Optional[ProcessGroup] = None, async_op: bool = False) -> Any:
+def all_to_all(
+    output_tensor_list: list[torch.Tensor],
+    input_tensor_list: list[torch.Tensor],
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+) -> Any:
     pg = _pg(group)
     if torchcomms_is_enabled():
-        return _ret(_comm(pg, input_tensor_list[0]).all_to_all(output_tensor_list, input_tensor_list, async_op), async_op)
+        return _ret(
+            _comm(pg, input_tensor_list[0]).all_to_all(
+                output_tensor_list, input_tensor_list, async_op
+            ),
+            async_op,
+        )
     return dist.all_to_all(output_tensor_list, input_tensor_list, pg, async_op)
 
 
@@ -477,33 +553,63 @@ def all_to_all_single(
         osp = output_split_sizes or [output.size(0) // n] * n
         isp = input_split_sizes or [input.size(0) // n] * n
         return _ret(comm.all_to_all_v_single(output, input, osp, isp, async_op), async_op)
-    return dist.all_to_all_single(output, input, output_split_sizes, input_split_sizes, pg, async_op)
+    return dist.all_to_all_single(
+        output, input, output_split_sizes, input_split_sizes, pg, async_op
+    )
 
 
-def scatter(tensor: torch.Tensor, scatter_list: Optional[list[torch.Tensor]] = None, src: Optional[int] = None, group: Optional[ProcessGroup] = None, async_op: bool = False, group_src: Optional[int] = None) -> Any:
+def scatter(
+    tensor: torch.Tensor,
+    scatter_list: Optional[list[torch.Tensor]] = None,
+    src: Optional[int] = None,
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+    group_src: Optional[int] = None,
+) -> Any:
     pg = _pg(group)
     if torchcomms_is_enabled():
         root = _group_rank(pg, src, group_src, "src")
-        return _ret(_comm(pg, tensor).scatter(tensor, list(scatter_list or []), root, async_op), async_op)
+        return _ret(
+            _comm(pg, tensor).scatter(tensor, list(scatter_list or []), root, async_op), async_op
+        )
     return dist.scatter(tensor, scatter_list, src, pg, async_op, group_src=group_src)
 
 
-def gather(tensor: torch.Tensor, gather_list: Optional[list[torch.Tensor]] = None, dst: Optional[int] = None, group: Optional[ProcessGroup] = None, async_op: bool = False, group_dst: Optional[int] = None) -> Any:
+def gather(
+    tensor: torch.Tensor,
+    gather_list: Optional[list[torch.Tensor]] = None,
+    dst: Optional[int] = None,
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+    group_dst: Optional[int] = None,
+) -> Any:
     pg = _pg(group)
     if torchcomms_is_enabled():
         root = _group_rank(pg, dst, group_dst, "dst")
-        return _ret(_comm(pg, tensor).gather(list(gather_list or []), tensor, root, async_op), async_op)
+        return _ret(
+            _comm(pg, tensor).gather(list(gather_list or []), tensor, root, async_op), async_op
+        )
     return dist.gather(tensor, gather_list, dst, pg, async_op, group_dst=group_dst)
 
 
-def barrier(group: Optional[ProcessGroup] = None, async_op: bool = False, device_ids: Optional[list[int]] = None) -> Any:
+def barrier(
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+    device_ids: Optional[list[int]] = None,
+) -> Any:
     pg = _pg(group)
     if torchcomms_is_enabled():
         return _ret(_comm(pg).barrier(async_op), async_op)
     return dist.barrier(pg, async_op, device_ids)
 
 
-def send(tensor: torch.Tensor, dst: Optional[int] = None, group: Optional[ProcessGroup] = None, tag: int = 0, group_dst: Optional[int] = None) -> None:
+def send(
+    tensor: torch.Tensor,
+    dst: Optional[int] = None,
+    group: Optional[ProcessGroup] = None,
+    tag: int = 0,
+    group_dst: Optional[int] = None,
+) -> None:
     pg = _pg(group)
     if torchcomms_is_enabled():
         _comm(pg, tensor).send(tensor, _group_rank(pg, dst, group_dst, "dst"), False)
@@ -511,7 +617,13 @@ def send(tensor: torch.Tensor, dst: Optional[int] = None, group: Optional[Proces
     dist.send(tensor, dst=dst, group=pg, tag=tag, group_dst=group_dst)
 
 
-def recv(tensor: torch.Tensor, src: Optional[int] = None, group: Optional[ProcessGroup] = None, tag: int = 0, group_src: Optional[int] = None) -> int:
+def recv(
+    tensor: torch.Tensor,
+    src: Optional[int] = None,
+    group: Optional[ProcessGroup] = None,
+    tag: int = 0,
+    group_src: Optional[int] = None,
+) -> int:
     """Receives from ``src`` (no wildcard with torchcomms); returns the sender's global rank."""
     pg = _pg(group)
     if torchcomms_is_enabled():
@@ -523,14 +635,26 @@ def recv(tensor: torch.Tensor, src: Optional[int] = None, group: Optional[Proces
     return dist.recv(tensor, src=src, group=pg, tag=tag, group_src=group_src)
 
 
-def isend(tensor: torch.Tensor, dst: Optional[int] = None, group: Optional[ProcessGroup] = None, tag: int = 0, group_dst: Optional[int] = None) -> Any:
+def isend(
+    tensor: torch.Tensor,
+    dst: Optional[int] = None,
+    group: Optional[ProcessGroup] = None,
+    tag: int = 0,
+    group_dst: Optional[int] = None,
+) -> Any:
     pg = _pg(group)
     if torchcomms_is_enabled():
         return _comm(pg, tensor).send(tensor, _group_rank(pg, dst, group_dst, "dst"), True)
     return dist.isend(tensor, dst=dst, group=pg, tag=tag, group_dst=group_dst)
 
 
-def irecv(tensor: torch.Tensor, src: Optional[int] = None, group: Optional[ProcessGroup] = None, tag: int = 0, group_src: Optional[int] = None) -> Any:
+def irecv(
+    tensor: torch.Tensor,
+    src: Optional[int] = None,
+    group: Optional[ProcessGroup] = None,
+    tag: int = 0,
+    group_src: Optional[int] = None,
+) -> Any:
     pg = _pg(group)
     if torchcomms_is_enabled():
         if src is None and group_src is None:
@@ -552,7 +676,9 @@ class P2POp:
         group_peer: Optional[int] = None,
     ) -> None:
         if op not in (isend, irecv, dist.isend, dist.irecv):
-            raise ValueError("Invalid ``op``. Expected ``op`` to be of type ``torch.distributed.isend`` or ``torch.distributed.irecv``.")
+            raise ValueError(
+                "Invalid ``op``. Expected ``op`` to be of type ``torch.distributed.isend`` or ``torch.distributed.irecv``."
+            )
         self.op = op
         self.tensor = tensor
         self.peer = peer
@@ -562,7 +688,9 @@ class P2POp:
 
     def _dist(self) -> Any:
         op = dist.isend if self.op in (isend, dist.isend) else dist.irecv
-        return dist.P2POp(op, self.tensor, self.peer, self.group, self.tag, group_peer=self.group_peer)
+        return dist.P2POp(
+            op, self.tensor, self.peer, self.group, self.tag, group_peer=self.group_peer
+        )
 
 
 def batch_isend_irecv(p2p_op_list: list[Any]) -> list[Any]:
@@ -583,7 +711,9 @@ def batch_isend_irecv(p2p_op_list: list[Any]) -> list[Any]:
             batches[key] = (comm, comm.batch_op_create())
         batch = batches[key][1]
         sending = op.op in (isend, dist.isend)
-        peer = _group_rank(pg, op.peer, getattr(op, "group_peer", None), "dst" if sending else "src")
+        peer = _group_rank(
+            pg, op.peer, getattr(op, "group_peer", None), "dst" if sending else "src"
+        )
         (batch.send if sending else batch.recv)(op.tensor, peer)
         order.append(key)
     works = {key: b.issue(True) for key, (_, b) in batches.items()}
@@ -593,14 +723,22 @@ def batch_isend_irecv(p2p_op_list: list[Any]) -> list[Any]:
 # --------------------------------------------------------------------------- objects
 
 
-def all_gather_object(object_list: list[Any], obj: Any, group: Optional[ProcessGroup] = None) -> None:
+def all_gather_object(
+    object_list: list[Any], obj: Any, group: Optional[ProcessGroup] = None
+) -> None:
     pg = _pg(group)
     if torchcomms_is_enabled():
         return objcol.all_gather_object(_comm(pg), object_list, obj)
     return dist.all_gather_object(object_list, obj, pg)
 
 
-def gather_object(obj: Any, object_gather_list: Optional[list[Any]] = None, dst: Optional[int] = None, group: Optional[ProcessGroup] = None, group_dst: Optional[int] = None) -> None:
+def gather_object(
+    obj: Any,
+    object_gather_list: Optional[list[Any]] = None,
+    dst: Optional[int] = None,
+    group: Optional[ProcessGroup] = None,
+    group_dst: Optional[int] = None,
+) -> None:
     pg = _pg(group)
     if torchcomms_is_enabled():
         root = _group_rank(pg, dst, group_dst, "dst")
@@ -608,15 +746,31 @@ def gather_object(obj: Any, object_gather_list: Optional[list[Any]] = None, dst:
     return dist.gather_object(obj, object_gather_list, dst, pg, group_dst=group_dst)
 
 
-def scatter_object_list(scatter_object_output_list: list[Any], scatter_object_input_list: Optional[list[Any]] = None, src: Optional[int] = None, group: Optional[ProcessGroup] = None, group_src: Optional[int] = None) -> None:
+def scatter_object_list(
+    scatter_object_output_list: list[Any],
+    scatter_object_input_list: Optional[list[Any]] = None,
+    src: Optional[int] = None,
+    group: Optional[ProcessGroup] = None,
+    group_src: Optional[int] = None,
+) -> None:
     pg = _pg(group)
     if torchcomms_is_enabled():
         root = _group_rank(pg, src, group_src, "src")
-        return objcol.scatter_object_list(_comm(pg), root, scatter_object_output_list, scatter_object_input_list)
-    return dist.scatter_object_list(scatter_object_output_list, scatter_object_input_list, src, pg, group_src=group_src)
+        return objcol.scatter_object_list(
+            _comm(pg), root, scatter_object_output_list, scatter_object_input_list
+        )
+    return dist.scatter_object_list(
+        scatter_object_output_list, scatter_object_input_list, src, pg, group_src=group_src
+    )
 
 
-def broadcast_object_list(object_list: list[Any], src: Optional[int] = None, group: Optional[ProcessGroup] = None, device: Any = None, group_src: Optional[int] = None) -> None:
+def broadcast_object_list(
+    object_list: list[Any],
+    src: Optional[int] = None,
+    group: Optional[ProcessGroup] = None,
+    device: Any = None,
+    group_src: Optional[int] = None,
+) -> None:
     pg = _pg(group)
     if torchcomms_is_enabled():
         root = _group_rank(pg, src, group_src, "src")
@@ -631,9 +785,15 @@ def get_mem_allocator(group: Optional[ProcessGroup] = None, device: Any = None) 
     pg = _pg(group)
     if torchcomms_is_enabled():
         comms = pg_info_get_data(pg, "torchcomms")
-        comm = comms.get(torch.device(device).type) if device is not None else next(iter(comms.values()))
+        comm = (
+            comms.get(torch.device(device).type)
+            if device is not None
+            else next(iter(comms.values()))
+        )
         return comm.get_mem_allocator()
-    return pg._get_backend(torch.device(device) if device is not None else torch.device("cuda")).mem_allocator
+    return pg._get_backend(
+        torch.device(device) if device is not None else torch.device("cuda")
+    ).mem_allocator
 
 
 def register_mem_pool(group: Optional[ProcessGroup], device: Any, pool: Any) -> None:
@@ -649,14 +809,27 @@ def new_window(group: Optional[ProcessGroup] = None, backend: Optional[str] = No
     pg = _pg(group)
     if torchcomms_is_enabled():
         return _comm(pg).new_window()
-    raise NotImplementedError("new_window needs torchcomms (init_process_group(..., use_torchcomms=True))")
+    raise NotImplementedError(
+        "new_window needs torchcomms (init_process_group(..., use_torchcomms=True))"
+    )
 
 
-def reduce_scatter_quantized(output: torch.Tensor, input: torch.Tensor, op: Any, seed: Any, group: Optional[ProcessGroup] = None, async_op: bool = False) -> Any:
+def reduce_scatter_quantized(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    op: Any,
+    seed: Any,
+    group: Optional[ProcessGroup] = None,
+    async_op: bool = False,
+) -> Any:
     raise NotImplementedError(
         "reduce_scatter_quantized is an ncclx extension; torchcomms-rs has no ncclx backend"
     )
 
+
+# torch.distributed's `group` namespace, re-exported as upstream does (after the functions, whose
+# `group` parameters would otherwise shadow it).
+group = dist.group
 
 __all__ = [
     "P2POp",

@@ -21,7 +21,9 @@ class _PgInfo:
 _REGISTRY: dict[ProcessGroup, _PgInfo] = {}
 
 
-def pg_info_create(pg: ProcessGroup, global_ranks: Optional[list[int]], group_desc: Optional[str]) -> None:
+def pg_info_create(
+    pg: ProcessGroup, global_ranks: Optional[list[int]], group_desc: Optional[str]
+) -> None:
     if pg in _REGISTRY:
         raise AssertionError(f"Process group {pg} already registered")
     ranks = list(global_ranks or [])
