@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds and installs the Python package (bindings/python) and runs its test suite under torchrun
-# for 1, 2, 3 and 4 ranks, then the examples (all-reduce, DDP, FSDP2). Needs Rust, Python >= 3.9 with pip, and network
-# access to PyPI the first time (maturin, pytest, and torch when it is missing).
+# for 1, 2, 3 and 4 ranks, then the examples (all-reduce, DDP, FSDP2). Needs Rust, Python >= 3.9
+# with pip, and network access to PyPI the first time (maturin, pytest, and torch when missing).
 #
 #   scripts/test-python.sh               # into the current python3 (PYTHON=... to pick another)
 #   VENV=.venv scripts/test-python.sh    # into a virtualenv (created if missing; it sees the

@@ -58,7 +58,7 @@ def main() -> None:
     total = sum(p.numel() for p in model.parameters())
     if rank == 0:
         print(
-            f"FSDP2 on a {' x '.join(map(str, shape))} mesh over torchcomms "
+            f"FSDP2 on a {' x '.join(map(str, shape))} DeviceMesh ({', '.join(names)}) over torchcomms "
             f"({dist.get_backend()}, {device.type}): {local} of {total} parameters on this rank"
         )
     dist.destroy_process_group()

@@ -12,8 +12,9 @@ On CUDA a round times only the issuing (the device work is synchronized outside 
 part), so it measures the host. On the CPU the time includes the operation itself; the
 difference between the ways is still the extra host cost.
 
-Before that, on every rank alone: the same three ways on upstream's ``fake`` backend (every
-operation a completed no-op), which isolates the host cost of each layer from any engine.
+Before that, on rank 0 alone: the same three ways on upstream's ``fake`` backend (every
+operation a completed no-op), which isolates the host cost of each layer from any engine, and
+``dist.all_reduce`` on a group that does nothing (torch.distributed's own Python layer).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def measure(ways: dict, iters: int, rounds: int, sync: Callable[[], None]) -> di
     samples: dict[str, list[float]] = {k: [] for k in ways}
     names = list(ways)
     for r in range(rounds):
-        for k in names[r % len(names):] + names[: r % len(names)]:
+        for k in names[r % len(names) :] + names[: r % len(names)]:
             samples[k].append(per_call_us(ways[k], iters, sync))
     return {k: {"median": statistics.median(v), "min": min(v)} for k, v in samples.items()}
 
@@ -122,7 +123,9 @@ def main() -> None:
         dist.init_process_group(a.backend, timeout=timedelta(seconds=300))
         sync = lambda: None  # noqa: E731
     rank, world = dist.get_rank(), dist.get_world_size()
-    fake = fake_backend(a.iters, a.rounds)
+    # Rank 0 alone (the others wait in a barrier), so the ranks do not share the cores.
+    fake = fake_backend(a.iters, a.rounds) if rank == 0 else {}
+    dist.barrier()
 
     pg = dist.group.WORLD
     comm = pg._get_backend(dev).get_comm()
@@ -139,6 +142,7 @@ def main() -> None:
             for way in ("dist_sync", "dist_async_wait")
         }
         for name, r in (("fake", fake), ("real", real))
+        if r
     }
     row = {
         "device": a.device,
@@ -153,10 +157,15 @@ def main() -> None:
         "torch": torch.__version__,
     }
     if rank == 0:
-        print(f"host us per all_reduce of {a.numel} elements: median (min) of {a.rounds} rounds of {a.iters} calls")
+        print(
+            f"host us per all_reduce of {a.numel} elements: median (min) of {a.rounds} rounds of {a.iters} calls"
+        )
         ways = ["direct", "dist_sync", "dist_async_wait", "torch_layer_only"]
         print(f"{'':30s}" + "".join(f"{w:>22s}" for w in ways))
-        for name, r in (("fake backend (layers only)", fake), (f"{a.backend} on {a.device}, {world} ranks", real)):
+        for name, r in (
+            ("fake backend (layers only)", fake),
+            (f"{a.backend} on {a.device}, {world} ranks", real),
+        ):
             cells = [f"{r[w]['median']:.2f} ({r[w]['min']:.2f})" if w in r else "-" for w in ways]
             print(f"{name:30s}" + "".join(f"{c:>22s}" for c in cells))
         for name in ("fake", "real"):

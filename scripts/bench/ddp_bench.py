@@ -83,7 +83,10 @@ def main() -> None:
     replicas = {
         a.backend: DDP(base, device_ids=[local], bucket_cap_mb=a.bucket_mb),
         "torch-nccl": DDP(
-            model(a.params, a.hidden, dev), device_ids=[local], bucket_cap_mb=a.bucket_mb, process_group=nccl
+            model(a.params, a.hidden, dev),
+            device_ids=[local],
+            bucket_cap_mb=a.bucket_mb,
+            process_group=nccl,
         ),
     }
     opts = {k: torch.optim.SGD(m.parameters(), lr=1e-4) for k, m in replicas.items()}
@@ -100,7 +103,10 @@ def main() -> None:
         for k in order:
             times[k].append(timed_steps(replicas[k], opts[k], xs, ys, a.steps) * 1e3)
         if rank == 0:
-            print(f"round {r + 1}: " + ", ".join(f"{k} {times[k][-1]:.2f} ms/step" for k in names), flush=True)
+            print(
+                f"round {r + 1}: " + ", ".join(f"{k} {times[k][-1]:.2f} ms/step" for k in names),
+                flush=True,
+            )
 
     # Both replicas saw the same data and steps: their parameters agree to rounding.
     diff = max(

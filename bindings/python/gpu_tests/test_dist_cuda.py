@@ -99,10 +99,14 @@ def test_gathers_scatters_all_to_all_broadcast() -> None:
     torch.testing.assert_close(b, vals(WORLD - 1, n))
     ins = [RANK + 1] * WORLD
     outs_split = [r + 1 for r in range(WORLD)]
-    x = torch.cat([torch.full((RANK + 1, 4), float(RANK * 10 + d), device=DEV) for d in range(WORLD)])
+    x = torch.cat(
+        [torch.full((RANK + 1, 4), float(RANK * 10 + d), device=DEV) for d in range(WORLD)]
+    )
     y = torch.empty(sum(outs_split), 4, device=DEV)
     dist.all_to_all_single(y, x, output_split_sizes=outs_split, input_split_sizes=ins)
-    want = torch.cat([torch.full((s + 1, 4), float(s * 10 + RANK), device=DEV) for s in range(WORLD)])
+    want = torch.cat(
+        [torch.full((s + 1, 4), float(s * 10 + RANK), device=DEV) for s in range(WORLD)]
+    )
     torch.testing.assert_close(y, want)
     dist.barrier()
 
@@ -123,7 +127,9 @@ def test_async_overlaps_and_orders_the_current_stream() -> None:
     fut = dist.all_reduce(u, async_op=True).get_future()
     (v,) = fut.wait()
     torch.testing.assert_close(v * 1, total(n))
-    chained = dist.all_reduce(vals(RANK, 64), async_op=True).get_future().then(lambda f: f.value()[0] * 2)
+    chained = (
+        dist.all_reduce(vals(RANK, 64), async_op=True).get_future().then(lambda f: f.value()[0] * 2)
+    )
     torch.testing.assert_close(chained.wait(), total(64) * 2)
     torch.cuda.synchronize()
 
@@ -144,7 +150,10 @@ def test_ddp_matches_torch_nccl() -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     nccl = dist.new_group(backend="nccl")
-    ours, ref = DDP(_mlp(0), device_ids=[DEV.index]), DDP(_mlp(0), device_ids=[DEV.index], process_group=nccl)
+    ours, ref = (
+        DDP(_mlp(0), device_ids=[DEV.index]),
+        DDP(_mlp(0), device_ids=[DEV.index], process_group=nccl),
+    )
     opts = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (ours, ref)]
     for step in range(10):
         x, y = _batch(step, RANK)
@@ -170,7 +179,10 @@ def test_fsdp2_on_the_backend_mesh() -> None:
         if isinstance(layer, nn.Linear):
             fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    opt, ropt = torch.optim.Adam(model.parameters(), lr=1e-3), torch.optim.Adam(ref.parameters(), lr=1e-3)
+    opt, ropt = (
+        torch.optim.Adam(model.parameters(), lr=1e-3),
+        torch.optim.Adam(ref.parameters(), lr=1e-3),
+    )
     for step in range(8):
         x, y = _batch(step, RANK)
         loss = nn.functional.mse_loss(model(x), y)
@@ -210,7 +222,9 @@ def test_upstream_device_mesh_on_a_cuda_comm() -> None:
 
     world = dist.distributed_c10d._world
     saved = world.default_pg
-    comm = torchcomms.new_comm(BACKEND, DEV, name="gpu_upstream_mesh", timeout=timedelta(seconds=120))
+    comm = torchcomms.new_comm(
+        BACKEND, DEV, name="gpu_upstream_mesh", timeout=timedelta(seconds=120)
+    )
     try:
         mesh = init_device_mesh(mesh_dim_comms=(comm,), mesh_dim_names=("main",))
         pg = mesh.get_group("main")
@@ -218,7 +232,10 @@ def test_upstream_device_mesh_on_a_cuda_comm() -> None:
         dist.all_reduce(t, group=pg)
         assert t[0].item() == WORLD
         torch.manual_seed(42)
-        model = DDP(nn.Sequential(*[nn.Linear(4, 4, bias=False, device=DEV) for _ in range(2)]), process_group=pg)
+        model = DDP(
+            nn.Sequential(*[nn.Linear(4, 4, bias=False, device=DEV) for _ in range(2)]),
+            process_group=pg,
+        )
         opt = torch.optim.Adam(model.parameters(), lr=0.05)
         inp = torch.randn(4, 4).to(DEV)
         losses = []

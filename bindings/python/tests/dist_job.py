@@ -177,13 +177,19 @@ def upstream() -> None:
     ``comm.split``, and ``pg.split_group`` with the backend's options."""
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor, Replicate
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from torchcomms.device_mesh import init_device_mesh
 
     device = torch.device("cpu")
-    comm = torchcomms.new_comm("ctran", device, name="upstream_world", timeout=timedelta(seconds=120))
+    comm = torchcomms.new_comm(
+        "ctran", device, name="upstream_world", timeout=timedelta(seconds=120)
+    )
     mesh = init_device_mesh(mesh_dim_comms=(comm,), mesh_dim_names=("main",))
     pg = mesh.get_group("main")
     assert pg.group_name == "main"
@@ -228,7 +234,9 @@ def upstream() -> None:
     # Tensor parallelism (upstream's TPCommTest, shortened): colwise + rowwise MLP.
     torch.manual_seed(5)
     local = nn.Sequential(nn.Linear(10, 16), nn.ReLU(), nn.Linear(16, 10))
-    tp = parallelize_module(copy.deepcopy(local), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    tp = parallelize_module(
+        copy.deepcopy(local), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()}
+    )
     lopt = torch.optim.SGD(local.parameters(), lr=8e-4)
     topt = torch.optim.SGD(tp.parameters(), lr=8e-4)
     tp_worst = 0.0
@@ -277,7 +285,9 @@ def upstream() -> None:
     base = _create_torchcomm_process_group(comm, "upstream_split_base")
     half = max(WORLD // 2, 1)
     mine = [r for r in range(WORLD) if r // half == RANK // half]
-    split_pg = base.split_group(mine, group_name="split_test_group", opts=base._get_backend(device).options)
+    split_pg = base.split_group(
+        mine, group_name="split_test_group", opts=base._get_backend(device).options
+    )
     x = torch.ones(10, dtype=torch.int32)
     dist.all_reduce(x, group=split_pg)
     split_ok = (
@@ -305,12 +315,20 @@ def backend_paths() -> None:
     creates the communicators through ``new_comm`` and registers ``_BackendWrapper(comm)``. On
     torch 2.11 the mixed map must be refused with a ValueError saying why."""
     store = dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), WORLD, is_master=RANK == 0,
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        WORLD,
+        is_master=RANK == 0,
         timeout=timedelta(seconds=120),
     )
     if not _c10d.PYTHON_BACKENDS:
         try:
-            dist.init_process_group("cpu:ctran,cuda:gloo", store=dist.PrefixStore("mixed", store), rank=RANK, world_size=WORLD)
+            dist.init_process_group(
+                "cpu:ctran,cuda:gloo",
+                store=dist.PrefixStore("mixed", store),
+                rank=RANK,
+                world_size=WORLD,
+            )
             result(mixed_refused=False)
         except ValueError as e:
             result(mixed_refused="torch >= 2.14" in str(e) and f"rank {RANK}" in str(e), msg=str(e))
@@ -318,12 +336,17 @@ def backend_paths() -> None:
         return
     checks: dict[str, bool] = {}
     dist.init_process_group(
-        "cpu:ctran,cuda:gloo", store=dist.PrefixStore("mixed", store), rank=RANK, world_size=WORLD,
+        "cpu:ctran,cuda:gloo",
+        store=dist.PrefixStore("mixed", store),
+        rank=RANK,
+        world_size=WORLD,
         timeout=timedelta(seconds=120),
     )
     pg = dist.group.WORLD
     checks["mixed_plain_group"] = type(pg) is dist.ProcessGroup
-    checks["mixed_wrapper"] = isinstance(pg._get_backend(torch.device("cpu")), torchcomms._BackendWrapper)
+    checks["mixed_wrapper"] = isinstance(
+        pg._get_backend(torch.device("cpu")), torchcomms._BackendWrapper
+    )
     t = torch.full((3,), float(RANK + 1))
     dist.all_reduce(t)
     checks["mixed_all_reduce"] = t.tolist() == [WORLD * (WORLD + 1) / 2] * 3
@@ -333,11 +356,16 @@ def backend_paths() -> None:
 
     dist.config.use_torchcomms = True
     dist.init_process_group(
-        backend="ctran", store=dist.PrefixStore("tc", store), rank=RANK, world_size=WORLD,
+        backend="ctran",
+        store=dist.PrefixStore("tc", store),
+        rank=RANK,
+        world_size=WORLD,
         timeout=timedelta(seconds=120),
     )
     pg = dist.group.WORLD
-    checks["tc_wrapper"] = isinstance(pg._get_backend(torch.device("cpu")), torchcomms._BackendWrapper)
+    checks["tc_wrapper"] = isinstance(
+        pg._get_backend(torch.device("cpu")), torchcomms._BackendWrapper
+    )
     t = torch.tensor([RANK + 1.0])
     dist.all_reduce(t, op=dist.ReduceOp.AVG)
     checks["tc_avg"] = t.item() == sum(range(1, WORLD + 1)) / WORLD
@@ -353,7 +381,10 @@ def backend_paths() -> None:
     checks["tc_all_to_all_single_splits"] = bool(torch.equal(y, want))
     nxt, prv = (RANK + 1) % WORLD, (RANK - 1) % WORLD
     recv = torch.empty(2)
-    ops = [dist.P2POp(dist.isend, torch.full((2,), float(RANK)), nxt), dist.P2POp(dist.irecv, recv, prv)]
+    ops = [
+        dist.P2POp(dist.isend, torch.full((2,), float(RANK)), nxt),
+        dist.P2POp(dist.irecv, recv, prv),
+    ]
     for w in dist.batch_isend_irecv(ops):
         w.wait()
     checks["tc_batch_isend_irecv"] = recv.tolist() == [float(prv)] * 2

@@ -172,7 +172,9 @@ def test_all_to_all_forms() -> None:
     x = torch.cat(ins)
     y = torch.empty_like(x)
     dist.all_to_all_single(y, x)
-    torch.testing.assert_close(y, torch.cat([torch.full((2,), float(s * 10 + RANK)) for s in range(WORLD)]))
+    torch.testing.assert_close(
+        y, torch.cat([torch.full((2,), float(s * 10 + RANK)) for s in range(WORLD)])
+    )
     # Split sizes: rank r sends r+1 rows to every peer and receives s+1 from peer s.
     in_splits = [RANK + 1] * WORLD
     out_splits = [s + 1 for s in range(WORLD)]
@@ -243,7 +245,9 @@ def test_coalescing_manager_fast_paths() -> None:
         dist.all_gather_into_tensor(outs[0], vals(RANK))
         dist.all_gather_into_tensor(outs[1], torch.full((2,), float(RANK)))
     torch.testing.assert_close(outs[0], torch.cat([vals(r) for r in range(WORLD)]))
-    torch.testing.assert_close(outs[1], torch.cat([torch.full((2,), float(r)) for r in range(WORLD)]))
+    torch.testing.assert_close(
+        outs[1], torch.cat([torch.full((2,), float(r)) for r in range(WORLD)])
+    )
     rs = torch.empty(2)
     with _coalescing_manager():
         dist.reduce_scatter_tensor(rs, torch.ones(2 * WORLD))
@@ -272,7 +276,9 @@ def test_work_and_future() -> None:
     torch.testing.assert_close(value, reference("SUM", torch.float32))
     assert w.is_completed() and w.is_success() and w.exception() is None
     # A future asked for before the operation finished completes from the engine's thread.
-    chained = dist.all_reduce(vals(RANK), async_op=True).get_future().then(lambda f: f.value()[0] * 2)
+    chained = (
+        dist.all_reduce(vals(RANK), async_op=True).get_future().then(lambda f: f.value()[0] * 2)
+    )
     torch.testing.assert_close(chained.wait(), reference("SUM", torch.float32) * 2)
 
 
@@ -304,12 +310,16 @@ def test_new_group() -> None:
 
 
 def test_split_group(world_pg: Any) -> None:
-    halves = [h for h in (list(range(0, (WORLD + 1) // 2)), list(range((WORLD + 1) // 2, WORLD))) if h]
+    halves = [
+        h for h in (list(range(0, (WORLD + 1) // 2)), list(range((WORLD + 1) // 2, WORLD))) if h
+    ]
     mine = next(h for h in halves if RANK in h)
     # ProcessGroup.split_group (what dist.split_group and upstream's DeviceMesh tests call): a
     # collective over the parent; every communicator splits.
     cpu = torch.device("cpu")
-    child = world_pg.split_group(mine, group_name="pytest_split", opts=world_pg._get_backend(cpu).options)
+    child = world_pg.split_group(
+        mine, group_name="pytest_split", opts=world_pg._get_backend(cpu).options
+    )
     assert child is not None and child.size() == len(mine) and child.rank() == mine.index(RANK)
     assert child.group_name == "pytest_split" and child._get_backend(cpu).name() == "ctran"
     t = torch.full((2,), float(RANK))
@@ -361,7 +371,9 @@ def test_functional_collectives_eager() -> None:
     torch.testing.assert_close(torch.as_tensor(ag), torch.cat([vals(r) for r in range(WORLD)]))
     rs = reduce_scatter(torch.ones(2 * WORLD), "sum", 0, g)
     torch.testing.assert_close(torch.as_tensor(rs), torch.full((2,), float(WORLD)))
-    a2a = funcol.all_to_all_single(torch.arange(WORLD, dtype=torch.float) + 10 * RANK, None, None, g)
+    a2a = funcol.all_to_all_single(
+        torch.arange(WORLD, dtype=torch.float) + 10 * RANK, None, None, g
+    )
     torch.testing.assert_close(
         torch.as_tensor(a2a), torch.tensor([10.0 * s + RANK for s in range(WORLD)])
     )
@@ -417,8 +429,10 @@ def test_bad_input_names_argument_and_rank() -> None:
         dist.all_gather([torch.empty(5)] * (WORLD + 1), vals(RANK))
     with _expect(ValueError, f"rank {RANK}", "split"):
         dist.all_to_all_single(
-            torch.empty(WORLD + 1), torch.empty(WORLD + 1),
-            output_split_sizes=[WORLD + 2] * WORLD, input_split_sizes=[WORLD + 2] * WORLD,
+            torch.empty(WORLD + 1),
+            torch.empty(WORLD + 1),
+            output_split_sizes=[WORLD + 2] * WORLD,
+            input_split_sizes=[WORLD + 2] * WORLD,
         )
     with _expect(ValueError, f"rank {RANK}", "op"):
         dist.all_reduce(torch.ones(2), op=dist.ReduceOp.BXOR)

@@ -31,17 +31,25 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def launch(scenario: str, size: int, timeout: float = 240.0) -> list[tuple[int, str, dict[str, Any]]]:
+def launch(
+    scenario: str, size: int, timeout: float = 240.0
+) -> list[tuple[int, str, dict[str, Any]]]:
     """Runs ``size`` ranks of ``scenario`` with torchrun's environment; returns (returncode,
     output, merged results) per rank."""
     if os.environ.get("TORCHCOMMS_TEST_JOBS", "1") == "0":
-        pytest.skip("torch.distributed jobs disabled by TORCHCOMMS_TEST_JOBS=0 (scripts/test-python.sh runs them once)")
+        pytest.skip(
+            "torch.distributed jobs disabled by TORCHCOMMS_TEST_JOBS=0 (scripts/test-python.sh runs them once)"
+        )
     if RANK != 0:
-        pytest.skip("torch.distributed jobs are launched by rank 0 only (they start their own processes)")
+        pytest.skip(
+            "torch.distributed jobs are launched by rank 0 only (they start their own processes)"
+        )
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("TORCHELASTIC_", "TORCHCOMM_RANK", "TORCHCOMM_SIZE", "GROUP_", "ROLE_"))
+        if not k.startswith(
+            ("TORCHELASTIC_", "TORCHCOMM_RANK", "TORCHCOMM_SIZE", "GROUP_", "ROLE_")
+        )
     }
     env.update(
         MASTER_ADDR="127.0.0.1",
@@ -74,7 +82,7 @@ def launch(scenario: str, size: int, timeout: float = 240.0) -> list[tuple[int, 
         merged: dict[str, Any] = {}
         for ln in text.splitlines():
             if ln.startswith("RESULT "):
-                merged.update(decode(ln[len("RESULT "):])[0])
+                merged.update(decode(ln[len("RESULT ") :])[0])
         out.append((p.returncode, text, merged))
     return out
 
@@ -119,7 +127,9 @@ def test_killed_rank_raises_dist_backend_error_on_every_survivor() -> None:
     for rc, text, r in ranks[:2]:
         assert rc == 0, text
         assert r["raised"] is not None and r["is_dist_backend_error"], text
-        assert r["elapsed"] < r["timeout"], f"took {r['elapsed']:.1f}s, timeout {r['timeout']}s\n{text}"
+        assert r["elapsed"] < r["timeout"], (
+            f"took {r['elapsed']:.1f}s, timeout {r['timeout']}s\n{text}"
+        )
         assert "all_reduce" in r["msg"] and "rank" in r["msg"], r["msg"]
         assert r["later_wait"] is not None and r["later_is_dist"], text
         assert r["later_future"] is not None, text

@@ -548,18 +548,14 @@ class _BackendWrapper(_BackendBase):
         opts = opts if opts is not None else _C.BroadcastOptions()
         t = _one(tensors, self._r, "broadcast")
         root, to, comm = opts.rootRank, _timeout(opts), self._comm
-        return self._issue(
-            lambda a: comm.broadcast(t, root, a, timeout=to), [t], _async(opts), to
-        )
+        return self._issue(lambda a: comm.broadcast(t, root, a, timeout=to), [t], _async(opts), to)
 
     def reduce(self, tensors: Any, opts: Any = None) -> _Work:
         opts = opts if opts is not None else _C.ReduceOptions()
         t = _one(tensors, self._r, "reduce")
         op = _reduce_op(opts.reduceOp, self._r, "reduce")
         root, to, comm = opts.rootRank, _timeout(opts), self._comm
-        return self._issue(
-            lambda a: comm.reduce(t, root, op, a, timeout=to), [t], _async(opts), to
-        )
+        return self._issue(lambda a: comm.reduce(t, root, op, a, timeout=to), [t], _async(opts), to)
 
     def allgather(self, output_lists: Any, inputs: Any, opts: Any = None) -> _Work:
         opts = opts if opts is not None else _C.AllgatherOptions()
@@ -600,7 +596,9 @@ class _BackendWrapper(_BackendBase):
             to,
         )
 
-    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> _Work:
+    def all_gather_single(
+        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
+    ) -> _Work:
         opts = opts if opts is not None else _C.AllgatherOptions()
         to, comm = _timeout(opts), self._comm
         return self._issue(
@@ -676,7 +674,9 @@ class _BackendWrapper(_BackendBase):
         rs = comm.reduce_scatter if equal else comm.reduce_scatter_v
         return self._issue(lambda a: rs(t, ins, op, a, timeout=to), [t], _async(opts), to)
 
-    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> _Work:
+    def reduce_scatter_single(
+        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
+    ) -> _Work:
         opts = opts if opts is not None else _C.ReduceScatterOptions()
         op = _reduce_op(opts.reduceOp, self._r, "reduce_scatter_tensor")
         to, comm = _timeout(opts), self._comm
@@ -695,9 +695,7 @@ class _BackendWrapper(_BackendBase):
         pairs = list(zip(outputs, inputs))
         to, comm = _timeout(opts), self._comm
         return self._issue(
-            lambda a: tuple(
-                comm.reduce_scatter_single(o, i, op, a, timeout=to) for o, i in pairs
-            ),
+            lambda a: tuple(comm.reduce_scatter_single(o, i, op, a, timeout=to) for o, i in pairs),
             list(outputs),
             _async(opts),
             to,
@@ -1044,8 +1042,10 @@ class TorchCommsProcessGroup(_C.ProcessGroup):  # type: ignore[misc]
         bound = self.bound_device_id or self._device_id
         if bound is not None:
             return self._for_device(bound, where)
-        if "cuda" in self._devices and torch.cuda.is_available() and (
-            self._cuda is not None or "cpu" not in self._devices
+        if (
+            "cuda" in self._devices
+            and torch.cuda.is_available()
+            and (self._cuda is not None or "cpu" not in self._devices)
         ):
             return self._for_device(torch.device("cuda", torch.cuda.current_device()), where)
         if "cpu" in self._devices:
@@ -1055,7 +1055,9 @@ class TorchCommsProcessGroup(_C.ProcessGroup):  # type: ignore[misc]
     def _for_device(self, device: Any, where: str) -> _BackendWrapper:
         device = torch.device(device)
         if device.type == "cuda" and self._cuda is None and torch.cuda.is_available():
-            with torch.cuda.device(device if device.index is not None else torch.cuda.current_device()):
+            with torch.cuda.device(
+                device if device.index is not None else torch.cuda.current_device()
+            ):
                 return self._backend("cuda", where)
         return self._backend(device.type, where)
 
@@ -1087,9 +1089,7 @@ class TorchCommsProcessGroup(_C.ProcessGroup):  # type: ignore[misc]
         create (a CUDA-only group without ``device_id``, before its first operation)."""
         if self._backends:
             return [torch.device(d) for d in self._devices if d in self._backends]
-        return [
-            torch.device(d) for d in self._devices if d != "cuda" or torch.cuda.is_available()
-        ]
+        return [torch.device(d) for d in self._devices if d != "cuda" or torch.cuda.is_available()]
 
     def _has_hooks(self) -> bool:
         return False
@@ -1202,9 +1202,9 @@ class TorchCommsProcessGroup(_C.ProcessGroup):  # type: ignore[misc]
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_single_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> _Work:
-        return self._first(inputs, "reduce_scatter_tensor_coalesced").reduce_scatter_single_coalesced(
-            outputs, inputs, opts
-        )
+        return self._first(
+            inputs, "reduce_scatter_tensor_coalesced"
+        ).reduce_scatter_single_coalesced(outputs, inputs, opts)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
@@ -1212,7 +1212,12 @@ class TorchCommsProcessGroup(_C.ProcessGroup):  # type: ignore[misc]
         return self._first(inputs, "all_to_all").alltoall(outputs, inputs, opts)
 
     def all_to_all_single(
-        self, output: Any, input: Any, output_split_sizes: Any, input_split_sizes: Any, opts: Any = None
+        self,
+        output: Any,
+        input: Any,
+        output_split_sizes: Any,
+        input_split_sizes: Any,
+        opts: Any = None,
     ) -> _Work:
         return self._for(input, "all_to_all_single").all_to_all_single(
             output, input, output_split_sizes, input_split_sizes, opts
@@ -1227,7 +1232,11 @@ class TorchCommsProcessGroup(_C.ProcessGroup):  # type: ignore[misc]
             device = getattr(opts, "device", None)
             if ids:
                 device = torch.device("cuda", ids[0])
-        b = self._for_device(device, "barrier") if device is not None else self._default_backend("barrier")
+        b = (
+            self._for_device(device, "barrier")
+            if device is not None
+            else self._default_backend("barrier")
+        )
         return b.barrier(opts)
 
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
@@ -1494,6 +1503,17 @@ def _caller_locals() -> dict:
     return {}
 
 
+def _comm_name(group_name: str, global_ranks: list[int]) -> str:
+    """The communicators' name: the group's, and its members. torch reuses group names after
+    ``destroy_process_group`` (and names subgroups by a counter, so "1" may be ranks {0} once and
+    {0, 1} later); the engine numbers the instances of a name per process, which only agrees
+    between ranks that created the same groups of that name: the members make it so."""
+    import zlib
+
+    members = zlib.crc32(",".join(map(str, global_ranks)).encode())
+    return f"c10d_{group_name}_{members:08x}"
+
+
 def _create(dist_opts: Any, pg_options: Any, *, c10d_name: str) -> Any:
     """The creator registered with ``torch.distributed.Backend.register_backend`` for each name
     of :data:`C10D_BACKENDS` (``extended_api=True``)."""
@@ -1502,6 +1522,9 @@ def _create(dist_opts: Any, pg_options: Any, *, c10d_name: str) -> Any:
     store = dist_opts.store
     timeout = dist_opts.timeout
     group_name = str(getattr(dist_opts, "group_id", "") or "")
+    comm_name = _comm_name(
+        group_name, list(getattr(dist_opts, "global_ranks_in_group", None) or range(size))
+    )
     device_id = caller.get("device_id")
     pg_being_built = getattr(dist_opts, "process_group", None)
     if device_id is None and pg_being_built is not None:
@@ -1532,14 +1555,20 @@ def _create(dist_opts: Any, pg_options: Any, *, c10d_name: str) -> Any:
                 f"[rank {rank}] init_process_group: invalid argument `backend`: mixing "
                 f"{c10d_name!r} with other backends ({foreign}) needs torch >= 2.14 (Python "
                 f"c10d backends); torch {torch.__version__} can run {c10d_name!r} for every "
-                f"device (e.g. backend=\"{c10d_name}\")"
+                f'device (e.g. backend="{c10d_name}")'
             )
-        factory = _CommFactory({device: C10D_BACKENDS[c10d_name]}, store, rank, size, f"c10d_{group_name}", timeout, pg_options)
+        factory = _CommFactory(
+            {device: C10D_BACKENDS[c10d_name]}, store, rank, size, comm_name, timeout, pg_options
+        )
         dev = torch.device(device)
         if dev.type == "cuda":
-            dev = device_id if device_id is not None and device_id.type == "cuda" else torch.device("cuda", torch.cuda.current_device())
+            dev = (
+                device_id
+                if device_id is not None and device_id.type == "cuda"
+                else torch.device("cuda", torch.cuda.current_device())
+            )
         return _BackendWrapper(factory(dev))
-    factory = _CommFactory(ours, store, rank, size, f"c10d_{group_name}", timeout, pg_options)
+    factory = _CommFactory(ours, store, rank, size, comm_name, timeout, pg_options)
     backends: dict[str, _BackendWrapper] = {}
     if "cpu" in ours:
         backends["cpu"] = _BackendWrapper(factory(torch.device("cpu")))
