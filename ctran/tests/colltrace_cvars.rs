@@ -142,7 +142,10 @@ fn only_launcher_and_system_inputs_are_read_directly() {
         "RANK",
         "WORLD_SIZE",
         "MASTER_ADDR",
+        "MASTER_PORT",
         "LOCAL_RANK",
+        // torchrun's agent store (distwrap's rendezvous joins it instead of serving one).
+        "TORCHELASTIC_USE_AGENT_STORE",
         // Whether the user set it at all (not its value) decides the default of communicators
         // made for torch.distributed, which report failures as exceptions unless told to abort.
         "TORCHCOMM_ABORT_ON_ERROR",
