@@ -33,6 +33,13 @@ pub trait WorkHandle: Send + Sync + Debug {
     fn wait_blocking(&self, timeout: Duration) -> Result<()> {
         self.wait(timeout)
     }
+    /// Makes the raw CUDA stream `stream` wait for the work without blocking the host (what
+    /// `wait` does for the stream the work was issued from). Backends that are not
+    /// stream-ordered wait as `wait` does.
+    fn wait_on_stream(&self, stream: u64, timeout: Duration) -> Result<()> {
+        let _ = stream;
+        self.wait(timeout)
+    }
     /// Current status.
     fn status(&self) -> WorkStatus;
     /// The error of failed work.
@@ -94,6 +101,13 @@ impl Work {
     pub fn wait(&self) -> Result<()> {
         // The engine fails the op at its deadline; the margin covers the hand-over.
         self.handle.wait(self.timeout + Duration::from_secs(2))
+    }
+
+    /// Makes the raw CUDA stream `stream` wait for the work (torch's current stream at the time
+    /// of the wait, as upstream's `TorchWork::wait`); on CPU backends the same as [`Work::wait`].
+    pub fn wait_on_stream(&self, stream: u64) -> Result<()> {
+        self.handle
+            .wait_on_stream(stream, self.timeout + Duration::from_secs(2))
     }
 
     /// Blocks the host until the work finishes, also on stream-ordered (CUDA) backends whose

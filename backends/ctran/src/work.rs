@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use ctran::cuda::RawStream;
 use ctran::gpe::GpeRequest;
 use ctran::{Request, RequestStatus};
 use torchcomms::{Error, OnComplete, Result, WorkHandle, WorkStatus};
@@ -64,6 +65,15 @@ impl WorkHandle for GpuWork {
             return self.wait_blocking(timeout);
         }
         self.request.wait_on_stream().map_err(Error::Engine)
+    }
+
+    fn wait_on_stream(&self, stream: u64, timeout: Duration) -> Result<()> {
+        if self.blocking {
+            return self.wait_blocking(timeout);
+        }
+        self.request
+            .wait_on(RawStream(stream))
+            .map_err(Error::Engine)
     }
 
     fn wait_blocking(&self, timeout: Duration) -> Result<()> {

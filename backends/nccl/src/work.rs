@@ -250,6 +250,18 @@ impl WorkHandle for NcclWork {
             .map_err(|e| self.shared.cuda(self.op, e).into())
     }
 
+    fn wait_on_stream(&self, stream: u64, timeout: Duration) -> Result<()> {
+        if self.blocking {
+            return self.wait_blocking(timeout);
+        }
+        if let Some(e) = self.failed() {
+            return Err(e);
+        }
+        RawStream(stream)
+            .wait_event(&self.event)
+            .map_err(|e| self.shared.cuda(self.op, e).into())
+    }
+
     fn wait_blocking(&self, timeout: Duration) -> Result<()> {
         if self.captured {
             return Ok(());

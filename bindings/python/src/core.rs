@@ -14,6 +14,7 @@ use torchcomms::{Error, ErrorKind, OpOptions, TorchComm, Work};
 use crate::args::{hints_arg, int_arg};
 use crate::error::{not_implemented, value_error, ResultExt};
 use crate::hooks::{self, HookOwner, Hooks};
+use crate::stream::CurrentStream;
 use crate::types::{timeout_arg, OpName, PyCommOptions};
 use crate::work::{PyTorchWork, WorkInner};
 
@@ -78,6 +79,7 @@ pub(crate) struct CommCore {
     pub(crate) hooks: Mutex<Hooks>,
     pub(crate) abort_hooks_ran: AtomicBool,
     pub(crate) user_aborted: AtomicBool,
+    current_stream: CurrentStream,
 }
 
 impl CommCore {
@@ -104,6 +106,7 @@ impl CommCore {
             hooks: Mutex::new(Hooks::default()),
             abort_hooks_ran: AtomicBool::new(false),
             user_aborted: AtomicBool::new(false),
+            current_stream: CurrentStream::default(),
         }
     }
 }
@@ -198,17 +201,7 @@ impl CommCore {
     /// (`torch.cuda.current_stream(device).cuda_stream`): operations run after the work issued
     /// on it so far, as with ProcessGroupNCCL. `None` on CPU.
     pub(crate) fn caller_stream(&self) -> PyResult<Option<u64>> {
-        Python::attach(|py| {
-            let device = self.device.bind(py);
-            if device.getattr("type")?.extract::<String>()? != "cuda" {
-                return Ok(None);
-            }
-            let stream = py
-                .import("torch")?
-                .getattr("cuda")?
-                .call_method1("current_stream", (device,))?;
-            Ok(Some(stream.getattr("cuda_stream")?.extract::<u64>()?))
-        })
+        Python::attach(|py| self.current_stream.read(py, self.device.bind(py)))
     }
 
     pub(crate) fn op_options(

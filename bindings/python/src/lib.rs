@@ -29,6 +29,7 @@ mod hooks;
 mod ops;
 mod persistent;
 mod store;
+mod stream;
 mod tensor;
 mod types;
 mod watchdog;

@@ -52,13 +52,26 @@ impl PyTorchWork {
             .collect()
     }
 
-    fn do_wait(&self, py: Python<'_>) -> PyResult<()> {
+    /// Waits for the operation: `blocking` blocks the host also on CUDA communicators, where a
+    /// plain wait only orders torch's current stream after the operation.
+    fn do_wait(&self, py: Python<'_>, blocking: bool) -> PyResult<()> {
         for cb in self.callbacks(py, false) {
             cb.call0(py)?;
         }
         match &self.inner {
             WorkInner::Native(w) => {
-                if let Err(e) = py.detach(|| w.wait()) {
+                // CUDA: the stream current now waits (it may differ from the issuing one).
+                let stream = if blocking {
+                    None
+                } else {
+                    self.comm.caller_stream()?
+                };
+                let waited = py.detach(|| match stream {
+                    Some(s) => w.wait_on_stream(s),
+                    None if blocking => w.wait_blocking(),
+                    None => w.wait(),
+                });
+                if let Err(e) = waited {
                     self.comm.on_failure(py, &e);
                     return Err(e).on_rank(self.comm.rank);
                 }
@@ -100,12 +113,12 @@ impl PyTorchWork {
 impl PyTorchWork {
     /// Blocks until the operation finished; raises its error if it failed.
     fn wait(&self, py: Python<'_>) -> PyResult<()> {
-        crate::error::guard("wait", || self.do_wait(py))
+        crate::error::guard("wait", || self.do_wait(py, false))
     }
 
     /// Blocks the CPU thread until the operation finished (the same as `wait()` on CPU).
     fn wait_blocking(&self, py: Python<'_>) -> PyResult<()> {
-        crate::error::guard("wait_blocking", || self.do_wait(py))
+        crate::error::guard("wait_blocking", || self.do_wait(py, true))
     }
 
     /// True once the operation finished, successfully or not.
@@ -152,7 +165,7 @@ impl PyTorchWork {
             }
             WorkInner::Done => callback.call1(py, (py.None(),)).map(drop),
             WorkInner::Python { .. } => {
-                let error = match self.do_wait(py) {
+                let error = match self.do_wait(py, true) {
                     Ok(()) => py.None(),
                     Err(e) => e.into_value(py).into_any(),
                 };

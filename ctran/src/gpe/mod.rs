@@ -278,13 +278,19 @@ impl GpeRequest {
     /// Makes the caller's stream wait for the operation (returns at once). An error the host
     /// half already met is returned.
     pub fn wait_on_stream(&self) -> Result<()> {
+        self.wait_on(self.caller)
+    }
+
+    /// Makes `stream` wait for the operation (returns at once). An error the host half already
+    /// met is returned.
+    pub fn wait_on(&self, stream: RawStream) -> Result<()> {
         if let Some(e) = self.failure() {
             return Err(e);
         }
-        if self.on_caller {
+        if self.on_caller && stream == self.caller {
             return Ok(());
         }
-        self.caller
+        stream
             .wait_event(&self.done_event)
             .map_err(|e| cuda_err(self.op, self.rank, e))
     }

@@ -171,9 +171,11 @@ class _Work(_C.Work):  # type: ignore[misc]
     """The c10d work of one torchcomms operation (or of several, for coalesced calls).
 
     ``tc`` is a ``TorchWork``, a tuple of them, or None when the operation already finished (a
-    synchronous call). On CUDA, ``side`` is the stream the operation was issued on, which
-    already waits for it: ``wait()`` makes the caller's current stream wait for ``side``, and
-    ``get_future()`` records its events there, as ProcessGroupNCCL records them on its stream.
+    synchronous call). On CUDA the operation runs after the stream current when it was issued,
+    and ``wait()`` makes the stream current at the wait wait for it, without blocking the host
+    (ProcessGroupNCCL's semantics). ``side`` (CUDA only) gives the stream on which
+    ``get_future()`` records its events, so the future's consumers wait for the operation
+    without ordering the caller's stream after it.
     """
 
     def __init__(
@@ -181,7 +183,7 @@ class _Work(_C.Work):  # type: ignore[misc]
         tc: Any,
         outputs: Any,
         rank: int,
-        side: Any = None,
+        side: Optional[Callable[[], Any]] = None,
         timeout: Optional[timedelta] = None,
     ) -> None:
         super().__init__()
@@ -203,10 +205,6 @@ class _Work(_C.Work):  # type: ignore[misc]
         """Waits for the operation (CPU) or orders the current stream after it (CUDA); raises
         its error as ``DistBackendError``. ``timeout`` is ignored: the operation's own timeout
         bounds the wait (as upstream's WorkWrapper)."""
-        side = self._side
-        if side is not None:
-            torch.cuda.current_stream(side.device).wait_stream(side)
-            return True
         if self._error is not None:
             raise self._error
         if self._tc is not None:
@@ -218,7 +216,8 @@ class _Work(_C.Work):  # type: ignore[misc]
                 if self._error is e:
                     raise
                 raise self._error from e
-            self._tc = None
+            if self._side is None:
+                self._tc = None  # finished (CUDA keeps it: another stream may wait later)
         return True
 
     def synchronize(self) -> None:
@@ -234,7 +233,7 @@ class _Work(_C.Work):  # type: ignore[misc]
 
     def exception(self) -> Optional[BaseException]:
         """The error of a failed operation (None while it runs or when it succeeded)."""
-        if self._error is None and self._side is None:
+        if self._error is None:
             for w in self._torch_works():
                 if w.is_completed() and w._status() != _WorkStatus.COMPLETED:
                     try:
@@ -261,12 +260,8 @@ class _Work(_C.Work):  # type: ignore[misc]
 
     def _make_future(self) -> Any:
         outputs = self._outputs
-        side = self._side
-        if side is not None:
-            fut = torch.futures.Future(devices=[side.device])
-            with torch.cuda.stream(side):
-                fut.set_result(outputs)
-            return fut
+        if self._side is not None:
+            return self._cuda_future(outputs)
         fut = torch.futures.Future()
         if self._error is not None:
             fut.set_exception(self._error)
@@ -290,6 +285,23 @@ class _Work(_C.Work):  # type: ignore[misc]
 
         for w in works:
             w._add_done_callback(one_done)
+        return fut
+
+
+    def _cuda_future(self, outputs: Any) -> Any:
+        """A future completed on the side stream once that stream waits for the operation:
+        its consumers wait for the operation through the future's CUDA events."""
+        side = self._side()
+        fut = torch.futures.Future(devices=[side.device])
+        with torch.cuda.stream(side):
+            try:
+                for w in self._torch_works():
+                    w.wait()
+            except BaseException as e:
+                self._error = _dist_error(e)
+                fut.set_exception(self._error)
+                return fut
+            fut.set_result(outputs)
         return fut
 
 
@@ -481,15 +493,10 @@ class _BackendWrapper(_BackendBase):
             if not async_op:
                 call(False)
                 return self._completed(outputs, timeout)
-            if self._cuda:
-                side = self._side_stream()
-                side.wait_stream(torch.cuda.current_stream(self._device))
-                with torch.cuda.stream(side):
-                    tc = call(True)
-                    for w in tc if isinstance(tc, tuple) else (tc,):
-                        w.wait()  # `side` waits for the operation (no host block)
-                return _Work(tc, outputs, r, side, timeout)
-            return _Work(call(True), outputs, r, None, timeout)
+            # CUDA: the operation runs after the current stream; the work orders the stream
+            # current at its wait() after the operation.
+            side = self._side_stream if self._cuda else None
+            return _Work(call(True), outputs, r, side, timeout)
         except BaseException as e:
             err = _dist_error(e)
             if err is e:
