@@ -212,6 +212,29 @@ def test_runs_on_the_current_stream(comm: Any) -> None:
     assert w.is_completed()
 
 
+def test_wait_orders_the_stream_current_at_the_wait(comm: Any) -> None:
+    """Issued on one stream, waited on another: wait() orders the stream current at the wait
+    (upstream's TorchWork), and wait_blocking() blocks the host until the operation is done."""
+    issue, consume = torch.cuda.Stream(device=DEV), torch.cuda.Stream(device=DEV)
+    n = 1 << 22
+    x = torch.full((n,), float(RANK + 1), device=DEV)
+    torch.cuda.synchronize(DEV)
+    with torch.cuda.stream(issue):
+        torch.cuda._sleep(50_000_000)  # the operation starts late: only ordering helps
+        w = comm.all_reduce(x, ReduceOp.SUM, async_op=True)
+    with torch.cuda.stream(consume):
+        w.wait()
+        y = x * 2
+    consume.synchronize()
+    assert torch.equal(y.cpu(), torch.full((n,), float(2 * sum(range(1, WORLD + 1)))))
+    with torch.cuda.stream(issue):
+        torch.cuda._sleep(50_000_000)
+        w = comm.all_reduce(x, ReduceOp.SUM, async_op=True)
+    w.wait_blocking()
+    assert w.is_completed()
+    torch.cuda.synchronize(DEV)
+
+
 def test_sync_ops_on_two_streams_keep_their_order(comm: Any) -> None:
     """Synchronous ops may run on the caller's stream itself (ctran over NVLink): alternating
     two streams, with an async op between them, every op must still follow its stream's work
