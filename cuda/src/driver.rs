@@ -148,6 +148,18 @@ impl Context {
         unsafe { result::ctx::set_current(self.raw) }.call("cuCtxSetCurrent")
     }
 
+    /// Lets kernels and copies of this context reach `peer`'s memory directly
+    /// (`cuCtxEnablePeerAccess`; already enabled is fine).
+    pub fn enable_peer_access(&self, peer: &Context) -> Result<()> {
+        self.bind()?;
+        // SAFETY: both contexts are retained for the life of the process.
+        let r = unsafe { sys::cuCtxEnablePeerAccess(peer.raw, 0) };
+        if r == sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
+            return Ok(());
+        }
+        r.result().call("cuCtxEnablePeerAccess")
+    }
+
     /// Device ordinal.
     pub fn ordinal(&self) -> u32 {
         self.ordinal
@@ -474,6 +486,30 @@ pub unsafe fn copy_async(dst: u64, src: u64, bytes: usize, stream: RawStream) ->
     }
     // SAFETY: forwarded to the caller.
     unsafe { result::memcpy_dtod_async(dst, src, bytes, stream.raw()) }.call("cuMemcpyDtoDAsync")
+}
+
+/// Copies `bytes` from `src` on `src_ctx`'s device to `dst` on `dst_ctx`'s device on `stream`
+/// (`cuMemcpyPeerAsync`, what `cudaMemcpyPeerAsync` calls): the reference a copy into a peer's
+/// mapped memory is measured against.
+///
+/// # Safety
+/// Both ranges must be valid device memory of their contexts while the copy runs, and `stream`
+/// a stream of `src_ctx` or `dst_ctx`.
+pub unsafe fn copy_peer_async(
+    dst: u64,
+    dst_ctx: &Context,
+    src: u64,
+    src_ctx: &Context,
+    bytes: usize,
+    stream: RawStream,
+) -> Result<()> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    // SAFETY: forwarded to the caller; both contexts are retained for the life of the process.
+    unsafe { sys::cuMemcpyPeerAsync(dst, dst_ctx.raw, src, src_ctx.raw, bytes, stream.raw()) }
+        .result()
+        .call("cuMemcpyPeerAsync")
 }
 
 /// A loaded module (CUBIN or PTX) and the functions looked up in it.

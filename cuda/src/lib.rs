@@ -43,8 +43,8 @@ pub mod nvrtc;
 pub mod pinned;
 
 pub use driver::{
-    copy_async, driver, is_available, unavailable_reason, Context, DeviceBuffer, DeviceRepr, Event,
-    Function, LaunchArgs, Module, RawStream, Stream,
+    copy_async, copy_peer_async, driver, is_available, unavailable_reason, Context, DeviceBuffer,
+    DeviceRepr, Event, Function, LaunchArgs, Module, RawStream, Stream,
 };
 pub use error::CudaError;
 pub use graph::{

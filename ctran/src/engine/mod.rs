@@ -115,6 +115,11 @@ impl Engine {
         Ok(engine)
     }
 
+    /// The NVLink transport, where every rank's GPU reaches every other's.
+    pub fn nvl(&self) -> Option<&Nvl> {
+        self.nvl.as_ref()
+    }
+
     /// The communicator.
     pub fn comm(&self) -> &Arc<Comm> {
         &self.comm

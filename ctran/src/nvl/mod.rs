@@ -23,6 +23,7 @@ pub mod kernels;
 pub mod pipeline;
 pub mod plan;
 pub mod registry;
+pub mod window;
 
 mod exchange;
 mod issue;

@@ -123,6 +123,12 @@ impl Registry {
         })
     }
 
+    /// Closes every mapping of `peer`'s memory: a mapping of an allocation the peer has freed
+    /// can overlap a new one and make opening that fail.
+    pub fn forget(&mut self, peer: usize) {
+        self.mapped.retain(|&(q, _), _| q != peer);
+    }
+
     /// The address in this process of the buffer `peer` exposed as `r` (0 when empty).
     pub fn resolve(&mut self, peer: usize, r: &Record) -> Result<u64, CudaError> {
         if r.len == 0 {
