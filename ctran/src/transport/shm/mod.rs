@@ -13,6 +13,8 @@ pub(crate) mod layout;
 pub(crate) mod node;
 mod segment;
 pub(crate) mod slot;
+#[cfg(test)]
+mod tests;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::Ordering;
@@ -97,6 +99,19 @@ pub struct CmaStats {
 pub fn cma_stats() -> CmaStats {
     let (reads, bytes) = cma::counted();
     CmaStats { reads, bytes }
+}
+
+/// Whether `e` is the failure of a local peer already recorded in `dead` (its requests failed
+/// when it was first reported; later posts to it fail at once).
+fn known_failure(
+    dead: &[Option<TransportError>],
+    local_of: &[Option<usize>],
+    e: &TransportError,
+) -> bool {
+    !matches!(e, TransportError::Disagree { .. })
+        && e.peer()
+            .and_then(|p| local_of.get(p).copied().flatten())
+            .is_some_and(|l| dead[l].is_some())
 }
 
 /// Request ids of this transport live above this bit, apart from the socket transport's.
@@ -620,13 +635,21 @@ impl ShmTransport {
         // liveness and agreement on the operation are checked on every call.
         let now = Instant::now();
         let since = *self.stalled_since.get_or_insert(now);
+        let dead = &self.dead;
+        let local_of = &self.local_of;
+        // `alive` keeps reporting a peer whose failure was already taken (its requests failed):
+        // news only, or that one peer would hide every later failure and the agreement check.
+        let mut alive = || match alive() {
+            Err(e) if known_failure(dead, local_of, &e) => Ok(()),
+            other => other,
+        };
         if now.duration_since(since) >= AGREEMENT_CHECK_AFTER {
             if let Err(e) = alive().and_then(|()| self.node.check_agreement()) {
                 self.fail_for(e);
                 return Ok(());
             }
         }
-        let waited = self.node.wait_for(|n| self.ready(n), until, alive);
+        let waited = self.node.wait_for(|n| self.ready(n), until, &mut alive);
         match waited {
             Ok(()) | Err(WaitEnd::Deadline) => {}
             Err(WaitEnd::Failed(e)) if e.peer().is_none() => return Err(e),

@@ -247,23 +247,31 @@ impl SocketTransport {
     }
 
     /// Checks the connections to `peers` (which carry no data) for a closed peer or an abort
-    /// notice; the first failure found is returned and the connection marked broken.
+    /// notice, and marks those broken. A failure found now is returned before one found by an
+    /// earlier call: every connection is read, so a peer that failed first (and is reported
+    /// again on every call) never hides another peer's notice or closed connection.
     pub fn probe_idle(
         &mut self,
         peers: impl IntoIterator<Item = usize>,
     ) -> Result<(), TransportError> {
+        let mut known = None;
         for p in peers {
-            if let Some(e) = self
-                .conns
-                .get_mut(p)
-                .and_then(Option::as_mut)
-                .and_then(|conn| conn.probe_idle())
-            {
-                self.fail_conn(p, e.clone());
-                return Err(e);
+            let Some(conn) = self.conns.get_mut(p).and_then(Option::as_mut) else {
+                continue;
+            };
+            let was_broken = conn.broken().is_some();
+            match conn.probe_idle() {
+                Some(e) if was_broken => {
+                    known.get_or_insert(e);
+                }
+                Some(e) => {
+                    self.fail_conn(p, e.clone());
+                    return Err(e);
+                }
+                None => {}
             }
         }
-        Ok(())
+        known.map_or(Ok(()), Err)
     }
 
     /// Closes every connection after saying goodbye (normal end of a communicator).
@@ -421,12 +429,14 @@ mod tests {
     use super::mesh::{connect_mesh, Listener, MeshPlan, SocketConfig};
     use super::*;
 
-    /// Two ranks of one process, connected over loopback.
-    fn pair() -> [SocketTransport; 2] {
-        let listeners = [0, 1].map(|_| Listener::bind(Ipv4Addr::LOCALHOST.into()).unwrap());
+    /// `n` ranks of one process, connected over loopback.
+    fn mesh(n: usize) -> Vec<SocketTransport> {
+        let listeners: Vec<_> = (0..n)
+            .map(|_| Listener::bind(Ipv4Addr::LOCALHOST.into()).unwrap())
+            .collect();
         let addrs: Vec<_> = listeners.iter().map(Listener::addr).collect();
         let deadline = Instant::now() + Duration::from_secs(30);
-        let mut ends = std::thread::scope(|s| {
+        std::thread::scope(|s| {
             let joins: Vec<_> = listeners
                 .into_iter()
                 .enumerate()
@@ -445,10 +455,42 @@ mod tests {
             joins
                 .into_iter()
                 .map(|j| j.join().unwrap().unwrap())
-                .collect::<Vec<_>>()
-        });
+                .collect()
+        })
+    }
+
+    /// Two ranks of one process, connected over loopback.
+    fn pair() -> [SocketTransport; 2] {
+        let mut ends = mesh(2);
         let b = ends.pop().unwrap();
         [ends.pop().unwrap(), b]
+    }
+
+    /// Probes `peers` from `t` until a failure of `peer` is reported (or 10 s pass).
+    fn probe_until(t: &mut SocketTransport, peers: &[usize], peer: usize) -> TransportError {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match t.probe_idle(peers.iter().copied()) {
+                Err(e) if e.peer() == Some(peer) => return e,
+                other => assert!(
+                    Instant::now() < deadline,
+                    "no failure of peer {peer} reported; last {other:?}"
+                ),
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// A peer that failed first is reported again on every probe; a second peer's notice must
+    /// still come through (a rank waiting for that peer would otherwise wait for the timeout).
+    #[test]
+    fn a_failed_peer_does_not_hide_the_next_one() {
+        let mut ranks = mesh(3);
+        ranks[1].abort("the first failure");
+        probe_until(&mut ranks[0], &[1, 2], 1);
+        ranks[2].abort("the second failure");
+        let e = probe_until(&mut ranks[0], &[1, 2], 2);
+        assert!(e.to_string().contains("the second failure"), "{e}");
     }
 
     fn limit(path: &str) -> usize {
