@@ -228,7 +228,7 @@ mod tests {
     fn foreign_bytes_are_refused_naming_the_problem() {
         assert!(decode(&[0; HEADER_LEN]).unwrap_err().contains("bad magic"));
         let mut h = encode(Frame::Bye);
-        h[4] = 0x40;
+        h[5] = 0x10;
         assert!(decode(&h).unwrap_err().contains("unknown flags"));
         let mut h = encode(Frame::Probe {
             tag: OpTag::default(),
