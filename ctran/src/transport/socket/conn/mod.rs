@@ -213,18 +213,6 @@ impl Conn {
         });
     }
 
-    /// Queues a frame exactly as given (tests forge frames a correct peer never sends).
-    #[cfg(test)]
-    pub(super) fn push_forged(&mut self, header: [u8; HEADER_LEN], data: Span) {
-        self.sends.push_back(PendingSend {
-            id: CONTROL_ID,
-            header,
-            data,
-            written: 0,
-            awaits_ack: false,
-        });
-    }
-
     /// Queues a control frame before every message not yet started (a frame never interrupts
     /// a half-sent message).
     fn push_control(&mut self, control: Frame) {
