@@ -137,3 +137,37 @@ fn bad_input_fails_with_the_reason() {
         );
     });
 }
+
+#[test]
+fn a_wait_for_a_dead_peer_fails_well_before_the_timeout() {
+    let store: Arc<HashStore> = Arc::new(HashStore::new());
+    let n = 2;
+    std::thread::scope(|s| {
+        for rank in 0..n {
+            let store = Arc::clone(&store);
+            s.spawn(move || {
+                let mut cfg = CommConfig::from_env("win-dead".to_string(), rank, n).unwrap();
+                cfg.timeout = Duration::from_secs(30);
+                cfg.use_shm = false;
+                let comm = Arc::new(Comm::init(cfg, store).unwrap());
+                let mut buf = vec![0u8; 64];
+                let win = Window::new(Arc::clone(&comm));
+                win.register(span(&mut buf), Vec::new(), None).unwrap();
+                if rank == 1 {
+                    comm.abort("rank 1 goes away");
+                    // A window of a failed communicator returns its error.
+                    let e = win.signal(0, None).wait_timeout(Duration::from_secs(5), 1);
+                    assert!(e.is_err());
+                    return;
+                }
+                let start = std::time::Instant::now();
+                let e = win
+                    .wait_signal(1, None)
+                    .wait_timeout(Duration::from_secs(40), 0)
+                    .unwrap_err();
+                assert!(start.elapsed() < Duration::from_secs(10), "{e}");
+                assert!(e.to_string().contains("lost peer 1"), "{e}");
+            });
+        }
+    });
+}
