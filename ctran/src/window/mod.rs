@@ -247,6 +247,29 @@ impl Window {
     }
 }
 
+impl Drop for Window {
+    /// A window dropped while registered forgets its region locally (peers are not told: call
+    /// [`Window::deregister`] first); the memory's owner is released only after the progress
+    /// thread forgot the region, so no frame can write into freed memory.
+    fn drop(&mut self) {
+        let reg = self
+            .state
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(reg) = reg {
+            tracing::warn!(
+                comm = %self.comm.name(),
+                rank = self.comm.rank(),
+                "a window was dropped while registered; it is forgotten locally (deregister it \
+                 collectively first, or peers' later puts fail)"
+            );
+            let op = Op::Window(WindowOp::Forget { region: reg.region });
+            drop(self.comm.submit_with(op, None, reg._keep));
+        }
+    }
+}
+
 fn failed(name: &'static str, e: Error) -> Request {
     Request::failed(name, 0, e)
 }
