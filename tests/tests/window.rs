@@ -29,6 +29,13 @@ fn window_job(n: usize, backends: &str, protection: &str) {
             o.rank,
             o.stdout
         );
+        if backends == "socket" {
+            assert!(
+                o.stdout.contains("WINDOW CMA PUTS 0"),
+                "{what}: {}",
+                o.stdout
+            );
+        }
         assert!(
             o.stdout.contains("registered") && o.stdout.contains("bytes"),
             "{what}: the size error names the sizes: {}",

@@ -18,6 +18,13 @@ use crate::span::Span;
 /// Reads made for collectives by this process, and their bytes (see [`super::cma_stats`]).
 static READS: AtomicU64 = AtomicU64::new(0);
 static BYTES: AtomicU64 = AtomicU64::new(0);
+/// Window puts written by this process.
+static PUTS: AtomicU64 = AtomicU64::new(0);
+
+/// Window puts written so far (see [`super::cma_stats`]).
+pub(crate) fn puts() -> u64 {
+    PUTS.load(Ordering::Relaxed)
+}
 
 /// Counts one finished read of `bytes` made for a collective (the probe's are not counted).
 pub(crate) fn count(bytes: usize) {
@@ -74,6 +81,7 @@ fn read_into(pid: Pid, remote: usize, dst: &mut [u8]) -> io::Result<()> {
 /// the caller checked against the peer's key; the kernel checks the remote range again (EFAULT
 /// instead of touching anything else of ours).
 pub(crate) fn write(pid: u32, remote: usize, local: Span) -> io::Result<()> {
+    PUTS.fetch_add(1, Ordering::Relaxed);
     let pid = Pid::from_raw(pid as libc::pid_t);
     // SAFETY: `local` is the put's source, valid for reads of its length (Span's contract) and
     // kept unmodified by its owner until the put completes, which is when this returns.

@@ -91,12 +91,18 @@ pub struct CmaStats {
     pub reads: u64,
     /// Bytes read.
     pub bytes: u64,
+    /// Window puts written (`process_vm_writev`).
+    pub puts: u64,
 }
 
 /// What this process has read by cross-memory attach so far (see [`CmaStats`]).
 pub fn cma_stats() -> CmaStats {
     let (reads, bytes) = cma::counted();
-    CmaStats { reads, bytes }
+    CmaStats {
+        reads,
+        bytes,
+        puts: cma::puts(),
+    }
 }
 
 /// Request ids of this transport live above this bit, apart from the socket transport's.

@@ -144,6 +144,8 @@ pub(crate) fn window(iters: usize) -> Result<()> {
     .wait()?;
     ensure!(t.to_vec::<i32>()? == vec![n as i32; 4]);
     comm.finalize()?;
+    let cma_puts = ctran::transport::shm::cma_stats().puts;
+    println!("WINDOW CMA PUTS {cma_puts}");
     println!("WINDOW OK rank {me}/{n}");
     Ok(())
 }
