@@ -25,5 +25,6 @@ pub mod mixed;
 pub mod nvl;
 pub mod shm_collectives;
 pub mod transport;
+pub mod window;
 
 pub use comm::{Comm, CommConfig, FinishCallback, Op, P2p, Request, RequestStatus};

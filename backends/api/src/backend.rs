@@ -64,4 +64,11 @@ pub trait Backend: Send + Sync + Debug {
     fn is_aborted(&self) -> bool {
         false
     }
+    /// A new one-sided window of this communicator (no tensor registered yet).
+    fn new_window(&self) -> Result<Box<dyn crate::window::WindowBackend>> {
+        Err(Error::NotImplemented {
+            what: format!("windows (new_window) in backend {}", self.backend_name()),
+            comm: self.comm_name().into(),
+        })
+    }
 }

@@ -11,6 +11,7 @@ use crate::call::{Call, P2POp};
 use crate::check::Check;
 use crate::error::{Error, Result};
 use crate::options::{CommOptions, OpOptions};
+use crate::tensor::Tensor;
 use crate::work::Work;
 
 /// A communicator: a group of ranks that run collectives together.
@@ -178,5 +179,24 @@ impl TorchComm {
     /// True once aborted.
     pub fn is_aborted(&self) -> bool {
         self.backend.is_aborted()
+    }
+
+    /// A one-sided window of this communicator; with `tensor`, registers it (collective).
+    pub fn new_window(&self, tensor: Option<&Tensor>) -> Result<crate::window::Window> {
+        if self.is_finalized() {
+            return Err(Error::Finalized {
+                op: "new_window".into(),
+                comm: self.get_name().into(),
+            });
+        }
+        let w = crate::window::Window::new(
+            self.backend.new_window()?,
+            self.get_rank(),
+            self.get_size(),
+        );
+        if let Some(t) = tensor {
+            w.tensor_register(t)?;
+        }
+        Ok(w)
     }
 }

@@ -28,6 +28,7 @@ pub mod options;
 pub mod persistent;
 pub mod registry;
 pub mod tensor;
+pub mod window;
 pub mod work;
 
 pub use backend::{Backend, InitArgs};
@@ -41,6 +42,7 @@ pub use registry::{backend_names, is_backend_registered, register_backend, Backe
 pub use tensor::{Element, Tensor};
 pub use torchcomms_core::bootstrap::Store;
 pub use torchcomms_core::{DataType, Device, ReduceOp};
+pub use window::{WinAccessType, Window, WindowAttr, WindowBackend};
 pub use work::{OnComplete, Work, WorkHandle, WorkStatus};
 
 /// Creates a communicator on `backend` for `device`, named `name`. A collective over all ranks:

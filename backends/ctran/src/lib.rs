@@ -15,6 +15,7 @@ use torchcomms::{
 };
 
 mod lower;
+mod window;
 mod work;
 
 use work::{CtranWork, GpuWork};
@@ -102,6 +103,15 @@ impl CtranBackend {
 impl Backend for CtranBackend {
     fn backend_name(&self) -> &str {
         "ctran"
+    }
+    fn new_window(&self) -> Result<Box<dyn torchcomms::WindowBackend>> {
+        if let Device::Cuda(_) = self.engine.device() {
+            return Err(Error::NotImplemented {
+                what: "windows on CUDA communicators (the ctran backend supports CPU windows only, for now)".into(),
+                comm: self.comm_name().into(),
+            });
+        }
+        Ok(Box::new(window::CtranWindow::new(Arc::clone(self.comm()))))
     }
     fn version(&self) -> Result<String> {
         Ok(VERSION.into())

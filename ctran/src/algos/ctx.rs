@@ -67,51 +67,7 @@ impl<'a> OpCtx<'a> {
 
     /// Turns a transport failure into an engine error with this operation's context.
     pub fn error(&self, e: TransportError) -> Error {
-        match e {
-            TransportError::PeerLost { peer, reason } => Error::PeerLost {
-                op: self.op.into(),
-                seq: self.seq,
-                rank: self.rank,
-                peer,
-                reason,
-            },
-            TransportError::SizeMismatch {
-                peer,
-                expected,
-                got,
-            } => self.mismatch(
-                peer,
-                format!("this rank expected {expected} bytes, the peer sent {got}"),
-            ),
-            TransportError::Disagree {
-                peer,
-                expected,
-                got,
-            } => self.mismatch(
-                peer,
-                format!(
-                    "ranks disagree about the operation: this rank runs {expected}, peer {peer} \
-                     runs {got}"
-                ),
-            ),
-            TransportError::Aborted => Error::Aborted {
-                comm: String::new(),
-                reason: format!(
-                    "{} (seq {}) interrupted on rank {}",
-                    self.op, self.seq, self.rank
-                ),
-            },
-        }
-    }
-
-    fn mismatch(&self, peer: usize, detail: String) -> Error {
-        Error::Mismatch {
-            op: self.op.into(),
-            seq: self.seq,
-            rank: self.rank,
-            peer,
-            detail,
-        }
+        transport_error(self.op, self.seq, self.rank, e)
     }
 
     /// Posts a send.
@@ -272,4 +228,50 @@ pub fn load_result(red: &Reducer, dst: Span, src: Span) {
         load_input(red, dst, src);
     }
     finish(red, dst);
+}
+
+/// Turns a transport failure into an engine error with this operation's context.
+pub(crate) fn transport_error(op: &str, seq: u64, rank: usize, e: TransportError) -> Error {
+    let mismatch = |peer: usize, detail: String| Error::Mismatch {
+        op: op.into(),
+        seq,
+        rank,
+        peer,
+        detail,
+    };
+    match e {
+        TransportError::PeerLost { peer, reason } => Error::PeerLost {
+            op: op.into(),
+            seq,
+            rank,
+            peer,
+            reason,
+        },
+        TransportError::SizeMismatch {
+            peer,
+            expected,
+            got,
+        } => mismatch(
+            peer,
+            format!("this rank expected {expected} bytes, the peer sent {got}"),
+        ),
+        TransportError::Disagree {
+            peer,
+            expected,
+            got,
+        } => mismatch(
+            peer,
+            format!(
+                "ranks disagree about the operation: this rank runs {expected}, peer {peer} \
+                 runs {got}"
+            ),
+        ),
+        TransportError::Unsupported(what) => {
+            Error::NotSupported(format!("{} on rank {}: {what}", op, rank))
+        }
+        TransportError::Aborted => Error::Aborted {
+            comm: String::new(),
+            reason: format!("{} (seq {}) interrupted on rank {}", op, seq, rank),
+        },
+    }
 }

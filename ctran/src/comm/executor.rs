@@ -199,7 +199,9 @@ impl Executor {
     pub(crate) fn run(mut self) {
         loop {
             self.reap_inflight();
-            let cmd = if self.inflight.is_empty() && !self.net.owes_output() {
+            // Registered windows take puts and signals at any time: keep reading.
+            let idle = self.inflight.is_empty() && !self.net.owes_output();
+            let cmd = if idle && !self.net.has_regions() {
                 match self.next_command() {
                     Ok(c) => c,
                     Err(_) => break,
@@ -312,6 +314,10 @@ impl Executor {
             task.complete(&mut self.tracer, &self.shared.tasks_done, Ok(()));
             return;
         }
+        if let Op::Window(_) = &task.op {
+            self.run_window(task);
+            return;
+        }
         if !task.op.is_p2p() {
             self.net.begin_collective(task.op.tag(task.seq));
         }
@@ -379,6 +385,42 @@ impl Executor {
         };
         match result {
             Ok(()) => task.complete(&mut self.tracer, &self.shared.tasks_done, Ok(())),
+            Err(e) => self.fail_task(task, e),
+        }
+    }
+
+    /// Runs a window operation ([`crate::window`]): puts and signals stay in flight like
+    /// point-to-point transfers, the rest completes here.
+    fn run_window(&mut self, mut task: Task) {
+        let Op::Window(op) = &task.op else { return };
+        self.write_unwritten();
+        let transport = Some(self.net.describe());
+        let info = || super::trace::op_info(&task.op, task.timeout, None);
+        self.tracer.start(&mut task.trace, info, transport, None);
+        let (rank, size) = (self.shared.rank, self.shared.size);
+        let deadline = Instant::now() + task.timeout;
+        let mut cx = crate::window::WinCtx {
+            net: &mut self.net,
+            comm: crate::transport::region::comm_id(&self.shared.name),
+            rank,
+            size,
+            seq: task.seq,
+            timeout: task.timeout,
+            deadline,
+        };
+        let name = op.name();
+        let (seq, timeout) = (task.seq, task.timeout);
+        let _ = timeout;
+        let err = |e| crate::algos::ctx::transport_error(name, seq, rank, e);
+        match crate::window::run(&mut cx, op, err) {
+            Ok(crate::window::Outcome::Done) => {
+                task.complete(&mut self.tracer, &self.shared.tasks_done, Ok(()))
+            }
+            Ok(crate::window::Outcome::InFlight(reqs)) => self.inflight.push(InFlight {
+                reqs,
+                task,
+                deadline,
+            }),
             Err(e) => self.fail_task(task, e),
         }
     }

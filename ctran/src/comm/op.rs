@@ -122,6 +122,8 @@ pub enum Op {
         /// The transfers.
         ops: Vec<P2p>,
     },
+    /// A one-sided window operation ([`crate::window`]).
+    Window(crate::window::WindowOp),
 }
 
 impl Op {
@@ -140,6 +142,7 @@ impl Op {
             Op::Send { .. } => "send",
             Op::Recv { .. } => "recv",
             Op::Batch { .. } => "batch_op_issue",
+            Op::Window(w) => w.name(),
         }
     }
 
@@ -161,13 +164,16 @@ impl Op {
             Op::Scatter { root, .. } => c(TagKind::Scatter, None, None, Some(*root)),
             Op::Gather { root, .. } => c(TagKind::Gather, None, None, Some(*root)),
             Op::Barrier => c(TagKind::Barrier, None, None, None),
-            Op::Send { .. } | Op::Recv { .. } | Op::Batch { .. } => OpTag::P2P,
+            Op::Send { .. } | Op::Recv { .. } | Op::Batch { .. } | Op::Window(_) => OpTag::P2P,
         }
     }
 
     /// Point-to-point operations are numbered apart from collectives (like NCCL's p2p seq).
     pub fn is_p2p(&self) -> bool {
-        matches!(self, Op::Send { .. } | Op::Recv { .. } | Op::Batch { .. })
+        matches!(
+            self,
+            Op::Send { .. } | Op::Recv { .. } | Op::Batch { .. } | Op::Window(_)
+        )
     }
 
     /// True for collectives that move no byte on any rank, judged from sizes every rank agrees

@@ -162,6 +162,7 @@ pub(crate) fn op_info(op: &Op, timeout: std::time::Duration, async_op: Option<bo
             (i.in_bytes, i.out_bytes) = (input.len() as u64, total(outputs));
         }
         Op::Barrier => {}
+        Op::Window(w) => i.in_bytes = w.bytes() as u64,
         Op::Send { buf, peer } => {
             i.peer = Some(*peer);
             i.in_bytes = buf.len() as u64;

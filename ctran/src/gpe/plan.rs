@@ -150,6 +150,8 @@ fn map_spans(op: &Op, rank: usize, f: &mut dyn FnMut(Span, Role) -> Span) -> Op 
                 })
                 .collect(),
         },
+        // Windows are CPU-only and never staged; passed through unchanged.
+        Op::Window(w) => Op::Window(w.clone()),
     }
 }
 

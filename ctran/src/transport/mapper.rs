@@ -7,7 +7,9 @@ use crate::engine::select::ShmReach;
 use crate::span::Span;
 use crate::transport::shm::{ShmTransport, ID_BASE};
 use crate::transport::socket::SocketTransport;
-use crate::transport::{Delivery, OpTag, ReqId, Transport, TransportError};
+use crate::transport::{
+    Delivery, OpTag, RegionId, RemoteKey, ReqId, SignalKind, Transport, TransportError,
+};
 
 /// How long a rank waiting on shared memory goes between checks of the TCP side (traffic to
 /// remote peers, closed local peers).
@@ -149,6 +151,75 @@ impl Transport for Mapper {
         if let Some(shm) = &mut self.shm {
             shm.abort();
         }
+    }
+
+    // One-sided operations: the socket transport keeps the region table and carries signals
+    // to every peer (local peers too: a signal then follows the cross-memory puts it covers,
+    // which completed before it was posted). Puts to local peers go by cross-memory attach
+    // when it works between the local ranks, else over TCP like the rest.
+
+    fn register_region(
+        &mut self,
+        span: Span,
+        comm: u64,
+    ) -> Result<(RegionId, RemoteKey), TransportError> {
+        Transport::register_region(&mut self.socket, span, comm)
+    }
+
+    fn deregister_region(&mut self, id: RegionId) -> bool {
+        Transport::deregister_region(&mut self.socket, id)
+    }
+
+    fn post_put(
+        &mut self,
+        peer: usize,
+        src: Span,
+        dst: &RemoteKey,
+        offset: u64,
+    ) -> Result<Option<ReqId>, TransportError> {
+        match &mut self.shm {
+            Some(shm) if shm.reaches(peer) && shm.uses_cma() => {
+                shm.put_cma(peer, src, dst, offset).map(|()| None)
+            }
+            _ => Transport::post_put(&mut self.socket, peer, src, dst, offset),
+        }
+    }
+
+    fn post_signal(
+        &mut self,
+        peer: usize,
+        dst: &RemoteKey,
+        kind: SignalKind,
+        add: u64,
+    ) -> Result<ReqId, TransportError> {
+        Transport::post_signal(&mut self.socket, peer, dst, kind, add)
+    }
+
+    fn post_get(
+        &mut self,
+        peer: usize,
+        dst: Span,
+        src: &RemoteKey,
+        offset: u64,
+    ) -> Result<Option<ReqId>, TransportError> {
+        match &mut self.shm {
+            Some(shm) if shm.reaches(peer) && shm.uses_cma() => {
+                shm.get_cma(peer, dst, src, offset).map(|()| None)
+            }
+            _ => Transport::post_get(&mut self.socket, peer, dst, src, offset),
+        }
+    }
+
+    fn region_counters(&self, id: RegionId, peer: usize) -> Option<(u64, u64)> {
+        Transport::region_counters(&self.socket, id, peer)
+    }
+
+    fn has_regions(&self) -> bool {
+        Transport::has_regions(&self.socket)
+    }
+
+    fn peer_alive(&mut self, peer: usize) -> Result<(), TransportError> {
+        Transport::peer_alive(&mut self.socket, peer)
     }
 }
 

@@ -10,6 +10,7 @@
 //! so algorithms can keep sends and receives to many peers in flight.
 
 pub mod mapper;
+pub mod region;
 pub mod shm;
 pub mod socket;
 pub mod tag;
@@ -18,6 +19,7 @@ use std::fmt;
 use std::time::Instant;
 
 use crate::span::Span;
+pub use region::{RegionId, RemoteKey, SignalKind};
 pub use tag::OpTag;
 
 /// How long a rank waits with nothing moving before it checks that its peers run the same
@@ -65,6 +67,8 @@ pub enum TransportError {
     },
     /// The transport was aborted locally.
     Aborted,
+    /// The transport cannot do this (a one-sided read over TCP, say).
+    Unsupported(String),
 }
 
 impl TransportError {
@@ -74,7 +78,7 @@ impl TransportError {
             TransportError::PeerLost { peer, .. }
             | TransportError::SizeMismatch { peer, .. }
             | TransportError::Disagree { peer, .. } => Some(*peer),
-            TransportError::Aborted => None,
+            TransportError::Aborted | TransportError::Unsupported(_) => None,
         }
     }
 }
@@ -97,6 +101,7 @@ impl fmt::Display for TransportError {
                 got,
             } => write!(f, "peer {peer} runs {got} where this rank runs {expected}"),
             TransportError::Aborted => f.write_str("transport aborted"),
+            TransportError::Unsupported(what) => write!(f, "not supported: {what}"),
         }
     }
 }
@@ -163,4 +168,91 @@ pub trait Transport: Send + fmt::Debug {
     /// Fails every pending request and closes connections so peers notice quickly; `reason` is
     /// passed on to peers where the transport can (so they can name the root cause).
     fn abort(&mut self, reason: &str);
+
+    // One-sided operations (windows). A region is registered locally; its [`RemoteKey`]
+    // travels to the peers (as bytes, through an all_gather); puts and signals name it. The
+    // target's progress thread applies them whenever they arrive, in order per peer, and
+    // checks every one against its own table before touching memory.
+
+    /// Registers `span` (which must stay valid until deregistered) for puts and signals from
+    /// peers of the communicator `comm` ([`region::comm_id`]).
+    fn register_region(
+        &mut self,
+        span: Span,
+        comm: u64,
+    ) -> Result<(RegionId, RemoteKey), TransportError> {
+        let _ = (span, comm);
+        Err(TransportError::Unsupported(
+            "registering memory regions".into(),
+        ))
+    }
+
+    /// Forgets a region; frames naming it are refused afterwards. Whether it was registered.
+    fn deregister_region(&mut self, id: RegionId) -> bool {
+        let _ = id;
+        false
+    }
+
+    /// Writes `src` at byte `offset` of `peer`'s region `dst`. `Ok(None)` when it completed
+    /// already (written), else the request that finishes once the data left this rank. `src`
+    /// must stay valid until then. Out of bounds of `dst` is an error here, and the target
+    /// refuses it again.
+    fn post_put(
+        &mut self,
+        peer: usize,
+        src: Span,
+        dst: &RemoteKey,
+        offset: u64,
+    ) -> Result<Option<ReqId>, TransportError> {
+        let _ = (peer, src, dst, offset);
+        Err(TransportError::Unsupported("one-sided puts".into()))
+    }
+
+    /// Adds `add` to the counter `peer`'s region `dst` keeps for this rank (or, for
+    /// [`SignalKind::Fence`], its fence counter), ordered after every put posted to `peer`
+    /// before it: once the peer sees the signal, those puts' data is there.
+    fn post_signal(
+        &mut self,
+        peer: usize,
+        dst: &RemoteKey,
+        kind: SignalKind,
+        add: u64,
+    ) -> Result<ReqId, TransportError> {
+        let _ = (peer, dst, kind, add);
+        Err(TransportError::Unsupported("one-sided signals".into()))
+    }
+
+    /// Reads `dst.len()` bytes at byte `offset` of `peer`'s region `src` into `dst`, where
+    /// the transport can read remotely. `Ok(None)` when it completed already.
+    fn post_get(
+        &mut self,
+        peer: usize,
+        dst: Span,
+        src: &RemoteKey,
+        offset: u64,
+    ) -> Result<Option<ReqId>, TransportError> {
+        let _ = (peer, dst, src, offset);
+        Err(TransportError::Unsupported(
+            "one-sided reads (get) over this transport".into(),
+        ))
+    }
+
+    /// The (signal, fence) counts that local region `id` keeps for `peer`; `None` for an
+    /// unknown region.
+    fn region_counters(&self, id: RegionId, peer: usize) -> Option<(u64, u64)> {
+        let _ = (id, peer);
+        None
+    }
+
+    /// Whether regions are registered (their frames may arrive at any time, so the owner
+    /// keeps the transport progressing while idle).
+    fn has_regions(&self) -> bool {
+        false
+    }
+
+    /// The error that broke the way to `peer`, if any (a waiter on a signal gives up).
+    fn peer_alive(&mut self, peer: usize) -> Result<(), TransportError> {
+        let _ = peer;
+        Ok(())
+    }
 }

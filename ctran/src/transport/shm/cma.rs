@@ -6,11 +6,11 @@
 //! `ptrace_scope`, seccomp filters in containers), so the transport probes it between every pair
 //! of local ranks at init and only uses it when every probe succeeded.
 
-use std::io::{self, IoSliceMut};
+use std::io::{self, IoSlice, IoSliceMut};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use nix::errno::Errno;
-use nix::sys::uio::{process_vm_readv, RemoteIoVec};
+use nix::sys::uio::{process_vm_readv, process_vm_writev, RemoteIoVec};
 use nix::unistd::Pid;
 
 use crate::span::Span;
@@ -18,6 +18,13 @@ use crate::span::Span;
 /// Reads made for collectives by this process, and their bytes (see [`super::cma_stats`]).
 static READS: AtomicU64 = AtomicU64::new(0);
 static BYTES: AtomicU64 = AtomicU64::new(0);
+/// Window puts written by this process.
+static PUTS: AtomicU64 = AtomicU64::new(0);
+
+/// Window puts written so far (see [`super::cma_stats`]).
+pub(crate) fn puts() -> u64 {
+    PUTS.load(Ordering::Relaxed)
+}
 
 /// Counts one finished read of `bytes` made for a collective (the probe's are not counted).
 pub(crate) fn count(bytes: usize) {
@@ -61,6 +68,42 @@ fn read_into(pid: Pid, remote: usize, dst: &mut [u8]) -> io::Result<()> {
                 return Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
                     "process_vm_readv moved no byte",
+                ))
+            }
+            Ok(n) => done += n,
+        }
+    }
+    Ok(())
+}
+
+/// Copies `local` to `remote` in process `pid` (a one-sided put into a peer's registered
+/// window). `remote..remote + local.len()` must lie inside a region the peer registered, which
+/// the caller checked against the peer's key; the kernel checks the remote range again (EFAULT
+/// instead of touching anything else of ours).
+pub(crate) fn write(pid: u32, remote: usize, local: Span) -> io::Result<()> {
+    PUTS.fetch_add(1, Ordering::Relaxed);
+    let pid = Pid::from_raw(pid as libc::pid_t);
+    // SAFETY: `local` is the put's source, valid for reads of its length (Span's contract) and
+    // kept unmodified by its owner until the put completes, which is when this returns.
+    unsafe { local.with_slice(|src| write_from(pid, remote, src)) }
+}
+
+/// [`write`] from a slice, through nix's `process_vm_writev`.
+fn write_from(pid: Pid, remote: usize, src: &[u8]) -> io::Result<()> {
+    let mut done = 0usize;
+    while done < src.len() {
+        let rest = &src[done..];
+        let riov = [RemoteIoVec {
+            base: remote + done,
+            len: rest.len(),
+        }];
+        match process_vm_writev(pid, &[IoSlice::new(rest)], &riov) {
+            Err(Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "process_vm_writev moved no byte",
                 ))
             }
             Ok(n) => done += n,

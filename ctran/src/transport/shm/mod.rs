@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::Result;
 use crate::span::Span;
-use crate::transport::{Delivery, OpTag, ReqId, TransportError, AGREEMENT_CHECK_AFTER};
+use crate::transport::{Delivery, OpTag, RemoteKey, ReqId, TransportError, AGREEMENT_CHECK_AFTER};
 pub(crate) use layout::Sizes;
 use node::{Node, WaitEnd};
 use slot::{fifo_used, Slot as SlotHeader};
@@ -93,12 +93,18 @@ pub struct CmaStats {
     pub reads: u64,
     /// Bytes read.
     pub bytes: u64,
+    /// Window puts written (`process_vm_writev`).
+    pub puts: u64,
 }
 
 /// What this process has read by cross-memory attach so far (see [`CmaStats`]).
 pub fn cma_stats() -> CmaStats {
     let (reads, bytes) = cma::counted();
-    CmaStats { reads, bytes }
+    CmaStats {
+        reads,
+        bytes,
+        puts: cma::puts(),
+    }
 }
 
 /// Whether `e` is the failure of a local peer already recorded in `dead` (its requests failed
@@ -293,6 +299,61 @@ impl ShmTransport {
     /// Whether `peer` is reached through this transport.
     pub fn reaches(&self, peer: usize) -> bool {
         self.local_of.get(peer).is_some_and(Option::is_some)
+    }
+
+    /// Writes `src` at byte `offset` of local peer `peer`'s region `dst` by cross-memory
+    /// attach, after checking that the key is that peer's (rank and published pid) and that the
+    /// write fits. Completes before it returns.
+    pub fn put_cma(
+        &mut self,
+        peer: usize,
+        src: Span,
+        dst: &RemoteKey,
+        offset: u64,
+    ) -> Result<(), TransportError> {
+        let (pid, addr) = self.remote_range(peer, dst, offset, src.len())?;
+        cma::write(pid, addr, src).map_err(|e| TransportError::PeerLost {
+            peer,
+            reason: format!("cross-memory write into its window failed: {e}"),
+        })
+    }
+
+    /// Reads `dst.len()` bytes at byte `offset` of local peer `peer`'s region `src` by
+    /// cross-memory attach (checked as [`ShmTransport::put_cma`]).
+    pub fn get_cma(
+        &mut self,
+        peer: usize,
+        dst: Span,
+        src: &RemoteKey,
+        offset: u64,
+    ) -> Result<(), TransportError> {
+        let (pid, addr) = self.remote_range(peer, src, offset, dst.len())?;
+        cma::read(pid, addr, dst).map_err(|e| TransportError::PeerLost {
+            peer,
+            reason: format!("cross-memory read from its window failed: {e}"),
+        })
+    }
+
+    /// The pid and address of `len` bytes at `offset` of `key`'s region, checked: the key
+    /// belongs to `peer` (rank and the pid it published here) and the range fits.
+    fn remote_range(
+        &self,
+        peer: usize,
+        key: &RemoteKey,
+        offset: u64,
+        len: usize,
+    ) -> Result<(u32, usize), TransportError> {
+        let l = self.local(peer)?;
+        let pid = self.node.control(l).pid.load(Ordering::Relaxed);
+        let bad = |reason: String| TransportError::PeerLost { peer, reason };
+        if key.rank as usize != peer || key.pid != pid {
+            return Err(bad(format!(
+                "its window key names rank {} (pid {}), not this peer (pid {pid})",
+                key.rank, key.pid
+            )));
+        }
+        key.check_fits(offset, len as u64).map_err(bad)?;
+        Ok((pid, (key.base + offset) as usize))
     }
 
     /// Whether every rank of the communicator is on this host.

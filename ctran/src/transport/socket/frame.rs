@@ -21,6 +21,14 @@ const FLAG_PROBE: u32 = 4;
 const FLAG_CONFIRM: u32 = 8;
 /// Flag: the receiver accepted the oldest confirmed message it had not acknowledged yet.
 const FLAG_ACK: u32 = 16;
+/// Flag: a one-sided write of `len` bytes into a registered region of the receiver; the tag
+/// fields carry the region's id and generation and the byte offset.
+const FLAG_PUT: u32 = 32;
+/// Flag: adds to the signal counter the receiver's region keeps for the sender; nothing
+/// follows.
+const FLAG_SIGNAL: u32 = 64;
+/// Flag: the sender's fence for a region being deregistered; nothing follows.
+const FLAG_FENCE: u32 = 128;
 /// Longest abort reason sent or read.
 pub const MAX_REASON: usize = 1024;
 
@@ -69,6 +77,28 @@ pub enum Frame {
         /// The operation of the message it accepted.
         tag: OpTag,
     },
+    /// `len` bytes follow, to be written at byte `offset` of the region `region` names (its id
+    /// and generation, [`crate::transport::region::RemoteKey::region_word`]) once checked.
+    Put {
+        /// Payload bytes that follow.
+        len: u64,
+        /// The target region's id and generation.
+        region: u64,
+        /// Byte offset in the region.
+        offset: u64,
+    },
+    /// Adds `add` to the counter the region keeps for the sender; nothing follows.
+    Signal {
+        /// The target region's id and generation.
+        region: u64,
+        /// What to add.
+        add: u64,
+    },
+    /// The sender's fence for the region (deregistration); nothing follows.
+    Fence {
+        /// The target region's id and generation.
+        region: u64,
+    },
 }
 
 /// The header of `frame`.
@@ -79,6 +109,13 @@ pub fn encode(frame: Frame) -> [u8; HEADER_LEN] {
         Frame::Bye => (FLAG_BYE, 0, OpTag::default()),
         Frame::Probe { tag } => (FLAG_PROBE, 0, tag),
         Frame::Ack { tag } => (FLAG_ACK, 0, tag),
+        Frame::Put {
+            len,
+            region,
+            offset,
+        } => (FLAG_PUT, len, raw_tag(region, offset)),
+        Frame::Signal { region, add } => (FLAG_SIGNAL, 0, raw_tag(region, add)),
+        Frame::Fence { region } => (FLAG_FENCE, 0, raw_tag(region, 0)),
     };
     bytemuck::cast(Header {
         magic: MAGIC.to_le(),
@@ -87,6 +124,11 @@ pub fn encode(frame: Frame) -> [u8; HEADER_LEN] {
         tag_word: tag.word.to_le(),
         tag_seq: tag.seq.to_le(),
     })
+}
+
+/// The tag fields of a one-sided frame: they carry the region and an offset or amount.
+fn raw_tag(word: u64, seq: u64) -> OpTag {
+    OpTag { word, seq }
 }
 
 /// Reads a header a peer sent. Fails, naming what is wrong, on a bad magic number, unknown
@@ -109,12 +151,22 @@ pub fn decode(bytes: &[u8; HEADER_LEN]) -> Result<Frame, String> {
             confirm: flags == FLAG_CONFIRM,
         }),
         FLAG_ABORT => Ok(Frame::Abort { len }),
-        FLAG_BYE | FLAG_PROBE | FLAG_ACK if len != 0 => Err(format!(
+        FLAG_BYE | FLAG_PROBE | FLAG_ACK | FLAG_SIGNAL | FLAG_FENCE if len != 0 => Err(format!(
             "corrupt stream (a control frame announcing {len} payload bytes)"
         )),
         FLAG_BYE => Ok(Frame::Bye),
         FLAG_PROBE => Ok(Frame::Probe { tag }),
         FLAG_ACK => Ok(Frame::Ack { tag }),
+        FLAG_PUT => Ok(Frame::Put {
+            len,
+            region: tag.word,
+            offset: tag.seq,
+        }),
+        FLAG_SIGNAL => Ok(Frame::Signal {
+            region: tag.word,
+            add: tag.seq,
+        }),
+        FLAG_FENCE => Ok(Frame::Fence { region: tag.word }),
         flags => Err(format!("corrupt stream (unknown flags {flags:#x})")),
     }
 }
@@ -160,6 +212,13 @@ mod tests {
             Frame::Bye,
             Frame::Probe { tag },
             Frame::Ack { tag },
+            Frame::Put {
+                len: 3,
+                region: 1 << 32 | 2,
+                offset: 5,
+            },
+            Frame::Signal { region: 4, add: 1 },
+            Frame::Fence { region: 4 },
         ] {
             assert_eq!(decode(&encode(f)), Ok(f));
         }
@@ -169,7 +228,7 @@ mod tests {
     fn foreign_bytes_are_refused_naming_the_problem() {
         assert!(decode(&[0; HEADER_LEN]).unwrap_err().contains("bad magic"));
         let mut h = encode(Frame::Bye);
-        h[4] = 0x40;
+        h[5] = 0x10;
         assert!(decode(&h).unwrap_err().contains("unknown flags"));
         let mut h = encode(Frame::Probe {
             tag: OpTag::default(),

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use crate::span::Span;
+use crate::transport::region::{RegionId, RegionTable, RemoteKey, SignalKind};
 use crate::transport::{Delivery, OpTag, ReqId, Transport, TransportError};
 use conn::Conn;
 pub use mesh::{MeshPlan, SocketConfig};
@@ -50,6 +51,8 @@ pub struct SocketTransport {
     current: OpTag,
     /// Since when nothing has moved, while requests wait.
     stalled_since: Option<Instant>,
+    /// Regions registered for one-sided access, with their signal counters.
+    regions: RegionTable,
 }
 
 impl SocketTransport {
@@ -61,7 +64,6 @@ impl SocketTransport {
     ) -> SocketTransport {
         SocketTransport {
             rank,
-            conns,
             next_id: 1,
             pending: HashMap::new(),
             done: HashSet::new(),
@@ -72,6 +74,8 @@ impl SocketTransport {
             finished_scratch: Vec::new(),
             current: OpTag::default(),
             stalled_since: None,
+            regions: RegionTable::new(conns.len()),
+            conns,
         }
     }
 
@@ -141,7 +145,7 @@ impl SocketTransport {
             if !conn.wants_read() && !conn.wants_write() {
                 continue;
             }
-            match conn.advance(&mut finished, self.current) {
+            match conn.advance(&mut finished, self.current, &mut self.regions) {
                 Ok(a) => moved |= a.moved,
                 Err(e) => failures.push((peer, e)),
             }
@@ -234,7 +238,7 @@ impl SocketTransport {
         for (_, peer) in idle {
             let current = self.current;
             if let Some(conn) = self.conns.get_mut(peer).and_then(Option::as_mut) {
-                match conn.read_idle(current) {
+                match conn.read_idle(current, &mut self.regions) {
                     Ok(t) => took |= t,
                     Err(e) => {
                         self.fail_conn(peer, e);
@@ -260,7 +264,7 @@ impl SocketTransport {
                 continue;
             };
             let was_broken = conn.broken().is_some();
-            match conn.probe_idle() {
+            match conn.probe_idle(&mut self.regions) {
                 Some(e) if was_broken => {
                     known.get_or_insert(e);
                 }
@@ -313,6 +317,88 @@ impl SocketTransport {
     /// The waker that interrupts [`Transport::progress`] when called with `watch_wake`.
     pub fn waker(&self) -> &Arc<Waker> {
         &self.waker
+    }
+}
+
+/// One-sided operations (windows): puts and signals are frames applied by the target's
+/// progress thread whenever they arrive, in stream order.
+impl SocketTransport {
+    /// Registers `span` for puts and signals from peers; returns its id and the key peers
+    /// need (`comm` names the communicator; the pid is filled by the caller where it matters).
+    pub fn register_region(&mut self, span: Span, comm: u64) -> (RegionId, RemoteKey) {
+        let (id, generation) = self.regions.register(span);
+        let key = RemoteKey {
+            comm,
+            rank: self.rank as u32,
+            id: id.0,
+            generation,
+            pid: std::process::id(),
+            base: span.addr() as u64,
+            len: span.len() as u64,
+        };
+        (id, key)
+    }
+
+    /// Forgets a region: frames naming it are refused from now on.
+    pub fn deregister_region(&mut self, id: RegionId) -> bool {
+        self.regions.remove(id)
+    }
+
+    /// Whether regions are registered (their frames may arrive at any time).
+    pub fn has_regions(&self) -> bool {
+        !self.regions.is_empty()
+    }
+
+    /// The (signal, fence) counts that region `id` keeps for `peer`.
+    pub fn region_counters(&self, id: RegionId, peer: usize) -> Option<(u64, u64)> {
+        self.regions.counters(id, peer)
+    }
+
+    /// Posts a put of `src` at byte `offset` of the peer's region `dst`. Finishes once written
+    /// to the socket. The bounds are checked against the key here, and again by the target.
+    pub fn post_put(
+        &mut self,
+        peer: usize,
+        src: Span,
+        dst: &RemoteKey,
+        offset: u64,
+    ) -> Result<ReqId, TransportError> {
+        dst.check_fits(offset, src.len() as u64)
+            .map_err(|reason| TransportError::PeerLost { peer, reason })?;
+        self.conn_mut(peer)?;
+        let id = self.new_id(peer);
+        let frame = frame::Frame::Put {
+            len: src.len() as u64,
+            region: dst.region_word(),
+            offset,
+        };
+        self.conn_mut(peer)?.push_one_sided(id, frame, src);
+        Ok(ReqId(id))
+    }
+
+    /// Posts a signal (adds `add` to the counter the peer's region keeps for this rank) or a
+    /// fence, behind every put posted to that peer before it.
+    pub fn post_signal(
+        &mut self,
+        peer: usize,
+        dst: &RemoteKey,
+        kind: SignalKind,
+        add: u64,
+    ) -> Result<ReqId, TransportError> {
+        self.conn_mut(peer)?;
+        let id = self.new_id(peer);
+        let region = dst.region_word();
+        let frame = match kind {
+            SignalKind::Signal => frame::Frame::Signal { region, add },
+            SignalKind::Fence => frame::Frame::Fence { region },
+        };
+        self.conn_mut(peer)?.push_one_sided(id, frame, Span::EMPTY);
+        Ok(ReqId(id))
+    }
+
+    /// The error that broke the connection to `peer`, if it broke (a dead peer).
+    pub fn peer_alive(&mut self, peer: usize) -> Result<(), TransportError> {
+        self.conn_mut(peer).map(|_| ())
     }
 }
 
@@ -413,6 +499,50 @@ impl Transport for SocketTransport {
             conn.send_abort_notice(reason, ABORT_FLUSH);
         }
         self.abort_quietly();
+    }
+
+    fn register_region(
+        &mut self,
+        span: Span,
+        comm: u64,
+    ) -> Result<(RegionId, RemoteKey), TransportError> {
+        Ok(SocketTransport::register_region(self, span, comm))
+    }
+
+    fn deregister_region(&mut self, id: RegionId) -> bool {
+        SocketTransport::deregister_region(self, id)
+    }
+
+    fn post_put(
+        &mut self,
+        peer: usize,
+        src: Span,
+        dst: &RemoteKey,
+        offset: u64,
+    ) -> Result<Option<ReqId>, TransportError> {
+        SocketTransport::post_put(self, peer, src, dst, offset).map(Some)
+    }
+
+    fn post_signal(
+        &mut self,
+        peer: usize,
+        dst: &RemoteKey,
+        kind: SignalKind,
+        add: u64,
+    ) -> Result<ReqId, TransportError> {
+        SocketTransport::post_signal(self, peer, dst, kind, add)
+    }
+
+    fn region_counters(&self, id: RegionId, peer: usize) -> Option<(u64, u64)> {
+        SocketTransport::region_counters(self, id, peer)
+    }
+
+    fn has_regions(&self) -> bool {
+        SocketTransport::has_regions(self)
+    }
+
+    fn peer_alive(&mut self, peer: usize) -> Result<(), TransportError> {
+        SocketTransport::peer_alive(self, peer)
     }
 }
 

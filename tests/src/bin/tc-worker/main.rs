@@ -5,6 +5,7 @@ mod bad_input;
 mod faults;
 mod p2p;
 mod suite;
+mod window;
 
 use anyhow::{bail, Result};
 use clap::{Args, Parser, Subcommand};
@@ -45,6 +46,12 @@ enum Scenario {
     },
     /// One checked all_reduce.
     Simple,
+    /// Every window call, a ring of puts and signals, disjoint slots, bad input.
+    Window {
+        /// Iterations of the ring.
+        #[arg(long, default_value_t = 1000)]
+        iters: usize,
+    },
     /// Bad input fails with errors naming the argument and leaves the communicator usable.
     Errors,
     /// Rank 0 disagrees with the others about the reduce op, the dtype, the root, the
@@ -144,6 +151,7 @@ fn main() {
         Scenario::Stall(v) => ("stall", faults::fault(v.victim, "stall")),
         Scenario::BackToBack { count } => ("back-to-back", back_to_back(count)),
         Scenario::Simple => ("simple", simple()),
+        Scenario::Window { iters } => ("window", window::window(iters)),
         Scenario::Errors => ("errors", bad_input::errors()),
         Scenario::Mismatch { op, size } => ("mismatch", bad_input::mismatch(&op, &size)),
         Scenario::Disagree { what } => ("disagree", bad_input::disagree(&what)),

@@ -20,6 +20,7 @@ use super::early::EarlyMessages;
 use super::frame::{self, Frame, HEADER_LEN, MAX_REASON};
 use super::protect::{self, OpenError, Session, SEALED_HEADER};
 use crate::span::Span;
+use crate::transport::region::{RegionTable, SignalKind};
 use crate::transport::{Delivery, OpTag, TransportError};
 
 /// Most payload bytes one system call sends or receives. Calls that copy many megabytes at once
@@ -58,6 +59,15 @@ struct PendingRecv {
     probed: bool,
 }
 
+/// The payload of an incoming put, still to be read into its (checked) place in a region.
+#[derive(Debug)]
+struct PutIn {
+    /// Where it lands: inside a registered region, checked when its header arrived.
+    dst: Span,
+    /// Bytes read off the wire so far (sealed bytes on a protected connection).
+    off: usize,
+}
+
 /// What one call to [`Conn::advance`] achieved.
 #[derive(Debug, Default)]
 pub(super) struct Advance {
@@ -92,6 +102,8 @@ pub(super) struct Conn {
     early: EarlyMessages,
     /// The keys and record state of a protected connection; `None` on a plain one.
     guard: Option<Box<Session>>,
+    /// An incoming put whose payload is being read into its region.
+    put_in: Option<PutIn>,
 }
 
 impl Conn {
@@ -111,6 +123,7 @@ impl Conn {
             accepted: Vec::new(),
             early: EarlyMessages::default(),
             guard: guard.map(Box::new),
+            put_in: None,
         })
     }
 
@@ -142,6 +155,7 @@ impl Conn {
     pub(super) fn wants_read(&self) -> bool {
         self.broken.is_none()
             && (!self.recvs.is_empty()
+                || self.put_in.is_some()
                 || !self.awaiting_ack.is_empty()
                 || !self.accepted.is_empty())
     }
@@ -183,6 +197,19 @@ impl Conn {
             data,
             written: 0,
             awaits_ack: delivery == Delivery::Accepted,
+        });
+    }
+
+    /// Queues a one-sided frame (a put with its payload, a signal or a fence) behind every
+    /// message queued before it: the peer applies them in this order (a signal after the puts
+    /// it covers). It finishes once written.
+    pub(super) fn push_one_sided(&mut self, id: u64, frame: Frame, data: Span) {
+        self.sends.push_back(PendingSend {
+            id,
+            header: frame::encode(frame),
+            data,
+            written: 0,
+            awaits_ack: false,
         });
     }
 
@@ -294,14 +321,14 @@ impl Conn {
 
     /// For a connection that carries no data (its peer is reached another way): reports whether
     /// the peer closed it or sent an abort notice. Never blocks.
-    pub(super) fn probe_idle(&mut self) -> Option<TransportError> {
+    pub(super) fn probe_idle(&mut self, regions: &mut RegionTable) -> Option<TransportError> {
         if let Some(e) = &self.broken {
             return Some(e.clone());
         }
         if !self.recvs.is_empty() || self.peer_finished {
             return None;
         }
-        match self.read_idle(OpTag::default()) {
+        match self.read_idle(OpTag::default(), regions) {
             Err(e) => Some(e),
             Ok(_) if self.data_waiting => Some(TransportError::PeerLost {
                 peer: self.peer,
@@ -316,9 +343,20 @@ impl Conn {
     /// data message is only looked at (its header peeked, so a peer that runs another
     /// operation in this one's place is found) and left in the socket for its receive.
     /// Never blocks. Returns whether it took or found anything.
-    pub(super) fn read_idle(&mut self, current: OpTag) -> Result<bool, TransportError> {
+    pub(super) fn read_idle(
+        &mut self,
+        current: OpTag,
+        regions: &mut RegionTable,
+    ) -> Result<bool, TransportError> {
         let mut took = false;
         while self.wants_idle_read() {
+            if self.put_in.is_some() {
+                if !self.fill_put()? {
+                    return Ok(took);
+                }
+                took = true;
+                continue;
+            }
             if self.early.filling() {
                 if !self.fill_early()? {
                     return Ok(took);
@@ -349,6 +387,15 @@ impl Conn {
                 Frame::Probe { tag } => check_same_op(self.peer, tag, [current])?,
                 Frame::Ack { .. } => self.take_ack()?,
                 Frame::Abort { len } => return Err(self.abort_notice(len, Span::EMPTY)),
+                Frame::Put {
+                    len,
+                    region,
+                    offset,
+                } => {
+                    let dst = self.start_put(regions, len, region, offset)?;
+                    self.put_in = Some(PutIn { dst, off: 0 });
+                }
+                Frame::Signal { .. } | Frame::Fence { .. } => self.take_signal(regions, frame)?,
             }
         }
         Ok(took)
@@ -423,6 +470,7 @@ impl Conn {
         self.awaiting_ack.retain(Option::is_none);
         ids.append(&mut self.accepted);
         self.early.clear();
+        self.put_in = None;
         ids.retain(|&id| id != CONTROL_ID);
         ids.sort_unstable();
         ids.dedup();
@@ -435,15 +483,16 @@ impl Conn {
         &mut self,
         finished: &mut Vec<u64>,
         current: OpTag,
+        regions: &mut RegionTable,
     ) -> Result<Advance, TransportError> {
         let mut out = Advance::default();
         if self.broken.is_some() {
             return Ok(out);
         }
         self.advance_sends(finished, &mut out)?;
-        self.advance_recvs(finished, &mut out, current)?;
-        if self.recvs.is_empty() && !self.awaiting_ack.is_empty() {
-            out.moved |= self.read_idle(current)?;
+        self.advance_recvs(finished, &mut out, current, regions)?;
+        if self.recvs.is_empty() && (!self.awaiting_ack.is_empty() || self.put_in.is_some()) {
+            out.moved |= self.read_idle(current, regions)?;
         }
         // Acknowledged sends, including those acknowledged while this rank slept.
         if !self.accepted.is_empty() {
@@ -567,9 +616,16 @@ impl Conn {
         finished: &mut Vec<u64>,
         out: &mut Advance,
         current: OpTag,
+        regions: &mut RegionTable,
     ) -> Result<(), TransportError> {
         // Early messages came before anything still in the socket; none arrive while a receive
         // is posted.
+        while !self.recvs.is_empty() && self.put_in.is_some() {
+            if !self.fill_put()? {
+                return Ok(());
+            }
+            out.moved = true;
+        }
         while !self.recvs.is_empty() && !self.early.is_empty() {
             if !self.take_early(finished)? {
                 return Ok(());
@@ -577,13 +633,19 @@ impl Conn {
             out.moved = true;
         }
         if self.guard.is_some() {
-            return self.advance_sealed_recvs(finished, out, current);
+            return self.advance_sealed_recvs(finished, out, current, regions);
         }
         while !self.recvs.is_empty() {
             loop {
+                if self.put_in.is_some() {
+                    if !self.fill_put()? {
+                        return Ok(());
+                    }
+                    out.moved = true;
+                }
                 let r = &mut self.recvs[0];
                 if r.read >= HEADER_LEN && !r.checked {
-                    self.take_header(current)?;
+                    self.take_header(current, regions)?;
                     continue;
                 }
                 let total = HEADER_LEN + r.data.len();
@@ -699,25 +761,44 @@ impl Conn {
     /// an acknowledgement is taken and dropped: the bytes read past it (they landed at the start
     /// of the receive buffer) are the next frame's, and move to where that frame's header and
     /// payload belong.
-    fn take_header(&mut self, current: OpTag) -> Result<(), TransportError> {
+    fn take_header(
+        &mut self,
+        current: OpTag,
+        regions: &mut RegionTable,
+    ) -> Result<(), TransportError> {
         let r = &self.recvs[0];
         match frame::decode(&self.recv_header).map_err(|reason| self.corrupt(reason))? {
             Frame::Data { len, tag, confirm } => self.accept_data(len, tag, confirm),
-            frame @ (Frame::Probe { .. } | Frame::Ack { .. }) => {
+            frame @ (Frame::Probe { .. }
+            | Frame::Ack { .. }
+            | Frame::Signal { .. }
+            | Frame::Fence { .. }) => {
                 match frame {
                     Frame::Probe { tag } => check_same_op(self.peer, tag, [r.tag, current])?,
-                    _ => self.take_ack()?,
+                    Frame::Ack { .. } => self.take_ack()?,
+                    _ => self.take_signal(regions, frame)?,
                 }
+                self.reframe(0);
+                Ok(())
+            }
+            Frame::Put {
+                len,
+                region,
+                offset,
+            } => {
+                // The put's first payload bytes may have landed in the receive buffer: they
+                // move to the region (checked first), the rest is read there directly.
+                let dst = self.start_put(regions, len, region, offset)?;
                 let r = &self.recvs[0];
                 let extra = r.read - HEADER_LEN;
-                let into_header = extra.min(HEADER_LEN);
-                r.data
-                    .sub(0, into_header)
-                    .copy_to_slice(&mut self.recv_header[..into_header]);
-                if extra > into_header {
-                    r.data.copy_from(&r.data.sub(into_header, extra - into_header));
+                let landed = extra.min(dst.len());
+                dst.sub(0, landed).copy_from(&r.data.sub(0, landed));
+                if landed < dst.len() {
+                    self.recvs[0].read = 0;
+                    self.put_in = Some(PutIn { dst, off: landed });
+                } else {
+                    self.reframe(landed);
                 }
-                self.recvs[0].read = extra;
                 Ok(())
             }
             Frame::Abort { len } => {
@@ -732,6 +813,107 @@ impl Conn {
                 ),
             }),
         }
+    }
+}
+
+impl Conn {
+    /// After a frame that is not the front receive's (and `consumed` bytes of its payload)
+    /// were taken out of what landed in the receive buffer, moves the bytes read past them to
+    /// where the next frame's header and payload belong.
+    fn reframe(&mut self, consumed: usize) {
+        let r = &self.recvs[0];
+        let rest = r.read - HEADER_LEN - consumed;
+        let into_header = rest.min(HEADER_LEN);
+        r.data
+            .sub(consumed, into_header)
+            .copy_to_slice(&mut self.recv_header[..into_header]);
+        if rest > into_header {
+            r.data
+                .copy_from(&r.data.sub(consumed + into_header, rest - into_header));
+        }
+        self.recvs[0].read = rest;
+    }
+
+    /// Checks an incoming put against the registered regions before any byte of it is
+    /// written: the region exists, has the generation named, and the write fits. A refused put
+    /// writes nothing: the peer is told why (an abort notice) and the connection fails.
+    fn start_put(
+        &mut self,
+        regions: &mut RegionTable,
+        len: u64,
+        region: u64,
+        offset: u64,
+    ) -> Result<Span, TransportError> {
+        regions
+            .check_put(region, offset, len)
+            .map_err(|why| self.refuse(format!("refused a put from peer {}: {why}", self.peer)))
+    }
+
+    /// Applies a signal or fence frame.
+    fn take_signal(
+        &mut self,
+        regions: &mut RegionTable,
+        frame: Frame,
+    ) -> Result<(), TransportError> {
+        let res = match frame {
+            Frame::Signal { region, add } => {
+                regions.apply_signal(region, self.peer, SignalKind::Signal, add)
+            }
+            Frame::Fence { region } => {
+                regions.apply_signal(region, self.peer, SignalKind::Fence, 1)
+            }
+            _ => Ok(()),
+        };
+        res.map_err(|why| self.refuse(format!("refused a signal from peer {}: {why}", self.peer)))
+    }
+
+    /// Tells the peer why its one-sided frame was refused and returns the error that fails
+    /// this connection.
+    fn refuse(&mut self, reason: String) -> TransportError {
+        tracing::warn!(peer = self.peer, "{reason}");
+        self.send_abort_notice(&reason, Duration::from_millis(100));
+        TransportError::PeerLost {
+            peer: self.peer,
+            reason,
+        }
+    }
+
+    /// Reads what has arrived of an incoming put's payload into its region. Returns whether
+    /// the put is complete.
+    fn fill_put(&mut self) -> Result<bool, TransportError> {
+        let Some(p) = self.put_in.as_mut() else {
+            return Ok(true);
+        };
+        if let Some(g) = self.guard.as_deref_mut() {
+            let res = g.open.read_payload(&self.sock, p.dst, &mut p.off);
+            let done = protect::payload_done(p.dst.len(), p.off);
+            res.map_err(|e| self.open_failed(e))?;
+            if done {
+                self.put_in = None;
+            }
+            return Ok(done);
+        }
+        while p.off < p.dst.len() {
+            let chunk = p.dst.sub(p.off, (p.dst.len() - p.off).min(MAX_IO_BYTES));
+            // SAFETY: `dst` lies inside a registered region (checked by `start_put`), which its
+            // owner keeps valid until it is deregistered; the window's owners write it only
+            // through puts, read in stream order. The slice lives only for this call.
+            let res = unsafe { chunk.with_mut_slice(|b| (&self.sock).read(b)) };
+            match res {
+                Ok(0) => {
+                    return Err(TransportError::PeerLost {
+                        peer: self.peer,
+                        reason: "connection closed by peer (it exited or failed)".into(),
+                    })
+                }
+                Ok(n) => p.off += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(self.lost("recv", &e)),
+            }
+        }
+        self.put_in = None;
+        Ok(true)
     }
 }
 

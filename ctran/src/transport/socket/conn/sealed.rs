@@ -3,6 +3,7 @@
 
 use super::{Advance, Conn, HEADER_LEN};
 use crate::span::Span;
+use crate::transport::region::RegionTable;
 use crate::transport::socket::protect;
 use crate::transport::{OpTag, TransportError};
 
@@ -16,8 +17,16 @@ impl Conn {
         finished: &mut Vec<u64>,
         out: &mut Advance,
         current: OpTag,
+        regions: &mut RegionTable,
     ) -> Result<(), TransportError> {
         while !self.recvs.is_empty() {
+            if self.put_in.is_some() {
+                if !self.fill_put()? {
+                    return Ok(());
+                }
+                out.moved = true;
+                continue;
+            }
             let r = &mut self.recvs[0];
             let g = self.guard.as_deref_mut().expect("a protected connection");
             if !r.checked {
@@ -30,7 +39,7 @@ impl Conn {
                     Ok(None) => return Ok(()),
                     Err(e) => return Err(self.open_failed(e)),
                 }
-                self.take_header(current)?;
+                self.take_header(current, regions)?;
                 continue;
             }
             let (before, len) = (r.read - HEADER_LEN, r.data.len());

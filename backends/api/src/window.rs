@@ -1,0 +1,270 @@
+//! One-sided windows (upstream's `TorchCommWindow`): a tensor every rank registers
+//! collectively, into which peers `put` and `signal`, and on which a rank `wait_signal`s.
+//!
+//! [`TorchComm::new_window`](crate::TorchComm::new_window) makes one; the backend supplies a
+//! [`WindowBackend`] ([`crate::Backend::new_window`], which backends without windows leave to
+//! its default: an error naming the backend). This layer checks every argument (peer in range,
+//! registered, dtype, bounds) before the backend sees it.
+
+use std::fmt::Debug;
+
+use torchcomms_core::{DataType, Device};
+
+use crate::error::{Error, Result};
+use crate::options::OpOptions;
+use crate::tensor::Tensor;
+use crate::work::Work;
+
+/// What a backend implements for a window. Arguments are checked by [`Window`].
+pub trait WindowBackend: Send + Sync + Debug {
+    /// Registers `tensor` (collective); fails on every rank when ranks disagree on its size.
+    fn register(&self, tensor: &Tensor) -> Result<()>;
+    /// Deregisters the tensor (collective).
+    fn deregister(&self) -> Result<()>;
+    /// Writes `tensor` at byte `offset_bytes` of `peer`'s registered tensor.
+    fn put(
+        &self,
+        tensor: &Tensor,
+        peer: usize,
+        offset_bytes: usize,
+        opts: &OpOptions,
+    ) -> Result<Work>;
+    /// Adds one to the signal counter `peer` keeps for this rank, after this rank's earlier puts.
+    fn signal(&self, peer: usize, opts: &OpOptions) -> Result<Work>;
+    /// Consumes one signal of `peer`.
+    fn wait_signal(&self, peer: usize, opts: &OpOptions) -> Result<Work>;
+}
+
+/// How a peer's window memory can be reached from this rank (upstream's
+/// `TorchCommWinAccessType`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WinAccessType {
+    /// The peer's memory can be mapped here ([`Window::map_remote_tensor`]).
+    Unified,
+    /// Only through puts and signals.
+    Separate,
+}
+
+/// Attributes of a peer's window (upstream's `TorchCommWinAttr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowAttr {
+    /// How the peer's memory is reached.
+    pub access_type: WinAccessType,
+}
+
+/// A window of a communicator.
+#[derive(Debug)]
+pub struct Window {
+    inner: Box<dyn WindowBackend>,
+    rank: usize,
+    size: usize,
+    /// The registered tensor.
+    tensor: std::sync::Mutex<Option<Tensor>>,
+}
+
+impl Window {
+    pub(crate) fn new(inner: Box<dyn WindowBackend>, rank: usize, size: usize) -> Window {
+        Window {
+            inner,
+            rank,
+            size,
+            tensor: std::sync::Mutex::new(None),
+        }
+    }
+
+    fn registered(&self, op: &str) -> Result<Tensor> {
+        self.tensor
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .ok_or_else(|| {
+                Error::invalid(
+                    op,
+                    "window",
+                    "a window with a registered tensor (call tensor_register first)",
+                    "a window without one (never registered, or deregistered)",
+                )
+            })
+    }
+
+    fn check_peer(&self, op: &str, peer: usize) -> Result<()> {
+        if peer >= self.size || peer == self.rank {
+            return Err(Error::invalid(
+                op,
+                "peer",
+                format!("another rank in 0..{} (not {})", self.size, self.rank),
+                peer,
+            ));
+        }
+        Ok(())
+    }
+
+    /// Registers `tensor` (collective: every rank calls it, with tensors of one size).
+    pub fn tensor_register(&self, tensor: &Tensor) -> Result<()> {
+        let op = "tensor_register";
+        if self
+            .tensor
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+        {
+            return Err(Error::invalid(
+                op,
+                "tensor",
+                "a window without a registered tensor (call tensor_deregister first)",
+                "a window that has one",
+            ));
+        }
+        if !tensor.is_contiguous() {
+            return Err(Error::invalid(
+                op,
+                "tensor",
+                "a contiguous tensor",
+                "a strided one",
+            ));
+        }
+        self.inner.register(tensor)?;
+        *self.tensor.lock().unwrap_or_else(|p| p.into_inner()) = Some(tensor.clone());
+        Ok(())
+    }
+
+    /// Deregisters the tensor (collective). Later puts fail.
+    pub fn tensor_deregister(&self) -> Result<()> {
+        self.registered("tensor_deregister")?;
+        let res = self.inner.deregister();
+        *self.tensor.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        res
+    }
+
+    /// Writes `tensor` into `dst_rank`'s registered tensor at element `target_offset_nelems`.
+    pub fn put(
+        &self,
+        tensor: &Tensor,
+        dst_rank: usize,
+        target_offset_nelems: usize,
+        async_op: bool,
+    ) -> Result<Work> {
+        let op = "put";
+        self.check_peer(op, dst_rank)?;
+        let win = self.registered(op)?;
+        if tensor.dtype() != win.dtype() {
+            return Err(Error::invalid(
+                op,
+                "tensor",
+                format!("a tensor of the window's dtype {}", win.dtype().name()),
+                tensor.dtype().name(),
+            ));
+        }
+        if !tensor.is_contiguous() {
+            return Err(Error::invalid(
+                op,
+                "tensor",
+                "a contiguous tensor",
+                "a strided one",
+            ));
+        }
+        let end = target_offset_nelems.checked_add(tensor.numel());
+        if end.is_none_or(|e| e > win.numel()) {
+            return Err(Error::invalid(
+                op,
+                "target_offset_nelems",
+                format!("an offset with the tensor inside the window of {} elements", win.numel()),
+                format!(
+                    "target_offset_nelems + numel = {} exceeds the window of {} elements on rank {dst_rank}",
+                    target_offset_nelems as u128 + tensor.numel() as u128,
+                    win.numel()
+                ),
+            ));
+        }
+        let opts = if async_op {
+            OpOptions::async_op()
+        } else {
+            OpOptions::sync()
+        };
+        let offset = target_offset_nelems * win.dtype().size_bytes();
+        self.inner.put(tensor, dst_rank, offset, &opts)
+    }
+
+    /// Adds one to the signal counter `peer_rank` keeps for this rank, ordered after this
+    /// rank's earlier puts to it.
+    pub fn signal(&self, peer_rank: usize, async_op: bool) -> Result<Work> {
+        self.check_peer("signal", peer_rank)?;
+        self.registered("signal")?;
+        self.inner.signal(
+            peer_rank,
+            &if async_op {
+                OpOptions::async_op()
+            } else {
+                OpOptions::sync()
+            },
+        )
+    }
+
+    /// Waits for (and consumes) one signal from `peer_rank`.
+    pub fn wait_signal(&self, peer_rank: usize, async_op: bool) -> Result<Work> {
+        self.check_peer("wait_signal", peer_rank)?;
+        self.registered("wait_signal")?;
+        self.inner.wait_signal(
+            peer_rank,
+            &if async_op {
+                OpOptions::async_op()
+            } else {
+                OpOptions::sync()
+            },
+        )
+    }
+
+    /// How `peer`'s window memory is reached: on CPU only this rank's own is mapped.
+    pub fn get_attr(&self, peer: usize) -> Result<WindowAttr> {
+        if peer >= self.size {
+            return Err(Error::invalid(
+                "get_attr",
+                "peer",
+                format!("a rank in 0..{}", self.size),
+                peer,
+            ));
+        }
+        let access_type = if peer == self.rank {
+            WinAccessType::Unified
+        } else {
+            WinAccessType::Separate
+        };
+        Ok(WindowAttr { access_type })
+    }
+
+    /// The registered tensor of `rank`, where its memory is mapped here (this rank only).
+    pub fn map_remote_tensor(&self, rank: usize) -> Result<Tensor> {
+        if rank != self.rank {
+            return Err(Error::invalid(
+                "map_remote_tensor",
+                "rank",
+                format!(
+                    "a rank with UNIFIED access (on CPU only this rank, {})",
+                    self.rank
+                ),
+                rank,
+            ));
+        }
+        self.registered("map_remote_tensor")
+    }
+
+    /// Bytes of the registered tensor (0 when none).
+    pub fn get_size(&self) -> usize {
+        self.registered("get_size").map_or(0, |t| t.nbytes())
+    }
+
+    /// Element type of the registered tensor.
+    pub fn dtype(&self) -> Option<DataType> {
+        self.registered("dtype").ok().map(|t| t.dtype())
+    }
+
+    /// Shape of the registered tensor (flat: its element count).
+    pub fn shape(&self) -> Option<Vec<usize>> {
+        self.registered("shape").ok().map(|t| vec![t.numel()])
+    }
+
+    /// Device of the registered tensor.
+    pub fn device(&self) -> Option<Device> {
+        self.registered("device").ok().map(|t| t.device())
+    }
+}

@@ -1,0 +1,268 @@
+//! Memory regions registered for one-sided access (windows): the table a target keeps of its
+//! regions, and the key that tells a peer where to write.
+//!
+//! A [`RemoteKey`] travels between ranks as [`RemoteKey::LEN`] bytes (through an all_gather).
+//! It names the communicator, the owner's rank, the region's id and generation, its base address
+//! and length, and the owner's pid (for cross-memory attach). A target never trusts a key it
+//! receives back in a frame: it looks the region up by id, compares the generation, and checks
+//! that the write fits before touching memory ([`RegionTable::check_put`]).
+
+use std::collections::HashMap;
+
+use crate::span::Span;
+
+/// Identifies a registered region of this rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RegionId(pub u32);
+
+/// Where a peer's region is and how to reach it. Plain data; [`RemoteKey::to_bytes`] and
+/// [`RemoteKey::from_bytes`] move it between ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteKey {
+    /// Identity of the communicator the region belongs to ([`comm_id`] of its name).
+    pub comm: u64,
+    /// The owner's rank.
+    pub rank: u32,
+    /// The region's id on its owner.
+    pub id: u32,
+    /// Its generation: a region id reused after deregistration has a new one.
+    pub generation: u32,
+    /// The owner's pid (cross-memory attach writes into it).
+    pub pid: u32,
+    /// Base address in the owner's address space.
+    pub base: u64,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+impl RemoteKey {
+    /// Bytes of a serialised key.
+    pub const LEN: usize = 40;
+
+    /// The key as bytes (little-endian fields).
+    pub fn to_bytes(&self) -> [u8; Self::LEN] {
+        let mut b = [0u8; Self::LEN];
+        b[0..8].copy_from_slice(&self.comm.to_le_bytes());
+        b[8..12].copy_from_slice(&self.rank.to_le_bytes());
+        b[12..16].copy_from_slice(&self.id.to_le_bytes());
+        b[16..20].copy_from_slice(&self.generation.to_le_bytes());
+        b[20..24].copy_from_slice(&self.pid.to_le_bytes());
+        b[24..32].copy_from_slice(&self.base.to_le_bytes());
+        b[32..40].copy_from_slice(&self.len.to_le_bytes());
+        b
+    }
+
+    /// A key from the bytes [`RemoteKey::to_bytes`] wrote; `None` when the length is wrong.
+    pub fn from_bytes(b: &[u8]) -> Option<RemoteKey> {
+        if b.len() != Self::LEN {
+            return None;
+        }
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        Some(RemoteKey {
+            comm: u64_at(0),
+            rank: u32_at(8),
+            id: u32_at(12),
+            generation: u32_at(16),
+            pid: u32_at(20),
+            base: u64_at(24),
+            len: u64_at(32),
+        })
+    }
+
+    /// The id and generation as one word (what put and signal frames carry).
+    pub fn region_word(&self) -> u64 {
+        (u64::from(self.id) << 32) | u64::from(self.generation)
+    }
+
+    /// Checks that `len` bytes at `offset` fit in the region; the error names both.
+    pub fn check_fits(&self, offset: u64, len: u64) -> Result<(), String> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(format!(
+                "a write of {len} bytes at offset {offset} exceeds the region of {} bytes on \
+                 rank {}",
+                self.len, self.rank
+            )),
+        }
+    }
+}
+
+/// The identity of a communicator in keys: a stable hash of its name.
+pub fn comm_id(name: &str) -> u64 {
+    crate::comm::stable_hash::StableHasher::new()
+        .str("window")
+        .str(name)
+        .finish()
+}
+
+/// What a signal frame asks of its target region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SignalKind {
+    /// Adds to the counter the target keeps for the sender.
+    Signal,
+    /// Adds to the sender's fence counter (deregistration: the sender's earlier puts and
+    /// signals to this region arrived).
+    Fence,
+}
+
+#[derive(Debug)]
+struct Region {
+    generation: u32,
+    span: Span,
+    /// Per peer: signals received from it.
+    signals: Vec<u64>,
+    /// Per peer: fences received from it.
+    fences: Vec<u64>,
+}
+
+/// The regions this rank registered, with their signal counters.
+#[derive(Debug)]
+pub struct RegionTable {
+    ranks: usize,
+    next_id: u32,
+    next_generation: u32,
+    regions: HashMap<u32, Region>,
+}
+
+impl RegionTable {
+    /// An empty table for a communicator of `ranks` ranks.
+    pub fn new(ranks: usize) -> RegionTable {
+        RegionTable {
+            ranks,
+            next_id: 1,
+            next_generation: 1,
+            regions: HashMap::new(),
+        }
+    }
+
+    /// Registers `span`; returns its id and generation. The memory must stay valid until it is
+    /// removed.
+    pub fn register(&mut self, span: Span) -> (RegionId, u32) {
+        let id = self.next_id;
+        self.next_id = self.next_id.wrapping_add(1).max(1);
+        let generation = self.next_generation;
+        self.next_generation = self.next_generation.wrapping_add(1).max(1);
+        self.regions.insert(
+            id,
+            Region {
+                generation,
+                span,
+                signals: vec![0; self.ranks],
+                fences: vec![0; self.ranks],
+            },
+        );
+        (RegionId(id), generation)
+    }
+
+    /// Forgets a region; later frames naming it are refused.
+    pub fn remove(&mut self, id: RegionId) -> bool {
+        self.regions.remove(&id.0).is_some()
+    }
+
+    /// Whether any region is registered (the progress thread then keeps reading while idle).
+    pub fn is_empty(&self) -> bool {
+        self.regions.is_empty()
+    }
+
+    /// The signal and fence counts region `id` keeps for `peer`.
+    pub fn counters(&self, id: RegionId, peer: usize) -> Option<(u64, u64)> {
+        let r = self.regions.get(&id.0)?;
+        Some((*r.signals.get(peer)?, *r.fences.get(peer)?))
+    }
+
+    fn lookup(&mut self, word: u64) -> Result<&mut Region, String> {
+        let (id, generation) = ((word >> 32) as u32, word as u32);
+        match self.regions.get_mut(&id) {
+            None => Err(format!(
+                "region {id} (generation {generation}) is not registered here (never, or \
+                 deregistered)"
+            )),
+            Some(r) if r.generation != generation => Err(format!(
+                "region {id} has generation {} here, the frame names the stale generation \
+                 {generation}",
+                r.generation
+            )),
+            Some(r) => Ok(r),
+        }
+    }
+
+    /// Where a put of `len` bytes at `offset` into the region `word` names lands: checked
+    /// against the registered region (exists, same generation, fits) before any byte is
+    /// written. The error says why it was refused.
+    pub fn check_put(&mut self, word: u64, offset: u64, len: u64) -> Result<Span, String> {
+        let r = self.lookup(word)?;
+        let size = r.span.len() as u64;
+        match offset.checked_add(len) {
+            Some(end) if end <= size => Ok(r.span.sub(offset as usize, len as usize)),
+            _ => Err(format!(
+                "a put of {len} bytes at offset {offset} exceeds region {} of {size} bytes",
+                word >> 32
+            )),
+        }
+    }
+
+    /// Applies a signal or fence from `peer` to the region `word` names.
+    pub fn apply_signal(
+        &mut self,
+        word: u64,
+        peer: usize,
+        kind: SignalKind,
+        add: u64,
+    ) -> Result<(), String> {
+        let r = self.lookup(word)?;
+        let counters = match kind {
+            SignalKind::Signal => &mut r.signals,
+            SignalKind::Fence => &mut r.fences,
+        };
+        let c = counters
+            .get_mut(peer)
+            .ok_or_else(|| format!("no counter for rank {peer}"))?;
+        *c = c.wrapping_add(add);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_survives_its_bytes() {
+        let k = RemoteKey {
+            comm: 1 << 40,
+            rank: 3,
+            id: 7,
+            generation: 9,
+            pid: 1234,
+            base: 0xdead_beef_0000,
+            len: 4096,
+        };
+        assert_eq!(RemoteKey::from_bytes(&k.to_bytes()), Some(k));
+        assert_eq!(RemoteKey::from_bytes(&[0; 3]), None);
+    }
+
+    #[test]
+    fn puts_are_checked_before_they_land() {
+        let mut buf = vec![0u8; 64];
+        // SAFETY: `buf` outlives the table's use of the span in this test.
+        let span = unsafe { Span::from_slice(&mut buf) };
+        let mut t = RegionTable::new(2);
+        let (id, generation) = t.register(span);
+        let word = (u64::from(id.0) << 32) | u64::from(generation);
+        assert!(t.check_put(word, 60, 4).is_ok());
+        assert!(t.check_put(word, 61, 4).unwrap_err().contains("exceeds"));
+        assert!(t
+            .check_put(word, u64::MAX, 2)
+            .unwrap_err()
+            .contains("exceeds"));
+        assert!(t.check_put(word + 1, 0, 1).unwrap_err().contains("stale"));
+        t.apply_signal(word, 1, SignalKind::Signal, 2).unwrap();
+        assert_eq!(t.counters(id, 1), Some((2, 0)));
+        assert!(t.remove(id));
+        assert!(t
+            .check_put(word, 0, 1)
+            .unwrap_err()
+            .contains("not registered"));
+    }
+}

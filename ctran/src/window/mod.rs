@@ -1,0 +1,283 @@
+//! One-sided windows on a communicator (CPU memory): a buffer every rank registers
+//! collectively, into which peers `put` data and `signal`, and on which a rank `wait_signal`s
+//! for a peer's signals.
+//!
+//! - Registration ([`Window::register`]) registers the buffer with the transports
+//!   ([`crate::transport::Transport::register_region`]) and exchanges the keys with the
+//!   communicator's all_gather; ranks that registered different sizes all fail, naming both.
+//! - A put writes into the peer's registered buffer at a byte offset (cross-memory attach to a
+//!   local peer where it works, a put frame over TCP otherwise); a signal adds one to the counter
+//!   the peer keeps for this rank and follows this rank's earlier puts to it; a wait consumes one
+//!   signal of a peer (it waits until that peer's counter reaches the number of waits so far).
+//! - Deregistration is collective: every rank fences every peer, so every put and signal sent
+//!   before it has arrived, and then forgets the region; later puts fail here, and a frame that
+//!   names a stale region is refused by its target.
+//!
+//! Every operation runs on the progress thread in issue order with the communicator's timeout;
+//! after the communicator failed or was finalized they return its error.
+
+mod exec;
+pub mod op;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+pub(crate) use exec::{run, Outcome, WinCtx};
+pub use op::WindowOp;
+
+use crate::comm::{Comm, KeepAlive, Op, Request};
+use crate::error::{Error, Result};
+use crate::span::Span;
+use crate::transport::region::comm_id;
+use crate::transport::{RegionId, RemoteKey};
+
+/// A registration of a window: the local region, every rank's key, and the waits so far.
+#[derive(Debug)]
+struct Registered {
+    region: RegionId,
+    keys: Vec<RemoteKey>,
+    /// Waits issued per peer (a wait targets this count).
+    waits: Vec<u64>,
+    /// The owner of the memory, held until deregistration.
+    _keep: KeepAlive,
+}
+
+/// A window of a communicator. Create one per buffer; every rank calls
+/// [`Window::register`] and [`Window::deregister`] in the same order as its collectives.
+#[derive(Debug)]
+pub struct Window {
+    comm: Arc<Comm>,
+    state: Mutex<Option<Registered>>,
+}
+
+impl Window {
+    /// A window of `comm` with no memory registered yet.
+    pub fn new(comm: Arc<Comm>) -> Window {
+        Window {
+            comm,
+            state: Mutex::new(None),
+        }
+    }
+
+    /// The communicator.
+    pub fn comm(&self) -> &Arc<Comm> {
+        &self.comm
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, Option<Registered>> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether memory is registered.
+    pub fn is_registered(&self) -> bool {
+        self.state().is_some()
+    }
+
+    /// Bytes of `rank`'s registered memory, when registered.
+    pub fn size_of(&self, rank: usize) -> Option<usize> {
+        self.state()
+            .as_ref()
+            .and_then(|r| r.keys.get(rank))
+            .map(|k| k.len as usize)
+    }
+
+    /// Registers `buf` (collective: every rank calls it). `keep` owns the memory and is held
+    /// until [`Window::deregister`]; the memory must stay valid that long. Fails on every rank
+    /// when ranks registered different sizes, naming both.
+    pub fn register(&self, buf: Span, keep: KeepAlive, timeout: Option<Duration>) -> Result<()> {
+        let mut state = self.state();
+        if state.is_some() {
+            return Err(Error::invalid(
+                "tensor",
+                "a window without registered memory (call tensor_deregister first)",
+                "a window that already has a tensor registered",
+            ));
+        }
+        let mut key = [0u8; RemoteKey::LEN];
+        // SAFETY: `key` lives on this frame until `run` returns, after the operation finished.
+        let key_out = unsafe { Span::from_slice(&mut key) };
+        self.comm
+            .run(Op::Window(WindowOp::Register { buf, key_out }), timeout)?;
+        let mine = RemoteKey::from_bytes(&key).expect("a key is LEN bytes");
+        let region = RegionId(mine.id);
+        let gathered = match self.comm.all_gather_bytes(&key, timeout) {
+            Ok(g) => g,
+            Err(e) => {
+                let _ = self.forget(region, timeout);
+                return Err(e);
+            }
+        };
+        let keys: Vec<RemoteKey> = gathered
+            .chunks(RemoteKey::LEN)
+            .map(|c| RemoteKey::from_bytes(c).expect("a key is LEN bytes"))
+            .collect();
+        let me = self.comm.rank();
+        if let Some(other) = keys.iter().find(|k| k.len != mine.len) {
+            let _ = self.forget(region, timeout);
+            return Err(Error::invalid(
+                "tensor",
+                format!(
+                    "a window of the same size on every rank (rank {me} registered {} bytes)",
+                    mine.len
+                ),
+                format!("rank {} registered {} bytes", other.rank, other.len),
+            ));
+        }
+        let comm = comm_id(self.comm.name());
+        if let Some(k) = keys
+            .iter()
+            .enumerate()
+            .find(|(r, k)| k.comm != comm || k.rank as usize != *r)
+        {
+            let _ = self.forget(region, timeout);
+            return Err(Error::invalid(
+                "window key",
+                format!("the key of rank {} of this communicator", k.0),
+                format!("a key of rank {}", k.1.rank),
+            ));
+        }
+        *state = Some(Registered {
+            region,
+            waits: vec![0; keys.len()],
+            keys,
+            _keep: keep,
+        });
+        Ok(())
+    }
+
+    fn forget(&self, region: RegionId, timeout: Option<Duration>) -> Result<()> {
+        self.comm
+            .run(Op::Window(WindowOp::Forget { region }), timeout)
+    }
+
+    /// Deregisters the memory (collective). Every put and signal issued before it, on any
+    /// rank, has arrived when it returns; the memory's owner is released.
+    pub fn deregister(&self, timeout: Option<Duration>) -> Result<()> {
+        let mut state = self.state();
+        let Some(reg) = state.take() else {
+            return Err(not_registered("tensor_deregister"));
+        };
+        self.comm.run(
+            Op::Window(WindowOp::Deregister {
+                region: reg.region,
+                keys: reg.keys.clone(),
+            }),
+            timeout,
+        )
+    }
+
+    fn check_peer(&self, peer: usize) -> Result<()> {
+        let size = self.comm.size();
+        let me = self.comm.rank();
+        if peer >= size || peer == me {
+            return Err(Error::invalid(
+                "peer",
+                format!("another rank of the communicator (0..{size}, not {me})"),
+                peer,
+            ));
+        }
+        Ok(())
+    }
+
+    /// Writes `src` (owned by `keep`) into `peer`'s registered memory at byte `offset`.
+    pub fn put(
+        &self,
+        src: Span,
+        keep: KeepAlive,
+        peer: usize,
+        offset: usize,
+        timeout: Option<Duration>,
+    ) -> Request {
+        let name = "window_put";
+        let key = match self.key_for(name, peer) {
+            Ok(k) => k,
+            Err(e) => return failed(name, e),
+        };
+        if let Err(why) = key.check_fits(offset as u64, src.len() as u64) {
+            return failed(
+                name,
+                Error::invalid("target_offset", "a write inside the window", why),
+            );
+        }
+        let op = WindowOp::Put {
+            src,
+            peer,
+            key,
+            offset: offset as u64,
+        };
+        self.comm.submit_with(Op::Window(op), timeout, keep)
+    }
+
+    /// Adds one to the counter `peer` keeps for this rank, after this rank's earlier puts.
+    pub fn signal(&self, peer: usize, timeout: Option<Duration>) -> Request {
+        let name = "window_signal";
+        match self.key_for(name, peer) {
+            Ok(key) => self
+                .comm
+                .submit(Op::Window(WindowOp::Signal { peer, key }), timeout),
+            Err(e) => failed(name, e),
+        }
+    }
+
+    /// Consumes one signal of `peer`: waits until its counter reaches the waits so far + 1.
+    pub fn wait_signal(&self, peer: usize, timeout: Option<Duration>) -> Request {
+        let name = "window_wait_signal";
+        if let Err(e) = self.check_peer(peer) {
+            return failed(name, e);
+        }
+        let mut state = self.state();
+        let Some(reg) = state.as_mut() else {
+            return failed(name, not_registered(name));
+        };
+        reg.waits[peer] += 1;
+        let op = WindowOp::WaitSignal {
+            region: reg.region,
+            peer,
+            target: reg.waits[peer],
+        };
+        drop(state);
+        self.comm.submit(Op::Window(op), timeout)
+    }
+
+    fn key_for(&self, name: &str, peer: usize) -> Result<RemoteKey> {
+        self.check_peer(peer)?;
+        let state = self.state();
+        let reg = state.as_ref().ok_or_else(|| not_registered(name))?;
+        Ok(reg.keys[peer])
+    }
+}
+
+impl Drop for Window {
+    /// A window dropped while registered forgets its region locally (peers are not told: call
+    /// [`Window::deregister`] first); the memory's owner is released only after the progress
+    /// thread forgot the region, so no frame can write into freed memory.
+    fn drop(&mut self) {
+        let reg = self
+            .state
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(reg) = reg {
+            tracing::warn!(
+                comm = %self.comm.name(),
+                rank = self.comm.rank(),
+                "a window was dropped while registered; it is forgotten locally (deregister it \
+                 collectively first, or peers' later puts fail)"
+            );
+            let op = Op::Window(WindowOp::Forget { region: reg.region });
+            drop(self.comm.submit_with(op, None, reg._keep));
+        }
+    }
+}
+
+fn failed(name: &'static str, e: Error) -> Request {
+    Request::failed(name, 0, e)
+}
+
+fn not_registered(what: &str) -> Error {
+    Error::invalid(
+        "window",
+        format!("a window with a registered tensor for {what} (call tensor_register first)"),
+        "a window without one (never registered, or deregistered)",
+    )
+}

@@ -1,0 +1,81 @@
+//! The operations of a window, as the progress thread runs them ([`crate::Op::Window`]).
+
+use crate::span::Span;
+use crate::transport::{RegionId, RemoteKey};
+
+/// One window operation. Issued through [`super::Window`], which checked its arguments.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum WindowOp {
+    /// Registers `buf` with the transports (local): the region's key is written to `key_out`
+    /// ([`RemoteKey::LEN`] bytes).
+    Register {
+        /// The window's memory.
+        buf: Span,
+        /// Where its key goes.
+        key_out: Span,
+    },
+    /// Writes `src` at byte `offset` of `peer`'s region `key`.
+    Put {
+        /// The data.
+        src: Span,
+        /// Target rank.
+        peer: usize,
+        /// Its region.
+        key: RemoteKey,
+        /// Byte offset in its region.
+        offset: u64,
+    },
+    /// Adds one to the counter `peer`'s region keeps for this rank, after this rank's earlier
+    /// puts to it.
+    Signal {
+        /// Target rank.
+        peer: usize,
+        /// Its region.
+        key: RemoteKey,
+    },
+    /// Waits until the counter the local region keeps for `peer` reaches `target`.
+    WaitSignal {
+        /// The local region.
+        region: RegionId,
+        /// The signalling rank.
+        peer: usize,
+        /// The count to reach.
+        target: u64,
+    },
+    /// Collective end of a registration: a fence to and from every peer (so every put and
+    /// signal sent before it has arrived), then the region is forgotten.
+    Deregister {
+        /// The local region.
+        region: RegionId,
+        /// Every rank's key (this rank's included).
+        keys: Vec<RemoteKey>,
+    },
+    /// Forgets a local region without telling peers (a registration that failed everywhere).
+    Forget {
+        /// The local region.
+        region: RegionId,
+    },
+}
+
+impl WindowOp {
+    /// The operation's name in errors and traces.
+    pub fn name(&self) -> &'static str {
+        match self {
+            WindowOp::Register { .. } => "window_register",
+            WindowOp::Put { .. } => "window_put",
+            WindowOp::Signal { .. } => "window_signal",
+            WindowOp::WaitSignal { .. } => "window_wait_signal",
+            WindowOp::Deregister { .. } => "window_deregister",
+            WindowOp::Forget { .. } => "window_deregister",
+        }
+    }
+
+    /// Bytes it moves (for traces).
+    pub fn bytes(&self) -> usize {
+        match self {
+            WindowOp::Put { src, .. } => src.len(),
+            _ => 0,
+        }
+    }
+}
