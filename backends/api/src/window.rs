@@ -33,6 +33,12 @@ pub trait WindowBackend: Send + Sync + Debug {
     fn signal(&self, peer: usize, opts: &OpOptions) -> Result<Work>;
     /// Consumes one signal of `peer`.
     fn wait_signal(&self, peer: usize, opts: &OpOptions) -> Result<Work>;
+    /// Where `rank`'s registered memory is mapped in this process, if it is (this rank's own
+    /// always; peers' where the transport maps them, as NVLink does).
+    fn mapped_addr(&self, rank: usize) -> Option<u64> {
+        let _ = rank;
+        None
+    }
 }
 
 /// How a peer's window memory can be reached from this rank (upstream's
@@ -142,7 +148,7 @@ impl Window {
         tensor: &Tensor,
         dst_rank: usize,
         target_offset_nelems: usize,
-        async_op: bool,
+        opts: &OpOptions,
     ) -> Result<Work> {
         let op = "put";
         self.check_peer(op, dst_rank)?;
@@ -176,45 +182,35 @@ impl Window {
                 ),
             ));
         }
-        let opts = if async_op {
-            OpOptions::async_op()
-        } else {
-            OpOptions::sync()
-        };
+        if tensor.device() != win.device() {
+            return Err(Error::invalid(
+                op,
+                "tensor",
+                format!("a tensor on the window's device {}", win.device()),
+                tensor.device(),
+            ));
+        }
         let offset = target_offset_nelems * win.dtype().size_bytes();
-        self.inner.put(tensor, dst_rank, offset, &opts)
+        self.inner.put(tensor, dst_rank, offset, opts)
     }
 
     /// Adds one to the signal counter `peer_rank` keeps for this rank, ordered after this
     /// rank's earlier puts to it.
-    pub fn signal(&self, peer_rank: usize, async_op: bool) -> Result<Work> {
+    pub fn signal(&self, peer_rank: usize, opts: &OpOptions) -> Result<Work> {
         self.check_peer("signal", peer_rank)?;
         self.registered("signal")?;
-        self.inner.signal(
-            peer_rank,
-            &if async_op {
-                OpOptions::async_op()
-            } else {
-                OpOptions::sync()
-            },
-        )
+        self.inner.signal(peer_rank, opts)
     }
 
     /// Waits for (and consumes) one signal from `peer_rank`.
-    pub fn wait_signal(&self, peer_rank: usize, async_op: bool) -> Result<Work> {
+    pub fn wait_signal(&self, peer_rank: usize, opts: &OpOptions) -> Result<Work> {
         self.check_peer("wait_signal", peer_rank)?;
         self.registered("wait_signal")?;
-        self.inner.wait_signal(
-            peer_rank,
-            &if async_op {
-                OpOptions::async_op()
-            } else {
-                OpOptions::sync()
-            },
-        )
+        self.inner.wait_signal(peer_rank, opts)
     }
 
-    /// How `peer`'s window memory is reached: on CPU only this rank's own is mapped.
+    /// How `peer`'s window memory is reached: UNIFIED where it is mapped here (this rank's own;
+    /// peers over NVLink), SEPARATE where only puts reach it.
     pub fn get_attr(&self, peer: usize) -> Result<WindowAttr> {
         if peer >= self.size {
             return Err(Error::invalid(
@@ -224,7 +220,8 @@ impl Window {
                 peer,
             ));
         }
-        let access_type = if peer == self.rank {
+        let mapped = peer == self.rank || self.inner.mapped_addr(peer).is_some();
+        let access_type = if mapped {
             WinAccessType::Unified
         } else {
             WinAccessType::Separate
@@ -232,16 +229,35 @@ impl Window {
         Ok(WindowAttr { access_type })
     }
 
-    /// The registered tensor of `rank`, where its memory is mapped here (this rank only).
+    /// The address in this process of `rank`'s registered memory, where it is mapped here
+    /// (UNIFIED access): what a tensor view of a peer's window is made over.
+    pub fn map_remote(&self, rank: usize) -> Result<u64> {
+        let win = self.registered("map_remote_tensor")?;
+        if rank == self.rank {
+            return Ok(win.addr() as u64);
+        }
+        self.inner.mapped_addr(rank).ok_or_else(|| {
+            Error::invalid(
+                "map_remote_tensor",
+                "rank",
+                format!(
+                    "a rank whose window is mapped here (UNIFIED access: this rank, {}, or \
+                     peers over NVLink)",
+                    self.rank
+                ),
+                rank,
+            )
+        })
+    }
+
+    /// The registered tensor of this rank (`map_remote_tensor(rank)` for peers in Python
+    /// builds a view over [`Window::map_remote`]).
     pub fn map_remote_tensor(&self, rank: usize) -> Result<Tensor> {
         if rank != self.rank {
             return Err(Error::invalid(
                 "map_remote_tensor",
                 "rank",
-                format!(
-                    "a rank with UNIFIED access (on CPU only this rank, {})",
-                    self.rank
-                ),
+                format!("this rank ({}); peers through map_remote", self.rank),
                 rank,
             ));
         }

@@ -105,13 +105,10 @@ impl Backend for CtranBackend {
         "ctran"
     }
     fn new_window(&self) -> Result<Box<dyn torchcomms::WindowBackend>> {
-        if let Device::Cuda(_) = self.engine.device() {
-            return Err(Error::NotImplemented {
-                what: "windows on CUDA communicators (the ctran backend supports CPU windows only, for now)".into(),
-                comm: self.comm_name().into(),
-            });
-        }
-        Ok(Box::new(window::CtranWindow::new(Arc::clone(self.comm()))))
+        Ok(Box::new(window::CtranWindow::new(
+            Arc::clone(self.comm()),
+            self.engine.nvl_weak(),
+        )))
     }
     fn version(&self) -> Result<String> {
         Ok(VERSION.into())

@@ -202,11 +202,15 @@ impl PyTorchComm {
     fn get_device_transport(&self) -> PyResult<()> {
         Err(not_implemented("get_device_transport", &self.core.name))
     }
-    /// Not supported by this build (windows need a GPU backend).
+    /// A one-sided window of this communicator (collective when `tensor` is given: it is
+    /// registered at once). CPU tensors go over shared memory or TCP; CUDA tensors over NVLink.
     #[pyo3(signature = (tensor=None))]
-    fn new_window(&self, tensor: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
-        let _ = tensor;
-        Err(not_implemented("new_window", &self.core.name))
+    fn new_window(
+        &self,
+        py: Python<'_>,
+        tensor: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Py<crate::window::PyTorchCommWindow>> {
+        guard("new_window", || self.new_window_inner(py, tensor))
     }
     // ----- lifecycle -----
 
@@ -353,6 +357,38 @@ impl PyTorchComm {
 }
 
 impl PyTorchComm {
+    fn new_window_inner(
+        &self,
+        py: Python<'_>,
+        tensor: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Py<crate::window::PyTorchCommWindow>> {
+        let c = &self.core;
+        let tensor = tensor.filter(|t| !t.is_none());
+        let native = c
+            .native()
+            .ok_or_else(|| not_implemented("new_window", &c.name))?;
+        let op_id = hooks::next_op_id();
+        hooks::run_pre(py, c.as_ref(), OpName::NewWindow, op_id, |py| {
+            pre(py, hooks::NewWindowPreHookArgs {})
+        })?;
+        let made = match py.detach(|| native.new_window(None)) {
+            Ok(w) => w,
+            Err(e) => {
+                c.on_failure(py, &e);
+                return Err(e).on_rank(c.rank);
+            }
+        };
+        let win = crate::window::PyTorchCommWindow::new(Arc::clone(c), made);
+        if let Some(t) = tensor {
+            win.register(py, t, true)?;
+        }
+        let win = Py::new(py, win)?;
+        hooks::run_post(py, c.as_ref(), op_id, |py| {
+            pre(py, hooks::NewWindowPostHookArgs {})
+        })?;
+        Ok(win)
+    }
+
     fn split_inner(
         &self,
         py: Python<'_>,

@@ -284,9 +284,3 @@ fn new_comm_inner(
         },
     )
 }
-
-/// Placeholder for upstream's RMA window type: windows need a GPU backend, so
-/// `TorchComm.new_window()` raises and no instance is ever created.
-#[pyclass(module = "torchcomms._comms", name = "TorchCommWindow", frozen)]
-#[derive(Debug)]
-pub(crate) struct PyTorchCommWindow {}

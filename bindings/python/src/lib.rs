@@ -33,6 +33,7 @@ mod stream;
 mod tensor;
 mod types;
 mod watchdog;
+mod window;
 mod work;
 
 use pyo3::prelude::*;
@@ -126,7 +127,9 @@ fn _comms(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<comm::PyTorchComm>()?;
     m.add_class::<persistent::PyAllGatherP>()?;
     m.add_class::<create::PyTorchCommBackend>()?;
-    m.add_class::<create::PyTorchCommWindow>()?;
+    m.add_class::<window::PyTorchCommWindow>()?;
+    m.add_class::<window::PyWindowAttr>()?;
+    m.add_class::<window::PyRegisteredBuffer>()?;
     m.add_class::<batch::PyBatchSendRecv>()?;
     m.add_class::<batch::PyP2POp>()?;
     m.add_function(wrap_pyfunction!(create::new_comm, m)?)?;

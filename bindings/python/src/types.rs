@@ -96,7 +96,7 @@ py_enum!(
 });
 
 py_enum!(
-    /// Window access type (windows are not implemented by this build).
+    /// How a peer's window memory is reached (`TorchCommWindow.get_attr`).
     WinAccessType, "TorchCommWinAccessType" {
     Unified = 0 => "WIN_ACCESS_TYPE_UNIFIED",
     Separate = 1 => "WIN_ACCESS_TYPE_SEPARATE",

@@ -2,7 +2,7 @@
 //! ([`Engine`]), which runs every operation on the path the [selector](select) names.
 //!
 //! ```no_run
-//! use std::sync::Arc;
+//! use std::sync::{Arc, Weak};
 //! use ctran::engine::{Engine, Issue};
 //! use ctran::{Comm, CommConfig, Device, Op};
 //! # fn main() -> ctran::Result<()> {
@@ -17,7 +17,7 @@
 
 pub mod select;
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use crate::algos::select::Hints;
@@ -72,7 +72,7 @@ pub struct Engine {
     comm: Arc<Comm>,
     device: Device,
     /// Declared before `gpe`, whose stream it launches on, so it is dropped first.
-    nvl: Option<Nvl>,
+    nvl: Option<Arc<Nvl>>,
     /// Also before `gpe`.
     mixed: Option<Mixed>,
     gpe: Option<Gpe>,
@@ -105,7 +105,7 @@ impl Engine {
         };
         let gpe = Gpe::start(Arc::clone(comm), &ctx, config.clone())?;
         if comm.config().use_nvl {
-            engine.nvl = Nvl::start(comm, &ctx, comm.config().nvl.clone())?;
+            engine.nvl = Nvl::start(comm, &ctx, comm.config().nvl.clone())?.map(Arc::new);
             // Every rank knows whether NVLink covers the whole comm (the ranks agreed on it).
             if engine.nvl.is_none() {
                 engine.mixed = Mixed::start(comm, &ctx, comm.config().nvl.clone(), config)?;
@@ -117,7 +117,13 @@ impl Engine {
 
     /// The NVLink transport, where every rank's GPU reaches every other's.
     pub fn nvl(&self) -> Option<&Nvl> {
-        self.nvl.as_ref()
+        self.nvl.as_deref()
+    }
+
+    /// The NVLink transport for objects that may outlive the engine (windows): they reach it
+    /// while the engine lives.
+    pub fn nvl_weak(&self) -> Option<Weak<Nvl>> {
+        self.nvl.as_ref().map(Arc::downgrade)
     }
 
     /// The communicator.

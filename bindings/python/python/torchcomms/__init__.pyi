@@ -24,6 +24,7 @@ from torchcomms._comms import (
     TorchComm as TorchComm,
     TorchCommBackend as TorchCommBackend,
     TorchCommWindow as TorchCommWindow,
+    TorchCommWindowAttr as TorchCommWindowAttr,
     TorchCommWinAccessType as TorchCommWinAccessType,
     TorchWork as TorchWork,
     WorkStatus as WorkStatus,

@@ -3,7 +3,7 @@
 //! input (put past the end, dtype, peer, unregistered, sizes that disagree).
 
 use anyhow::{bail, ensure, Context, Result};
-use torchcomms::{DataType, Device, Tensor, WinAccessType};
+use torchcomms::{DataType, Device, OpOptions, Tensor, WinAccessType};
 
 use crate::comm_from_env;
 
@@ -36,7 +36,7 @@ pub(crate) fn window(iters: usize) -> Result<()> {
     let buf = Tensor::zeros(DataType::I64, 32);
     let win = comm.new_window(None)?;
     expect_err(
-        win.put(&buf, next, 0, false),
+        win.put(&buf, next, 0, &OpOptions::sync()),
         "tensor_register first",
         "put unregistered",
     )?;
@@ -58,39 +58,53 @@ pub(crate) fn window(iters: usize) -> Result<()> {
                 .map(|i| it * 1000 + me as i64 * 32 + i)
                 .collect::<Vec<_>>(),
         );
-        let w = win.put(&src, next, 0, true)?;
-        win.signal(next, true)?.wait()?;
+        let w = win.put(&src, next, 0, &OpOptions::async_op())?;
+        win.signal(next, &OpOptions::async_op())?.wait()?;
         w.wait()?;
-        win.wait_signal(prev, false)?.wait()?;
+        win.wait_signal(prev, &OpOptions::sync())?.wait()?;
         let want: Vec<i64> = (0..32).map(|i| it * 1000 + prev as i64 * 32 + i).collect();
         let got = read_i64(&buf);
         ensure!(got == want, "rank {me} iteration {it}: got {:?}", &got[..4]);
         // Our window may be overwritten again once prev heard that we read it.
-        win.signal(prev, false)?.wait()?;
-        win.wait_signal(next, false)?.wait()?;
+        win.signal(prev, &OpOptions::sync())?.wait()?;
+        win.wait_signal(next, &OpOptions::sync())?.wait()?;
     }
 
     // Bad input.
     expect_err(
-        win.put(&Tensor::zeros(DataType::I64, 5), next, 30, false),
+        win.put(
+            &Tensor::zeros(DataType::I64, 5),
+            next,
+            30,
+            &OpOptions::sync(),
+        ),
         "target_offset_nelems + numel = 35 exceeds the window of 32 elements on rank",
         "put past the end",
     )?;
     expect_err(
-        win.put(&Tensor::zeros(DataType::F32, 2), next, 0, false),
+        win.put(
+            &Tensor::zeros(DataType::F32, 2),
+            next,
+            0,
+            &OpOptions::sync(),
+        ),
         "dtype",
         "dtype",
     )?;
-    expect_err(win.put(&buf, n + 3, 0, false), "peer", "peer out of range")?;
-    expect_err(win.signal(me, false), "peer", "signal to self")?;
+    expect_err(
+        win.put(&buf, n + 3, 0, &OpOptions::sync()),
+        "peer",
+        "peer out of range",
+    )?;
+    expect_err(win.signal(me, &OpOptions::sync()), "peer", "signal to self")?;
     win.tensor_deregister()?;
     expect_err(
-        win.put(&buf, next, 0, false),
+        win.put(&buf, next, 0, &OpOptions::sync()),
         "deregistered",
         "put after deregister",
     )?;
     expect_err(
-        win.wait_signal(next, false),
+        win.wait_signal(next, &OpOptions::sync()),
         "deregistered",
         "wait after deregister",
     )?;
@@ -106,14 +120,14 @@ pub(crate) fn window(iters: usize) -> Result<()> {
     );
     let mut works = Vec::new();
     for p in (0..n).filter(|&p| p != me) {
-        works.push(win2.put(&mine, p, me * slot, true)?);
-        works.push(win2.signal(p, true)?);
+        works.push(win2.put(&mine, p, me * slot, &OpOptions::async_op())?);
+        works.push(win2.signal(p, &OpOptions::async_op())?);
     }
     for w in works {
         w.wait()?;
     }
     for p in (0..n).filter(|&p| p != me) {
-        win2.wait_signal(p, false)?.wait()?;
+        win2.wait_signal(p, &OpOptions::sync())?.wait()?;
     }
     let got = read_i64(&all);
     for p in (0..n).filter(|&p| p != me) {
