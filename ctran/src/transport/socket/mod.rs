@@ -623,6 +623,55 @@ mod tests {
         assert!(e.to_string().contains("the second failure"), "{e}");
     }
 
+    /// Rank 1 sends to rank 0 and receives from it at once; rank 0, busy with other work
+    /// (idle here), sees that data before it sends to rank 1 and waits for the acknowledgement.
+    /// The acknowledgement is queued behind the data, so rank 0 must read it early then, though
+    /// it left it in the socket when it first saw it (no acknowledgement was awaited yet).
+    #[test]
+    fn data_seen_before_a_synchronous_send_is_read_early_for_its_acknowledgement() {
+        let [mut a, mut b] = pair();
+        a.set_spin(Duration::ZERO);
+        let (mut to_a, mut to_b) = (vec![1u8; 32], vec![2u8; 32]);
+        let (mut got_a, mut got_b) = (vec![0u8; 32], vec![0u8; 32]);
+        // SAFETY: the buffers outlive the requests (waited for below, or the test fails).
+        let span = |v: &mut Vec<u8>| unsafe { Span::from_slice(v) };
+        let b_reqs = [
+            b.post_send(0, span(&mut to_a), OpTag::P2P, Delivery::Accepted)
+                .unwrap(),
+            b.post_recv(0, span(&mut got_b), OpTag::P2P).unwrap(),
+        ];
+        let soon = || Instant::now() + Duration::from_millis(5);
+        b.progress(soon(), false).unwrap();
+        // Rank 0 sleeps with nothing posted: it looks at the data and leaves it in the socket.
+        a.progress(Instant::now() + Duration::from_millis(500), false)
+            .unwrap();
+        let a_send = a
+            .post_send(1, span(&mut to_b), OpTag::P2P, Delivery::Accepted)
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !a.test(a_send).unwrap() {
+            assert!(
+                Instant::now() < deadline,
+                "the send never saw its acknowledgement"
+            );
+            a.progress(soon(), false).unwrap();
+            b.progress(soon(), false).unwrap();
+        }
+        let a_recv = a.post_recv(1, span(&mut got_a), OpTag::P2P).unwrap();
+        let (mut a_left, mut b_left) = (vec![a_recv], b_reqs.to_vec());
+        while !a_left.is_empty() || !b_left.is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "rank 1's requests never finished"
+            );
+            a.progress(soon(), false).unwrap();
+            b.progress(soon(), false).unwrap();
+            a_left.retain(|&r| !a.test(r).unwrap());
+            b_left.retain(|&r| !b.test(r).unwrap());
+        }
+        assert_eq!((got_a, got_b), (to_a, to_b));
+    }
+
     fn limit(path: &str) -> usize {
         std::fs::read_to_string(path)
             .unwrap()

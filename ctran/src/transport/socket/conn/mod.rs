@@ -189,7 +189,12 @@ impl Conn {
                 self.confirmed_unacked += 1;
                 self.awaiting_ack.push_back(None);
             }
-            Delivery::Accepted => self.awaiting_ack.push_back(Some(id)),
+            Delivery::Accepted => {
+                self.awaiting_ack.push_back(Some(id));
+                // Data seen while no acknowledgement was awaited stayed in the socket; the
+                // acknowledgement may come behind it now, so idle reads take it early.
+                self.data_waiting = false;
+            }
         }
         self.sends.push_back(PendingSend {
             id,
