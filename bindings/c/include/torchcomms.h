@@ -79,6 +79,9 @@ typedef struct tc_comm_t tc_comm_t;
 // release it with `tc_store_destroy`.
 typedef struct tc_store_t tc_store_t;
 
+// A one-sided window (from `tc_window_create`); release it with `tc_window_destroy`.
+typedef struct tc_window_t tc_window_t;
+
 // Asynchronous work (from an operation given a non-NULL `work` pointer); release it with
 // `tc_work_free`.
 typedef struct tc_work_t tc_work_t;
@@ -552,6 +555,71 @@ enum tc_status_t tc_store_add(struct tc_store_t *store,
 // # Safety
 // `store` is NULL or a live store handle not used afterwards (nor concurrently).
 enum tc_status_t tc_store_destroy(struct tc_store_t *store);
+
+// Creates a window of `comm` with no buffer registered, stored in `*window` (release it with
+// `tc_window_destroy`).
+//
+// # Safety
+// Pointers as in the conventions atop torchcomms.h.
+enum tc_status_t tc_window_create(struct tc_comm_t *comm, struct tc_window_t **window);
+
+// Registers `buffer` with the window (collective: every rank calls it with a buffer of the
+// same size, valid until `tc_window_deregister`).
+//
+// # Safety
+// Pointers as in the conventions atop torchcomms.h; `buffer` as in `tc_tensor_t`.
+enum tc_status_t tc_window_register(struct tc_window_t *window, struct tc_tensor_t buffer);
+
+// Deregisters the window's buffer (collective); puts into it fail afterwards.
+//
+// # Safety
+// `window` as in the conventions atop torchcomms.h.
+enum tc_status_t tc_window_deregister(struct tc_window_t *window);
+
+// Writes `tensor` into rank `dst_rank`'s window at element `target_offset_nelems` (one-sided:
+// the target does not take part); ordered before this rank's later signals to it.
+//
+// # Safety
+// Pointers as in the conventions atop torchcomms.h; `tensor` as in `tc_tensor_t`, valid until
+// the put completes.
+enum tc_status_t tc_window_put(struct tc_window_t *window,
+                               struct tc_tensor_t tensor,
+                               int32_t dst_rank,
+                               size_t target_offset_nelems,
+                               const struct tc_op_options_t *options,
+                               struct tc_work_t **work);
+
+// Adds one to the signal `peer_rank` keeps for this rank, after this rank's earlier puts to
+// it.
+//
+// # Safety
+// Pointers as in the conventions atop torchcomms.h.
+enum tc_status_t tc_window_signal(struct tc_window_t *window,
+                                  int32_t peer_rank,
+                                  const struct tc_op_options_t *options,
+                                  struct tc_work_t **work);
+
+// Waits for the next signal of `peer_rank` (each wait consumes one).
+//
+// # Safety
+// Pointers as in the conventions atop torchcomms.h.
+enum tc_status_t tc_window_wait_signal(struct tc_window_t *window,
+                                       int32_t peer_rank,
+                                       const struct tc_op_options_t *options,
+                                       struct tc_work_t **work);
+
+// Bytes of the registered buffer in `*size` (0 when none).
+//
+// # Safety
+// Pointers as in the conventions atop torchcomms.h.
+enum tc_status_t tc_window_get_size(struct tc_window_t *window, size_t *size);
+
+// Releases a window (NULL is a no-op); a registered buffer is released without the
+// collective deregistration, so call `tc_window_deregister` first.
+//
+// # Safety
+// `window` is NULL or a live window not used afterwards (nor concurrently).
+enum tc_status_t tc_window_destroy(struct tc_window_t *window);
 
 // Sends `tensor` to rank `dst`.
 //

@@ -7,7 +7,7 @@
 use std::ffi::CString;
 use std::sync::{Arc, OnceLock};
 
-use torchcomms::{AllGatherP, TorchComm, Work};
+use torchcomms::{AllGatherP, TorchComm, Window, Work};
 use torchcomms_core::bootstrap::tcp_store::TcpStore;
 
 /// A communicator (from `tc_comm_create`, `tc_comm_create_from_env` or `tc_comm_split`);
@@ -47,6 +47,14 @@ pub struct tc_work_t {
 #[derive(Debug)]
 pub struct tc_all_gather_p_t {
     pub(crate) handle: AllGatherP,
+}
+
+/// A one-sided window (from `tc_window_create`); release it with `tc_window_destroy`.
+#[derive(Debug)]
+pub struct tc_window_t {
+    pub(crate) window: Window,
+    /// Ranks of its communicator (for checking rank arguments).
+    pub(crate) size: usize,
 }
 
 /// A TCP key-value store (torch.distributed.TCPStore wire protocol) ranks bootstrap through;

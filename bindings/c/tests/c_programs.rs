@@ -6,7 +6,8 @@
 //! - `examples/c/allreduce.c` (shared library) and `examples/cpp/allreduce.cpp` (static
 //!   library, through the RAII wrapper `examples/cpp/torchcomms.hpp`) over 4 ranks;
 //! - `tests/c/collectives.c`: every operation, the store, split, async work, over 1, 3, 4 ranks;
-//! - `tests/c/errors.c`: the error paths and their messages, over 2 ranks.
+//! - `tests/c/errors.c`: the error paths and their messages, over 2 ranks;
+//! - `tests/c/windows.c`: one-sided windows (a put + signal ring, bad input), over 3 ranks.
 
 use std::io::Read;
 use std::net::TcpListener;
@@ -312,6 +313,18 @@ fn c_collectives_3_ranks() {
 #[test]
 fn c_collectives_4_ranks() {
     run_and_check(collectives_exe(), 4, "collectives");
+}
+
+#[test]
+fn c_windows_3_ranks() {
+    let exe = compile(
+        "windows",
+        &crate_dir().join("tests/c/windows.c"),
+        false,
+        Link::Shared,
+        &[],
+    );
+    run_and_check(&exe, 3, "windows");
 }
 
 #[test]

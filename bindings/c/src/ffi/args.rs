@@ -201,6 +201,30 @@ pub(super) unsafe fn comm_options(func: &str, o: *const tc_comm_options_t) -> CR
     Ok(options)
 }
 
+/// The API options of `options` (NULL: the defaults), and its PREMUL_SUM factor; `async_op`
+/// when the caller asked for a work handle.
+///
+/// # Safety
+/// `options` NULL or valid, its hints as for [`hints`].
+pub(super) unsafe fn op_options(
+    func: &str,
+    options: *const tc_op_options_t,
+    async_op: bool,
+) -> CResult<(OpOptions, f64)> {
+    // SAFETY: the caller promises NULL or a valid options struct.
+    let o = unsafe { options.as_ref() }.copied().unwrap_or_default();
+    let timeout = types::timeout(func, "options.timeout_seconds", o.timeout_seconds)?;
+    // SAFETY: forwarded to the caller.
+    let hints = unsafe { hints(func, "options.hints", o.hints, o.num_hints) }?;
+    let options = OpOptions {
+        async_op,
+        hints,
+        timeout,
+        stream: None,
+    };
+    Ok((options, o.premul_sum_factor))
+}
+
 /// An operation call in the making: the communicator, its options, and where its work goes.
 pub(super) struct Call<'a> {
     func: &'static str,
@@ -228,21 +252,13 @@ impl<'a> Call<'a> {
         }
         // SAFETY: forwarded to the caller.
         let comm = unsafe { handle(func, "comm", comm, "a communicator from tc_comm_create") }?;
-        // SAFETY: the caller promises NULL or a valid options struct.
-        let o = unsafe { options.as_ref() }.copied().unwrap_or_default();
-        let timeout = types::timeout(func, "options.timeout_seconds", o.timeout_seconds)?;
         // SAFETY: forwarded to the caller.
-        let hints = unsafe { hints(func, "options.hints", o.hints, o.num_hints) }?;
+        let (options, premul_sum_factor) = unsafe { op_options(func, options, !work.is_null()) }?;
         Ok(Call {
             func,
             comm: &comm.comm,
-            options: OpOptions {
-                async_op: !work.is_null(),
-                hints,
-                timeout,
-                stream: None,
-            },
-            premul_sum_factor: o.premul_sum_factor,
+            options,
+            premul_sum_factor,
             work,
         })
     }

@@ -15,6 +15,7 @@
 //! | `store.rs` | `tc_store_*` |
 //! | `comm.rs` | `tc_comm_*`, `tc_work_*` |
 //! | `ops.rs` | the operations: one per row of the table of operations, and `tc_batch_p2p` |
+//! | `window.rs` | `tc_window_*`: one-sided windows |
 //! | `args.rs` | the checked conversions of raw pointers every entry point uses |
 
 // In the order of the header (cbindgen writes items in the order it reads them).
@@ -23,8 +24,10 @@ mod comm;
 mod library;
 mod ops;
 mod store;
+mod window;
 
 pub use comm::*;
 pub use library::*;
 pub use ops::*;
 pub use store::*;
+pub use window::*;
