@@ -257,7 +257,11 @@ impl Window {
             return Err(Error::invalid(
                 "map_remote_tensor",
                 "rank",
-                format!("this rank ({}); peers through map_remote", self.rank),
+                format!(
+                    "this rank ({}) (a peer's window with UNIFIED access is mapped through \
+                     map_remote)",
+                    self.rank
+                ),
                 rank,
             ));
         }
