@@ -4,24 +4,29 @@
 //! sender runs the same operation and agrees about the size before it takes the data as valid.
 //! A protected connection (`TORCHCOMMS_DATA_PROTECTION`) seals the same frames into records
 //! ([`protect`]); a plain one never looks at that path.
+//!
+//! Receiving is split out: [`recv`] (plain) and [`sealed`] (protected) read the front receive's
+//! message, [`idle`] reads while none is posted, [`window`] applies one-sided frames.
 
 use std::collections::VecDeque;
-use std::io::{self, IoSlice, IoSliceMut, Read};
+use std::io::{self, IoSlice, Read};
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
 
-use nix::errno::Errno;
-use nix::sys::socket::{self, MsgFlags};
 use socket2::Socket;
 
+mod idle;
+mod recv;
 mod sealed;
+mod window;
 
 use super::early::EarlyMessages;
 use super::frame::{self, Frame, HEADER_LEN, MAX_REASON};
-use super::protect::{self, OpenError, Session, SEALED_HEADER};
+use super::protect::{self, OpenError, Session};
 use crate::span::Span;
-use crate::transport::region::{RegionTable, SignalKind};
+use crate::transport::region::RegionTable;
 use crate::transport::{Delivery, OpTag, TransportError};
+use window::PutIn;
 
 /// Most payload bytes one system call sends or receives. Calls that copy many megabytes at once
 /// are slower on TCP loopback, likely because the socket stays locked for the whole copy, so the
@@ -57,15 +62,6 @@ struct PendingRecv {
     checked: bool,
     /// A probe was sent for it.
     probed: bool,
-}
-
-/// The payload of an incoming put, still to be read into its (checked) place in a region.
-#[derive(Debug)]
-struct PutIn {
-    /// Where it lands: inside a registered region, checked when its header arrived.
-    dst: Span,
-    /// Bytes read off the wire so far (sealed bytes on a protected connection).
-    off: usize,
 }
 
 /// What one call to [`Conn::advance`] achieved.
@@ -324,136 +320,6 @@ impl Conn {
         let _ = self.sock.shutdown(std::net::Shutdown::Write);
     }
 
-    /// For a connection that carries no data (its peer is reached another way): reports whether
-    /// the peer closed it or sent an abort notice. Never blocks.
-    pub(super) fn probe_idle(&mut self, regions: &mut RegionTable) -> Option<TransportError> {
-        if let Some(e) = &self.broken {
-            return Some(e.clone());
-        }
-        if !self.recvs.is_empty() || self.peer_finished {
-            return None;
-        }
-        match self.read_idle(OpTag::default(), regions) {
-            Err(e) => Some(e),
-            Ok(_) if self.data_waiting => Some(TransportError::PeerLost {
-                peer: self.peer,
-                reason: "unexpected data on an idle connection".into(),
-            }),
-            Ok(_) => None,
-        }
-    }
-
-    /// Reads what arrived while no receive is posted: probes are answered (compared with
-    /// `current`, what this rank runs), acknowledgements, goodbyes and abort notices taken. A
-    /// data message is only looked at (its header peeked, so a peer that runs another
-    /// operation in this one's place is found) and left in the socket for its receive.
-    /// Never blocks. Returns whether it took or found anything.
-    pub(super) fn read_idle(
-        &mut self,
-        current: OpTag,
-        regions: &mut RegionTable,
-    ) -> Result<bool, TransportError> {
-        let mut took = false;
-        while self.wants_idle_read() {
-            if self.put_in.is_some() {
-                if !self.fill_put()? {
-                    return Ok(took);
-                }
-                took = true;
-                continue;
-            }
-            if self.early.filling() {
-                if !self.fill_early()? {
-                    return Ok(took);
-                }
-                took = true;
-                continue;
-            }
-            // The rest of the header is on its way.
-            let Some(header) = self.peek_header()? else {
-                return Ok(took);
-            };
-            took = true;
-            let frame = frame::decode(&header).map_err(|reason| self.corrupt(reason))?;
-            if let Frame::Data { tag, len, .. } = frame {
-                check_same_op(self.peer, tag, [current])?;
-                let read_early =
-                    self.awaiting_ack.iter().any(Option::is_some) && self.early.has_room_for(len);
-                if !read_early {
-                    self.data_waiting = true;
-                    return Ok(true);
-                }
-            }
-            // Take the header (peeked whole, so it is there).
-            self.take_peeked()?;
-            match frame {
-                Frame::Data { len, tag, confirm } => self.early.start(len, tag, confirm),
-                Frame::Bye => self.peer_finished = true,
-                Frame::Probe { tag } => check_same_op(self.peer, tag, [current])?,
-                Frame::Ack { .. } => self.take_ack()?,
-                Frame::Abort { len } => return Err(self.abort_notice(len, Span::EMPTY)),
-                Frame::Put {
-                    len,
-                    region,
-                    offset,
-                } => {
-                    let dst = self.start_put(regions, len, region, offset)?;
-                    self.put_in = Some(PutIn { dst, off: 0 });
-                }
-                Frame::Signal { .. } | Frame::Fence { .. } => self.take_signal(regions, frame)?,
-            }
-        }
-        Ok(took)
-    }
-
-    /// The next frame's header, checked but left in the socket; `None` while it is not all
-    /// there.
-    fn peek_header(&self) -> Result<Option<[u8; HEADER_LEN]>, TransportError> {
-        let mut record = [0u8; SEALED_HEADER];
-        let want = self.header_bytes();
-        let flags = MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT;
-        match socket::recv(self.fd(), &mut record[..want], flags) {
-            Ok(0) => return Err(self.open_failed(OpenError::Closed)),
-            Ok(n) if n < want => return Ok(None),
-            Ok(_) => {}
-            Err(Errno::EAGAIN | Errno::EINTR) => return Ok(None),
-            Err(e) => return Err(self.lost("recv", &io::Error::from(e))),
-        }
-        match &self.guard {
-            Some(g) => g
-                .open
-                .peek_header(&record)
-                .map(Some)
-                .map_err(|f| self.open_failed(f.into())),
-            None => Ok(Some(record[..HEADER_LEN].try_into().expect("32 bytes"))),
-        }
-    }
-
-    /// Takes the header [`Conn::peek_header`] returned from the socket.
-    fn take_peeked(&mut self) -> Result<(), TransportError> {
-        let mut record = [0u8; SEALED_HEADER];
-        let want = self.header_bytes();
-        if !matches!((&self.sock).read(&mut record[..want]), Ok(n) if n == want) {
-            return Err(self.corrupt("a frame header cut short".into()));
-        }
-        match self.guard.as_deref_mut() {
-            Some(g) => match g.open.open_header(&record) {
-                Ok(_) => Ok(()),
-                Err(f) => Err(self.open_failed(f.into())),
-            },
-            None => Ok(()),
-        }
-    }
-
-    /// Bytes of a header on the wire: sealed or plain.
-    fn header_bytes(&self) -> usize {
-        if self.guard.is_some() {
-            SEALED_HEADER
-        } else {
-            HEADER_LEN
-        }
-    }
-
     /// Marks the connection broken and returns the ids of every request it held. When the
     /// failure is a disagreement this rank found, the peer is alive: the connection stays open
     /// (with a half-sent message kept to finish) so the abort that follows can tell the peer
@@ -614,311 +480,6 @@ impl Conn {
             self.sends.pop_front();
         }
         Ok(())
-    }
-
-    fn advance_recvs(
-        &mut self,
-        finished: &mut Vec<u64>,
-        out: &mut Advance,
-        current: OpTag,
-        regions: &mut RegionTable,
-    ) -> Result<(), TransportError> {
-        // Early messages came before anything still in the socket; none arrive while a receive
-        // is posted.
-        while !self.recvs.is_empty() && self.put_in.is_some() {
-            if !self.fill_put()? {
-                return Ok(());
-            }
-            out.moved = true;
-        }
-        while !self.recvs.is_empty() && !self.early.is_empty() {
-            if !self.take_early(finished)? {
-                return Ok(());
-            }
-            out.moved = true;
-        }
-        if self.guard.is_some() {
-            return self.advance_sealed_recvs(finished, out, current, regions);
-        }
-        while !self.recvs.is_empty() {
-            loop {
-                if self.put_in.is_some() {
-                    if !self.fill_put()? {
-                        return Ok(());
-                    }
-                    out.moved = true;
-                }
-                let r = &mut self.recvs[0];
-                if r.read >= HEADER_LEN && !r.checked {
-                    self.take_header(current, regions)?;
-                    continue;
-                }
-                let total = HEADER_LEN + r.data.len();
-                if r.read == total {
-                    break;
-                }
-                let header_done = r.read >= HEADER_LEN;
-                let payload_from = r.read.saturating_sub(HEADER_LEN);
-                let payload = r.data.sub(
-                    payload_from,
-                    (r.data.len() - payload_from).min(MAX_IO_BYTES),
-                );
-                let header_buf = &mut self.recv_header[r.read.min(HEADER_LEN)..];
-                // SAFETY: the receive buffer is reserved for this request until it finishes
-                // (Transport::post_recv contract); the slice lives only for this call. The read
-                // never goes past this message: the iovecs hold exactly what is still expected.
-                let res = unsafe {
-                    payload.with_mut_slice(|p| {
-                        if header_done {
-                            (&self.sock).read(p)
-                        } else {
-                            let mut bufs = [IoSliceMut::new(header_buf), IoSliceMut::new(p)];
-                            (&self.sock).read_vectored(&mut bufs)
-                        }
-                    })
-                };
-                match res {
-                    Ok(0) => {
-                        return Err(TransportError::PeerLost {
-                            peer: self.peer,
-                            reason: "connection closed by peer (it exited or failed)".into(),
-                        })
-                    }
-                    Ok(n) => {
-                        r.read += n;
-                        out.moved = true;
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) => return Err(self.lost("recv", &e)),
-                }
-            }
-            finished.push(self.recvs[0].id);
-            self.recvs.pop_front();
-        }
-        Ok(())
-    }
-
-    /// The peer acknowledged the oldest message that asked for it. A send that finishes with
-    /// its acknowledgement finishes now, or when written if it is still being written (the peer
-    /// accepts a message at its header).
-    fn take_ack(&mut self) -> Result<(), TransportError> {
-        match self.awaiting_ack.pop_front() {
-            None => Err(self.corrupt("an acknowledgement of nothing".into())),
-            Some(None) => {
-                self.confirmed_unacked -= 1;
-                Ok(())
-            }
-            Some(Some(id)) => {
-                match self.sends.iter_mut().find(|s| s.id == id) {
-                    Some(s) => s.awaits_ack = false,
-                    None => self.accepted.push(id),
-                }
-                Ok(())
-            }
-        }
-    }
-
-    /// Hands the oldest early message to the front receive, once it is complete: checked as
-    /// a message read from the socket is, copied, acknowledged when asked. Returns whether it
-    /// was complete.
-    fn take_early(&mut self, finished: &mut Vec<u64>) -> Result<bool, TransportError> {
-        if self.early.filling() && !self.fill_early()? {
-            return Ok(false);
-        }
-        let Some(e) = self.early.take_complete() else {
-            return Ok(false);
-        };
-        self.accept_data(e.data.len() as u64, e.tag, e.confirm)?;
-        let r = self.recvs.pop_front().expect("a receive is posted");
-        r.data.copy_from_slice(&e.data);
-        finished.push(r.id);
-        Ok(true)
-    }
-
-    /// Checks a data header against the front receive: the peer's operation and size must be
-    /// the receive's. Acknowledges it when the sender asked.
-    fn accept_data(&mut self, len: u64, tag: OpTag, confirm: bool) -> Result<(), TransportError> {
-        let r = &mut self.recvs[0];
-        if tag != r.tag {
-            return Err(TransportError::Disagree {
-                peer: self.peer,
-                expected: r.tag,
-                got: tag,
-            });
-        }
-        if len != r.data.len() as u64 {
-            return Err(TransportError::SizeMismatch {
-                peer: self.peer,
-                expected: r.data.len(),
-                got: usize::try_from(len).unwrap_or(usize::MAX),
-            });
-        }
-        r.checked = true;
-        if confirm {
-            self.push_control(Frame::Ack { tag });
-        }
-        Ok(())
-    }
-
-    /// Acts on the just-completed header of the front receive's message. A data header must
-    /// carry the receive's tag and size (and is acknowledged when the sender asked). A probe or
-    /// an acknowledgement is taken and dropped: the bytes read past it (they landed at the start
-    /// of the receive buffer) are the next frame's, and move to where that frame's header and
-    /// payload belong.
-    fn take_header(
-        &mut self,
-        current: OpTag,
-        regions: &mut RegionTable,
-    ) -> Result<(), TransportError> {
-        let r = &self.recvs[0];
-        match frame::decode(&self.recv_header).map_err(|reason| self.corrupt(reason))? {
-            Frame::Data { len, tag, confirm } => self.accept_data(len, tag, confirm),
-            frame @ (Frame::Probe { .. }
-            | Frame::Ack { .. }
-            | Frame::Signal { .. }
-            | Frame::Fence { .. }) => {
-                match frame {
-                    Frame::Probe { tag } => check_same_op(self.peer, tag, [r.tag, current])?,
-                    Frame::Ack { .. } => self.take_ack()?,
-                    _ => self.take_signal(regions, frame)?,
-                }
-                self.reframe(0);
-                Ok(())
-            }
-            Frame::Put {
-                len,
-                region,
-                offset,
-            } => {
-                // The put's first payload bytes may have landed in the receive buffer: they
-                // move to the region (checked first), the rest is read there directly.
-                let dst = self.start_put(regions, len, region, offset)?;
-                let r = &self.recvs[0];
-                let extra = r.read - HEADER_LEN;
-                let landed = extra.min(dst.len());
-                dst.sub(0, landed).copy_from(&r.data.sub(0, landed));
-                if landed < dst.len() {
-                    self.recvs[0].read = 0;
-                    self.put_in = Some(PutIn { dst, off: landed });
-                } else {
-                    self.reframe(landed);
-                }
-                Ok(())
-            }
-            Frame::Abort { len } => {
-                let landed = r.data.sub(0, r.read - HEADER_LEN);
-                Err(self.abort_notice(len, landed))
-            }
-            Frame::Bye => Err(TransportError::PeerLost {
-                peer: self.peer,
-                reason: format!(
-                    "peer {} finalized the communicator while this rank still expected data from it",
-                    self.peer
-                ),
-            }),
-        }
-    }
-}
-
-impl Conn {
-    /// After a frame that is not the front receive's (and `consumed` bytes of its payload)
-    /// were taken out of what landed in the receive buffer, moves the bytes read past them to
-    /// where the next frame's header and payload belong.
-    fn reframe(&mut self, consumed: usize) {
-        let r = &self.recvs[0];
-        let rest = r.read - HEADER_LEN - consumed;
-        let into_header = rest.min(HEADER_LEN);
-        r.data
-            .sub(consumed, into_header)
-            .copy_to_slice(&mut self.recv_header[..into_header]);
-        if rest > into_header {
-            r.data
-                .copy_from(&r.data.sub(consumed + into_header, rest - into_header));
-        }
-        self.recvs[0].read = rest;
-    }
-
-    /// Checks an incoming put against the registered regions before any byte of it is
-    /// written: the region exists, has the generation named, and the write fits. A refused put
-    /// writes nothing: the peer is told why (an abort notice) and the connection fails.
-    fn start_put(
-        &mut self,
-        regions: &mut RegionTable,
-        len: u64,
-        region: u64,
-        offset: u64,
-    ) -> Result<Span, TransportError> {
-        regions
-            .check_put(region, offset, len)
-            .map_err(|why| self.refuse(format!("refused a put from peer {}: {why}", self.peer)))
-    }
-
-    /// Applies a signal or fence frame.
-    fn take_signal(
-        &mut self,
-        regions: &mut RegionTable,
-        frame: Frame,
-    ) -> Result<(), TransportError> {
-        let res = match frame {
-            Frame::Signal { region, add } => {
-                regions.apply_signal(region, self.peer, SignalKind::Signal, add)
-            }
-            Frame::Fence { region } => {
-                regions.apply_signal(region, self.peer, SignalKind::Fence, 1)
-            }
-            _ => Ok(()),
-        };
-        res.map_err(|why| self.refuse(format!("refused a signal from peer {}: {why}", self.peer)))
-    }
-
-    /// Tells the peer why its one-sided frame was refused and returns the error that fails
-    /// this connection.
-    fn refuse(&mut self, reason: String) -> TransportError {
-        tracing::warn!(peer = self.peer, "{reason}");
-        self.send_abort_notice(&reason, Duration::from_millis(100));
-        TransportError::PeerLost {
-            peer: self.peer,
-            reason,
-        }
-    }
-
-    /// Reads what has arrived of an incoming put's payload into its region. Returns whether
-    /// the put is complete.
-    fn fill_put(&mut self) -> Result<bool, TransportError> {
-        let Some(p) = self.put_in.as_mut() else {
-            return Ok(true);
-        };
-        if let Some(g) = self.guard.as_deref_mut() {
-            let res = g.open.read_payload(&self.sock, p.dst, &mut p.off);
-            let done = protect::payload_done(p.dst.len(), p.off);
-            res.map_err(|e| self.open_failed(e))?;
-            if done {
-                self.put_in = None;
-            }
-            return Ok(done);
-        }
-        while p.off < p.dst.len() {
-            let chunk = p.dst.sub(p.off, (p.dst.len() - p.off).min(MAX_IO_BYTES));
-            // SAFETY: `dst` lies inside a registered region (checked by `start_put`), which its
-            // owner keeps valid until it is deregistered; the window's owners write it only
-            // through puts, read in stream order. The slice lives only for this call.
-            let res = unsafe { chunk.with_mut_slice(|b| (&self.sock).read(b)) };
-            match res {
-                Ok(0) => {
-                    return Err(TransportError::PeerLost {
-                        peer: self.peer,
-                        reason: "connection closed by peer (it exited or failed)".into(),
-                    })
-                }
-                Ok(n) => p.off += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(self.lost("recv", &e)),
-            }
-        }
-        self.put_in = None;
-        Ok(true)
     }
 }
 
