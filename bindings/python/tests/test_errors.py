@@ -162,7 +162,6 @@ def test_ops_after_finalize_raise(world: Any) -> None:
 def test_unimplemented_features_raise_with_upstream_text(world: Any) -> None:
     for call, what in [
         (lambda: world.get_init_handle(), "getInitHandle"),
-        (lambda: world.new_window(), "new_window"),
         (lambda: world.reconfigure(0, []), "reconfigure"),
     ]:
         with pytest.raises(RuntimeError, match=rf"\[TorchCommBackend\]: {what} not implemented for communicator:pytest_world"):
