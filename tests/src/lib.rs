@@ -173,3 +173,35 @@ pub fn assert_all_ok(outs: &[RankOutput], what: &str) {
         );
     }
 }
+
+/// Runs this executable once per rank (`TORCHCOMM_RANK`/`SIZE`, `MASTER_ADDR`/`PORT` on a free
+/// loopback port, plus `env`) and waits for every rank, inheriting their output: the GPU
+/// binaries that are their own ranks. The error names every rank that failed.
+pub fn run_self_as_ranks(n: usize, env: &[(&str, String)]) -> std::io::Result<()> {
+    let port = free_port();
+    let exe = std::env::current_exe()?;
+    let mut children = Vec::new();
+    for r in 0..n {
+        let mut cmd = Command::new(&exe);
+        cmd.env("TORCHCOMM_RANK", r.to_string())
+            .env("TORCHCOMM_SIZE", n.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", port.to_string());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        children.push(cmd.spawn()?);
+    }
+    let mut failed = Vec::new();
+    for (r, mut c) in children.into_iter().enumerate() {
+        let st = c.wait()?;
+        if !st.success() {
+            failed.push(format!("rank {r}: {st}"));
+        }
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(failed.join("; ")))
+    }
+}

@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 
 use pyo3::prelude::*;
-use torchcomms::{OpOptions, WinAccessType, Window};
+use torchcomms::{WinAccessType, Window};
 
 use crate::core::CommCore;
 use pyo3::exceptions::PyRuntimeError;
@@ -125,16 +125,6 @@ impl PyTorchCommWindow {
         })
     }
 
-    fn options(
-        &self,
-        op: &str,
-        async_op: bool,
-        hints: Option<&Bound<'_, PyAny>>,
-        timeout: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<OpOptions> {
-        self.core.op_options(op, async_op, hints, timeout)
-    }
-
     fn work(
         &self,
         py: Python<'_>,
@@ -205,7 +195,7 @@ impl PyTorchCommWindow {
                          non-negative element offset, got {target_offset_nelems}"
                     ))
                 })? as usize;
-            let opts = self.options("put", async_op, hints, timeout)?;
+            let opts = self.core.op_options("put", async_op, hints, timeout)?;
             self.work(py, move |w| w.put(&t, dst, offset, &opts))
         })
     }
@@ -223,7 +213,7 @@ impl PyTorchCommWindow {
     ) -> PyResult<Py<PyTorchWork>> {
         guard("signal", || {
             let peer = self.core.rank_arg("signal", "peer_rank", peer_rank)?;
-            let opts = self.options("signal", async_op, hints, timeout)?;
+            let opts = self.core.op_options("signal", async_op, hints, timeout)?;
             self.work(py, move |w| w.signal(peer, &opts))
         })
     }
@@ -240,7 +230,9 @@ impl PyTorchCommWindow {
     ) -> PyResult<Py<PyTorchWork>> {
         guard("wait_signal", || {
             let peer = self.core.rank_arg("wait_signal", "peer_rank", peer_rank)?;
-            let opts = self.options("wait_signal", async_op, hints, timeout)?;
+            let opts = self
+                .core
+                .op_options("wait_signal", async_op, hints, timeout)?;
             self.work(py, move |w| w.wait_signal(peer, &opts))
         })
     }

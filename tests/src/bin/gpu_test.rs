@@ -14,8 +14,7 @@
 //! The every op × dtype × reduce-op suite is `torchcomms-perf --device cuda --backend nccl -c 1`.
 //! Exit status (also printed by `--help`): see [`USAGE`].
 
-use std::net::{Ipv4Addr, TcpListener};
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -235,31 +234,8 @@ fn kernels_test() -> Result<()> {
 // Ranks.
 
 fn launch(n: usize) -> Result<()> {
-    let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?
-        .local_addr()?
-        .port();
-    let exe = std::env::current_exe()?;
-    let mut children = Vec::new();
-    for r in 0..n {
-        children.push(
-            Command::new(&exe)
-                .env("TORCHCOMM_RANK", r.to_string())
-                .env("TORCHCOMM_SIZE", n.to_string())
-                .env("MASTER_ADDR", "127.0.0.1")
-                .env("MASTER_PORT", port.to_string())
-                .env("TORCHCOMM_ABORT_ON_ERROR", "0")
-                .spawn()
-                .with_context(|| format!("starting rank {r}"))?,
-        );
-    }
-    let mut failed = Vec::new();
-    for (r, mut c) in children.into_iter().enumerate() {
-        let st = c.wait()?;
-        if !st.success() {
-            failed.push(format!("rank {r}: {st}"));
-        }
-    }
-    ensure!(failed.is_empty(), "{}", failed.join("; "));
+    let env = [("TORCHCOMM_ABORT_ON_ERROR", "0".to_string())];
+    torchcomms_tests::run_self_as_ranks(n, &env)?;
     println!("PASS ranks: {n} processes");
     Ok(())
 }

@@ -15,8 +15,7 @@
 //!
 //! Exit status: 0 passed, 1 a check failed, 77 skipped (fewer than 2 GPUs or no CUDA here).
 
-use std::net::{Ipv4Addr, TcpListener};
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -64,31 +63,8 @@ fn parent_main() -> Result<bool> {
     }
     let peer_copy = peer_copy_gbps()?;
     println!("cuMemcpyPeerAsync 256 MiB cuda:0 -> cuda:1: {peer_copy:.1} GB/s");
-    let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?
-        .local_addr()?
-        .port();
-    let exe = std::env::current_exe()?;
-    let mut children = Vec::new();
-    for r in 0..n {
-        children.push(
-            Command::new(&exe)
-                .env("TORCHCOMM_RANK", r.to_string())
-                .env("TORCHCOMM_SIZE", n.to_string())
-                .env("MASTER_ADDR", "127.0.0.1")
-                .env("MASTER_PORT", port.to_string())
-                .env("GPU_WINDOW_PEER_COPY_GBPS", format!("{peer_copy}"))
-                .spawn()
-                .with_context(|| format!("starting rank {r}"))?,
-        );
-    }
-    let mut failed = Vec::new();
-    for (r, mut c) in children.into_iter().enumerate() {
-        let st = c.wait()?;
-        if !st.success() {
-            failed.push(format!("rank {r}: {st}"));
-        }
-    }
-    ensure!(failed.is_empty(), "{}", failed.join("; "));
+    let env = [("GPU_WINDOW_PEER_COPY_GBPS", format!("{peer_copy}"))];
+    torchcomms_tests::run_self_as_ranks(n, &env)?;
     println!("PASS windows: {n} processes");
     Ok(true)
 }
