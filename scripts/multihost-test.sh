@@ -59,6 +59,9 @@ run_job suite-tcp env CTRAN_BACKENDS=socket "$WORKER" suite --large 1048576
 n_ok=$(cat /tmp/multihost-suite-tcp-h*.* | grep -c "SUITE OK" || true)
 rm -f /tmp/multihost-suite-tcp-h*.*
 [ "$n_ok" = "$ranks" ] || { echo "multihost-test: TCP only: $n_ok of $ranks ranks reported SUITE OK" >&2; exit 1; }
+# One-sided windows (and the persistent all-gather on them) between hosts and within one.
+run_job window "$WORKER" window --iters 300
+rm -f /tmp/multihost-window-h*.*
 run_job b2b "$WORKER" back-to-back --count 3
 rm -f /tmp/multihost-b2b-h*.*
 if [ -n "$PERF" ] && [ -x "$PERF" ]; then

@@ -111,6 +111,15 @@ pub enum Call {
         /// Destination rank.
         root: usize,
     },
+    /// A persistent all-gather's execution: every rank's `input` lands in its block of the
+    /// handle's output. [`crate::TorchComm`] runs it (on the handle's window, or as an
+    /// [`Call::AllGather`]); backends do not see it.
+    AllGatherP {
+        /// What `all_gather_p_init` bound.
+        handle: crate::persistent::AllGatherP,
+        /// This rank's contribution.
+        input: Tensor,
+    },
     /// Returns once every rank has entered.
     Barrier,
     /// Point-to-point send.
@@ -146,6 +155,7 @@ impl Call {
             Call::AllToAll { .. } => "all_to_all",
             Call::Scatter { .. } => "scatter",
             Call::Gather { .. } => "gather",
+            Call::AllGatherP { .. } => "all_gather_p_exec",
             Call::Barrier => "barrier",
             Call::Send { .. } => "send",
             Call::Recv { .. } => "recv",
@@ -168,6 +178,7 @@ impl Call {
                 inputs.iter().chain([output]).collect()
             }
             Call::AllToAll { outputs, inputs } => inputs.iter().chain(outputs).collect(),
+            Call::AllGatherP { handle, input } => vec![handle.output(), input],
             Call::Barrier => Vec::new(),
             Call::Batch { ops } => ops.iter().map(P2POp::tensor).collect(),
         }

@@ -17,7 +17,7 @@ use crate::work::Work;
 /// A communicator: a group of ranks that run collectives together.
 #[derive(Debug)]
 pub struct TorchComm {
-    backend: Box<dyn Backend>,
+    pub(crate) backend: Box<dyn Backend>,
     backend_name: String,
     options: CommOptions,
     finalized: AtomicBool,
@@ -52,7 +52,10 @@ impl TorchComm {
             timeout: Some(o.timeout_or(self.options.timeout)),
             ..o.clone()
         };
-        self.backend.run(call, &opts)
+        match call {
+            Call::AllGatherP { handle, input } => self.run_persistent(&handle, &input, &opts),
+            call => self.backend.run(call, &opts),
+        }
     }
 
     /// This rank.

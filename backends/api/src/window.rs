@@ -33,6 +33,12 @@ pub trait WindowBackend: Send + Sync + Debug {
     fn signal(&self, peer: usize, opts: &OpOptions) -> Result<Work>;
     /// Consumes one signal of `peer`.
     fn wait_signal(&self, peer: usize, opts: &OpOptions) -> Result<Work>;
+    /// Whether `tensor` (on this device) could be registered: what a persistent all-gather
+    /// asks before it runs on a window instead of an all-gather.
+    fn supports(&self, tensor: &Tensor) -> bool {
+        let _ = tensor;
+        true
+    }
     /// Where `rank`'s registered memory is mapped in this process, if it is (this rank's own
     /// always; peers' where the transport maps them, as NVLink does).
     fn mapped_addr(&self, rank: usize) -> Option<u64> {
@@ -142,7 +148,8 @@ impl Window {
         res
     }
 
-    /// Writes `tensor` into `dst_rank`'s registered tensor at element `target_offset_nelems`.
+    /// Writes `tensor` into `dst_rank`'s registered tensor at element `target_offset_nelems`
+    /// (this rank's own too: a local copy, ordered with the rank's other window operations).
     pub fn put(
         &self,
         tensor: &Tensor,
@@ -151,7 +158,14 @@ impl Window {
         opts: &OpOptions,
     ) -> Result<Work> {
         let op = "put";
-        self.check_peer(op, dst_rank)?;
+        if dst_rank >= self.size {
+            return Err(Error::invalid(
+                op,
+                "dst_rank",
+                format!("a rank in 0..{}", self.size),
+                dst_rank,
+            ));
+        }
         let win = self.registered(op)?;
         if tensor.dtype() != win.dtype() {
             return Err(Error::invalid(

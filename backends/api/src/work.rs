@@ -149,6 +149,50 @@ impl Work {
     }
 }
 
+/// Work made of several: finished when all are, failed when one failed (a composed operation
+/// such as a persistent all-gather's puts and signals).
+#[derive(Debug)]
+struct AllOf(Vec<Work>);
+
+impl WorkHandle for AllOf {
+    fn wait(&self, timeout: Duration) -> Result<()> {
+        self.0.iter().try_for_each(|w| w.handle.wait(timeout))
+    }
+    fn wait_blocking(&self, timeout: Duration) -> Result<()> {
+        self.0
+            .iter()
+            .try_for_each(|w| w.handle.wait_blocking(timeout))
+    }
+    fn wait_on_stream(&self, stream: u64, timeout: Duration) -> Result<()> {
+        self.0
+            .iter()
+            .try_for_each(|w| w.handle.wait_on_stream(stream, timeout))
+    }
+    fn status(&self) -> WorkStatus {
+        let statuses: Vec<WorkStatus> = self.0.iter().map(Work::status).collect();
+        [
+            WorkStatus::Error,
+            WorkStatus::TimedOut,
+            WorkStatus::InProgress,
+            WorkStatus::NotStarted,
+        ]
+        .into_iter()
+        .find(|s| statuses.contains(s))
+        .unwrap_or(WorkStatus::Completed)
+    }
+    fn error(&self) -> Option<crate::Error> {
+        self.0.iter().find_map(Work::error)
+    }
+}
+
+impl Work {
+    /// One work for all of `works` (each keeps its own timeout; `timeout` is the longest a
+    /// wait on the whole may take per part).
+    pub fn all(works: Vec<Work>, timeout: Duration) -> Work {
+        Work::new(Box::new(AllOf(works)), timeout)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -68,6 +68,11 @@ pub(crate) fn lower(call: Call, comm: &str) -> Result<(Op, KeepAlive)> {
             outputs: spans(&outputs),
             root,
         },
+        // The API runs persistent all-gathers itself; as a plain all-gather if one arrives.
+        Call::AllGatherP { handle, input } => Op::AllGather {
+            outputs: spans(&handle.output().blocks(handle.size(), input.numel())),
+            input: input.span(),
+        },
         Call::Barrier => Op::Barrier,
         Call::Send { tensor, peer } => Op::Send {
             buf: tensor.span(),

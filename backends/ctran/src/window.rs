@@ -179,6 +179,13 @@ impl WindowBackend for CtranWindow {
         self.host_work(r, opts)
     }
 
+    fn supports(&self, tensor: &Tensor) -> bool {
+        match tensor.device() {
+            Device::Cuda(_) => self.nvl.as_ref().and_then(Weak::upgrade).is_some(),
+            _ => true,
+        }
+    }
+
     fn mapped_addr(&self, rank: usize) -> Option<u64> {
         self.device().as_ref().and_then(|w| w.base(rank))
     }

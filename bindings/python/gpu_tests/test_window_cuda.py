@@ -132,3 +132,29 @@ def test_bad_input(comm: Any) -> None:
     win.tensor_deregister()
     with pytest.raises((ValueError, RuntimeError), match="size"):
         comm.new_window(torch.zeros(64 + RANK, device=DEV))
+
+
+@pytest.mark.parametrize("n", [256, 1 << 20])
+def test_all_gather_p_on_a_window(comm: Any, n: int) -> None:
+    """A persistent all-gather runs on NVLink puts into every peer's output; rounds back to
+    back, one of them captured in a CUDA graph and replayed."""
+    out = torch.zeros(WORLD * n, dtype=torch.float32, device=DEV)
+    inp = torch.empty(n, dtype=torch.float32, device=DEV)
+    handle = comm.all_gather_p_init(out)
+    assert handle.uses_window
+    for it in range(10):
+        inp.fill_(float(it * 100 + RANK))
+        comm.all_gather_p_exec(handle, inp, False)
+        want = torch.cat([torch.full((n,), float(it * 100 + q), device=DEV) for q in range(WORLD)])
+        torch.testing.assert_close(out, want)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        comm.all_gather_p_exec(handle, inp, False)
+    for it in range(20, 25):
+        inp.fill_(float(it * 100 + RANK))
+        g.replay()
+        want = torch.cat([torch.full((n,), float(it * 100 + q), device=DEV) for q in range(WORLD)])
+        torch.testing.assert_close(out, want)
+    torch.cuda.synchronize()
+    comm.barrier(False)
+    comm.all_gather_p_free(handle)

@@ -29,10 +29,22 @@ impl PyAllGatherP {
         self.output.clone_ref(py)
     }
 
+    /// Whether executions put straight into every peer's output through a window over it
+    /// (backends with windows for the output's device), rather than running an all-gather.
+    #[getter]
+    fn uses_window(&self) -> bool {
+        self.handle.uses_window()
+    }
+
     fn __repr__(&self) -> String {
         format!(
-            "AllGatherPHandle({} elements)",
-            self.handle.output().numel()
+            "AllGatherPHandle({} elements, {})",
+            self.handle.output().numel(),
+            if self.handle.uses_window() {
+                "on a window"
+            } else {
+                "as all_gather"
+            }
         )
     }
 }
@@ -54,7 +66,9 @@ pub(crate) fn persistent_arg(obj: &Bound<'_, PyAny>, op: &str, arg: &str) -> PyR
 #[pymethods]
 impl PyTorchComm {
     /// Binds `output` (size equal blocks) for `all_gather_p_exec`, which gathers every rank's
-    /// input into it; returns the handle. Local: no rank waits for another.
+    /// input into it; returns the handle. `hints={"window": "auto"|"true"|"false"}` picks
+    /// one-sided puts into a window over the output or an all-gather (auto: windows for CUDA
+    /// outputs); collective when the output becomes a window.
     #[pyo3(signature = (output, hints=None, timeout=None))]
     fn all_gather_p_init(
         &self,
@@ -66,11 +80,14 @@ impl PyTorchComm {
         let core = &self.core;
         let op = "all_gather_p_init";
         timeout_arg(timeout, &core.tag(op))?;
-        hints_arg(hints, &core.tag(op))?;
+        let hints: torchcomms::Hints = hints_arg(hints, &core.tag(op))?
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
         guard(op, || match &core.backend {
             Backend::Native(comm) => {
                 let t = to_tensor(output, &core.tag(op), "output")?;
-                let handle = comm.all_gather_p_init(&t).on_rank(core.rank)?;
+                let handle = comm.all_gather_p_init(&t, &hints).on_rank(core.rank)?;
                 let h = PyAllGatherP {
                     handle,
                     output: output.clone().unbind(),

@@ -3,6 +3,7 @@ against a reference computed in Python from every rank's (deterministic) input."
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable
 
 import pytest
@@ -239,12 +240,47 @@ def test_all_gather_single(world: Any, dtype: torch.dtype, async_op: bool) -> No
 def test_all_gather_p(world: Any, dtype: torch.dtype, async_op: bool) -> None:
     """A persistent all-gather: one bound output, filled by every execution."""
     out = torch.empty(WORLD * 7, dtype=dtype)
-    handle = world.all_gather_p_init(out)
+    handle = world.all_gather_p_init(out, hints={"window": "true"})
     assert handle.output is out
-    for salt in range(3):
+    # CPU windows exist on every transport: more than one rank runs on one-sided puts.
+    assert handle.uses_window == (WORLD > 1)
+    for salt in range(20):
         run(lambda a: world.all_gather_p_exec(handle, _data(RANK, 7, dtype, salt=salt), a), async_op)
         assert torch.equal(out, torch.cat([_data(q, 7, dtype, salt=salt) for q in range(WORLD)]))
     world.all_gather_p_free(handle)
+
+
+def test_all_gather_p_in_place_and_with_a_slow_reader(world: Any) -> None:
+    """Input aliasing this rank's block; a rank that reads its output late still sees its own
+    round (peers wait for its "free" signal before they overwrite it)."""
+    n = 1000
+    out = torch.zeros(WORLD * n, dtype=torch.float32)
+    handle = world.all_gather_p_init(out, hints={"window": "true"})
+    mine = out[RANK * n : (RANK + 1) * n]
+    for it in range(10):
+        mine.fill_(float(it * 100 + RANK))
+        world.all_gather_p_exec(handle, mine, False)
+        if RANK == 0:
+            time.sleep(0.02)
+        want = torch.cat([torch.full((n,), float(it * 100 + q)) for q in range(WORLD)])
+        torch.testing.assert_close(out, want)
+    world.all_gather_p_free(handle)
+
+
+@pytest.mark.parametrize("window", [None, "auto", "false", "0"])
+def test_all_gather_p_on_cpu_runs_an_all_gather_unless_asked(world: Any, window: Any) -> None:
+    out = torch.zeros(WORLD * 3, dtype=torch.int64)
+    hints = None if window is None else {"window": window}
+    handle = world.all_gather_p_init(out, hints=hints)
+    assert not handle.uses_window
+    world.all_gather_p_exec(handle, torch.full((3,), RANK), False)
+    assert torch.equal(out, torch.arange(WORLD).repeat_interleave(3))
+    world.all_gather_p_free(handle)
+
+
+def test_all_gather_p_refuses_a_bad_window_hint(world: Any) -> None:
+    with pytest.raises(ValueError, match="all_gather_p_init: invalid argument `hints`: expected `window` set to auto, true or false"):
+        world.all_gather_p_init(torch.zeros(WORLD), hints={"window": "sometimes"})
 
 
 def test_all_gather_p_refuses_a_mismatched_input(world: Any) -> None:

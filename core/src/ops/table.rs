@@ -322,10 +322,7 @@ macro_rules! for_each_op {
                     c.numel_times_size("handle", handle.output(), input.numel())?;
                 }
                 call {
-                    Call::AllGather {
-                        outputs: handle.output().blocks(c.size(), input.numel()),
-                        input: input.clone(),
-                    }
+                    Call::AllGatherP { handle: handle.clone(), input: input.clone() }
                 }
         }
     };

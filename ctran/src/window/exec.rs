@@ -92,6 +92,10 @@ pub(crate) fn run(
                 },
             )
         }
+        WindowOp::LocalPut { src, dst } => {
+            dst.copy_from(src);
+            Ok(Outcome::Done)
+        }
         WindowOp::Signal { peer, key } => {
             check_key(cx, key, *peer)?;
             let req = cx

@@ -35,6 +35,8 @@ use crate::transport::{RegionId, RemoteKey};
 #[derive(Debug)]
 struct Registered {
     region: RegionId,
+    /// This rank's memory (a put to this rank copies into it).
+    buf: Span,
     keys: Vec<RemoteKey>,
     /// Waits issued per peer (a wait targets this count).
     waits: Vec<u64>,
@@ -138,6 +140,7 @@ impl Window {
         }
         *state = Some(Registered {
             region,
+            buf,
             waits: vec![0; keys.len()],
             keys,
             _keep: keep,
@@ -166,6 +169,43 @@ impl Window {
         )
     }
 
+    /// A put to this rank: a copy into its own memory, in issue order with its other puts.
+    fn put_local(
+        &self,
+        src: Span,
+        keep: KeepAlive,
+        offset: usize,
+        timeout: Option<Duration>,
+    ) -> Request {
+        let name = "window_put";
+        let dst = match self.state().as_ref() {
+            Some(reg) => reg.buf,
+            None => return failed(name, not_registered(name)),
+        };
+        if offset
+            .checked_add(src.len())
+            .is_none_or(|end| end > dst.len())
+        {
+            return failed(
+                name,
+                Error::invalid(
+                    "target_offset",
+                    "a write inside the window",
+                    format!(
+                        "a write of {} bytes at offset {offset} exceeds this rank's window of {} bytes",
+                        src.len(),
+                        dst.len()
+                    ),
+                ),
+            );
+        }
+        let op = WindowOp::LocalPut {
+            src,
+            dst: dst.sub(offset, src.len()),
+        };
+        self.comm.submit_with(Op::Window(op), timeout, keep)
+    }
+
     fn check_peer(&self, peer: usize) -> Result<()> {
         let size = self.comm.size();
         let me = self.comm.rank();
@@ -179,7 +219,8 @@ impl Window {
         Ok(())
     }
 
-    /// Writes `src` (owned by `keep`) into `peer`'s registered memory at byte `offset`.
+    /// Writes `src` (owned by `keep`) into `peer`'s registered memory at byte `offset` (this
+    /// rank's own too: a local copy).
     pub fn put(
         &self,
         src: Span,
@@ -189,6 +230,9 @@ impl Window {
         timeout: Option<Duration>,
     ) -> Request {
         let name = "window_put";
+        if peer == self.comm.rank() {
+            return self.put_local(src, keep, offset, timeout);
+        }
         let key = match self.key_for(name, peer) {
             Ok(k) => k,
             Err(e) => return failed(name, e),

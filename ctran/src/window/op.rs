@@ -26,6 +26,13 @@ pub enum WindowOp {
         /// Byte offset in its region.
         offset: u64,
     },
+    /// Copies `src` into `dst`, a part of this rank's own registered memory (a put to self).
+    LocalPut {
+        /// The data.
+        src: Span,
+        /// Where it goes (checked inside the local registration).
+        dst: Span,
+    },
     /// Adds one to the counter `peer`'s region keeps for this rank, after this rank's earlier
     /// puts to it.
     Signal {
@@ -63,7 +70,7 @@ impl WindowOp {
     pub fn name(&self) -> &'static str {
         match self {
             WindowOp::Register { .. } => "window_register",
-            WindowOp::Put { .. } => "window_put",
+            WindowOp::Put { .. } | WindowOp::LocalPut { .. } => "window_put",
             WindowOp::Signal { .. } => "window_signal",
             WindowOp::WaitSignal { .. } => "window_wait_signal",
             WindowOp::Deregister { .. } => "window_deregister",
@@ -74,7 +81,7 @@ impl WindowOp {
     /// Bytes it moves (for traces).
     pub fn bytes(&self) -> usize {
         match self {
-            WindowOp::Put { src, .. } => src.len(),
+            WindowOp::Put { src, .. } | WindowOp::LocalPut { src, .. } => src.len(),
             _ => 0,
         }
     }

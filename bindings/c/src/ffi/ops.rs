@@ -128,7 +128,8 @@ torchcomms_core::for_each_op!(c_functions);
 
 /// Binds `output` (a buffer of `size` equal blocks) for `tc_all_gather_p_exec`, which gathers
 /// every rank's input into it; stores the handle in `*handle` (release it with
-/// `tc_all_gather_p_free`). Local: no rank waits for another.
+/// `tc_all_gather_p_free`). Collective on CUDA outputs, which become a window (see
+/// `all_gather_p_init` of the Rust API).
 ///
 /// # Safety
 /// Pointers as in the conventions atop torchcomms.h; `output` as in `tc_tensor_t`, valid until
@@ -148,7 +149,9 @@ pub unsafe extern "C" fn tc_all_gather_p_init(
         let c = unsafe { self::handle(F, "comm", comm, "a communicator from tc_comm_create") }?;
         // SAFETY: forwarded to the caller.
         let output = unsafe { tensor(F, "output", &output) }?;
-        let bound = c.comm.all_gather_p_init(&output)?;
+        let bound = c
+            .comm
+            .all_gather_p_init(&output, &torchcomms::Hints::new())?;
         let h = Box::into_raw(Box::new(tc_all_gather_p_t { handle: bound }));
         // SAFETY: as above.
         unsafe { put(handle, h) };

@@ -93,7 +93,7 @@ pub(crate) fn window(iters: usize) -> Result<()> {
     )?;
     expect_err(
         win.put(&buf, n + 3, 0, &OpOptions::sync()),
-        "peer",
+        "dst_rank",
         "peer out of range",
     )?;
     expect_err(win.signal(me, &OpOptions::sync()), "peer", "signal to self")?;
@@ -119,9 +119,12 @@ pub(crate) fn window(iters: usize) -> Result<()> {
             .collect::<Vec<_>>(),
     );
     let mut works = Vec::new();
-    for p in (0..n).filter(|&p| p != me) {
+    for p in 0..n {
+        // A put to this rank is a local copy, in order with the others.
         works.push(win2.put(&mine, p, me * slot, &OpOptions::async_op())?);
-        works.push(win2.signal(p, &OpOptions::async_op())?);
+        if p != me {
+            works.push(win2.signal(p, &OpOptions::async_op())?);
+        }
     }
     for w in works {
         w.wait()?;
@@ -130,7 +133,7 @@ pub(crate) fn window(iters: usize) -> Result<()> {
         win2.wait_signal(p, &OpOptions::sync())?.wait()?;
     }
     let got = read_i64(&all);
-    for p in (0..n).filter(|&p| p != me) {
+    for p in 0..n {
         let want: Vec<i64> = (0..slot as i64).map(|i| p as i64 * 10_000 + i).collect();
         ensure!(
             got[p * slot..(p + 1) * slot] == want[..],
@@ -138,6 +141,8 @@ pub(crate) fn window(iters: usize) -> Result<()> {
         );
     }
     win2.tensor_deregister()?;
+
+    persistent_all_gather(&comm, 200)?;
 
     // Sizes that disagree: every rank fails, naming the sizes.
     let odd = Tensor::zeros(DataType::I64, 8 + me);
@@ -161,5 +166,44 @@ pub(crate) fn window(iters: usize) -> Result<()> {
     let cma_puts = ctran::transport::shm::cma_stats().puts;
     println!("WINDOW CMA PUTS {cma_puts}");
     println!("WINDOW OK rank {me}/{n}");
+    Ok(())
+}
+
+/// A persistent all-gather on a window (asked for by hint on CPU), `rounds` rounds each
+/// checked, the input aliasing this rank's block every other round.
+fn persistent_all_gather(comm: &torchcomms::TorchComm, rounds: i64) -> Result<()> {
+    let (me, n) = (comm.get_rank(), comm.get_size());
+    let block = 100usize;
+    let out = Tensor::zeros(DataType::I64, block * n);
+    let hints = torchcomms::Hints::from([("window".to_string(), "true".to_string())]);
+    let h = comm.all_gather_p_init(&out, &hints)?;
+    ensure!(
+        h.uses_window(),
+        "all_gather_p_init with window=true did not make a window"
+    );
+    for round in 0..rounds {
+        let value = |rank: usize| round * 1000 + rank as i64;
+        let input = if round % 2 == 0 {
+            Tensor::from_vec(vec![value(me); block])
+        } else {
+            let own = out.narrow(me * block, block);
+            own.span()
+                .copy_from_slice(&value(me).to_le_bytes().repeat(block));
+            own
+        };
+        comm.all_gather_p_exec(&h, &input, &OpOptions::sync())?
+            .wait()?;
+        let got = read_i64(&out);
+        for r in 0..n {
+            ensure!(
+                got[r * block..(r + 1) * block]
+                    .iter()
+                    .all(|&v| v == value(r)),
+                "rank {me}: round {round}: block of {r} is {:?}",
+                &got[r * block..r * block + 2]
+            );
+        }
+    }
+    comm.all_gather_p_free(h)?;
     Ok(())
 }
