@@ -21,6 +21,8 @@ pub mod engine;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod gpe;
+mod gpu_sources;
+pub use gpu_sources::gpu_sources;
 pub mod mixed;
 pub mod nvl;
 pub mod shm_collectives;

@@ -48,8 +48,21 @@ pub fn load_once<T>(
     if let Some(k) = map.get(&ctx.ordinal()) {
         return Ok(Arc::clone(k));
     }
-    let image = nvrtc::compile(name, source, ctx.compute_capability(), driver()?.version)?;
-    let module = Module::load(ctx, &image.bytes)?;
+    let (cc, version) = (ctx.compute_capability(), driver()?.version);
+    let mut image = nvrtc::compile(name, source, cc, version)?;
+    let module = match Module::load(ctx, &image.bytes) {
+        Ok(m) => m,
+        Err(e) if image.prebuilt => {
+            // An image compiled ahead of time that this driver refuses: compile here instead.
+            tracing::warn!(
+                name,
+                "the kernels compiled ahead of time do not load ({e}); compiling"
+            );
+            image = nvrtc::compile_with(name, source, cc, version, false)?;
+            Module::load(ctx, &image.bytes)?
+        }
+        Err(e) => return Err(e),
+    };
     let k = Arc::new(make(module, image)?);
     map.insert(ctx.ordinal(), Arc::clone(&k));
     Ok(k)

@@ -10,6 +10,10 @@
 //! is named after the source, a SHA-256 of the source, the options and NVRTC's version, the
 //! architecture and the driver version, so a change of any of them compiles afresh. Files are
 //! written to a temporary name and renamed, so concurrent ranks never read half a file.
+//!
+//! A build can also embed CUBINs compiled ahead of time (`TORCHCOMMS_PREBUILT_KERNELS` at build
+//! time, a folder made by `torchcomms-prebuild-kernels`): a device of one of their
+//! architectures then compiles nothing, not even on a fresh machine.
 
 use std::ffi::{c_char, CString};
 use std::path::PathBuf;
@@ -100,8 +104,10 @@ pub struct Image {
     pub target: String,
     /// The cache file, when the cache is on.
     pub cache_path: Option<PathBuf>,
-    /// True when read from the cache (nothing was compiled).
+    /// True when read from the cache or compiled ahead of time (nothing was compiled).
     pub from_cache: bool,
+    /// True when compiled ahead of time into this build.
+    pub prebuilt: bool,
 }
 
 /// The cache folder, or `None` when disabled or no folder can be named.
@@ -134,9 +140,98 @@ fn pick_target(archs: &[i32], cc: (i32, i32)) -> Option<(String, bool)> {
         .map(|a| (format!("compute_{a}"), false))
 }
 
+/// The name of `source`'s image for `target` among the kernels compiled ahead of time: its
+/// file stem, a SHA-256 of the source and the options, and the target.
+pub fn prebuilt_name(name: &str, source: &str, target: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(source.as_bytes());
+    for o in OPTIONS {
+        h.update(o.as_bytes());
+    }
+    format!("{}-{}-{target}.cubin", stem(name), hex8(&h.finalize()))
+}
+
+fn stem(name: &str) -> String {
+    name.rsplit('/').next().unwrap_or(name).replace('.', "_")
+}
+
+fn hex8(digest: &[u8]) -> String {
+    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The image compiled ahead of time for `source` on a device of compute capability `cc`, if
+/// `table` (made by NVRTC `nvrtc`) has one the driver can load: a CUBIN of exactly the
+/// device's architecture, from an NVRTC whose major version the driver supports (CUDA's
+/// minor-version compatibility covers CUBINs).
+pub fn find_prebuilt<'a>(
+    table: &[(&str, &'a [u8])],
+    nvrtc: (i32, i32),
+    name: &str,
+    source: &str,
+    cc: (i32, i32),
+    driver_version: i32,
+) -> Option<&'a [u8]> {
+    if nvrtc.0 == 0 || driver_version / 1000 < nvrtc.0 {
+        return None;
+    }
+    let file = prebuilt_name(name, source, &format!("sm_{}{}", cc.0, cc.1));
+    table.iter().find(|(n, _)| *n == file).map(|(_, b)| *b)
+}
+
+mod embedded {
+    include!(concat!(env!("OUT_DIR"), "/prebuilt.rs"));
+}
+
+/// How many kernel images this build embeds (compiled ahead of time), and by which NVRTC.
+pub fn prebuilt_count() -> (usize, (i32, i32)) {
+    (embedded::PREBUILT.len(), embedded::PREBUILT_NVRTC)
+}
+
+/// Compiles `source` into a CUBIN for `target` (`sm_90`) now, without the cache: what
+/// `torchcomms-prebuild-kernels` embeds into a build.
+pub fn compile_cubin(name: &str, source: &str, target: &str) -> Result<Vec<u8>> {
+    nvrtc()?;
+    compile_now(name, source, target, true)
+}
+
 /// Compiles `source` (named `name`) for a device of compute capability `cc` under driver
-/// `driver_version`, or reads the result from the cache.
+/// `driver_version`, or takes it from the kernels compiled ahead of time into this build, or
+/// reads it from the cache.
 pub fn compile(name: &str, source: &str, cc: (i32, i32), driver_version: i32) -> Result<Image> {
+    compile_with(name, source, cc, driver_version, true)
+}
+
+/// [`compile`], but `use_prebuilt: false` skips the kernels compiled ahead of time (a driver
+/// that refused to load one).
+pub fn compile_with(
+    name: &str,
+    source: &str,
+    cc: (i32, i32),
+    driver_version: i32,
+    use_prebuilt: bool,
+) -> Result<Image> {
+    let prebuilt = use_prebuilt
+        .then(|| {
+            find_prebuilt(
+                embedded::PREBUILT,
+                embedded::PREBUILT_NVRTC,
+                name,
+                source,
+                cc,
+                driver_version,
+            )
+        })
+        .flatten();
+    if let Some(bytes) = prebuilt {
+        tracing::debug!(name, "kernel compiled ahead of time");
+        return Ok(Image {
+            bytes: bytes.to_vec(),
+            target: format!("sm_{}{}", cc.0, cc.1),
+            cache_path: None,
+            from_cache: true,
+            prebuilt: true,
+        });
+    }
     let nv = nvrtc()?;
     let (target, cubin) = pick_target(&nv.archs, cc).ok_or_else(|| CudaError::Compile {
         source_name: name.into(),
@@ -152,11 +247,8 @@ pub fn compile(name: &str, source: &str, cc: (i32, i32), driver_version: i32) ->
         h.update(o.as_bytes());
     }
     h.update(format!("nvrtc {}.{}", nv.version.0, nv.version.1).as_bytes());
-    let digest: String = h.finalize()[..8]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    let stem = name.rsplit('/').next().unwrap_or(name).replace('.', "_");
+    let digest = hex8(&h.finalize());
+    let stem = stem(name);
     let file = format!(
         "{stem}-{digest}-{target}-drv{driver_version}.{}",
         if cubin { "cubin" } else { "ptx" }
@@ -171,6 +263,7 @@ pub fn compile(name: &str, source: &str, cc: (i32, i32), driver_version: i32) ->
                     target,
                     cache_path,
                     from_cache: true,
+                    prebuilt: false,
                 });
             }
         }
@@ -187,6 +280,7 @@ pub fn compile(name: &str, source: &str, cc: (i32, i32), driver_version: i32) ->
         target,
         cache_path,
         from_cache: false,
+        prebuilt: false,
     })
 }
 
@@ -278,6 +372,32 @@ mod tests {
             Some(("compute_90".into(), false))
         );
         assert_eq!(pick_target(&archs, (7, 0)), None);
+    }
+
+    #[test]
+    fn a_prebuilt_image_is_found_for_its_source_architecture_and_a_driver_of_its_major() {
+        let (name, src) = ("ctran/src/x.cu", "__global__ void k() {}");
+        let file = prebuilt_name(name, src, "sm_90");
+        assert!(
+            file.starts_with("x_cu-") && file.ends_with("-sm_90.cubin"),
+            "{file}"
+        );
+        let image: &[u8] = b"cubin";
+        let table = [(file.as_str(), image)];
+        let find = |src: &str, cc, drv| find_prebuilt(&table, (13, 5), name, src, cc, drv);
+        assert_eq!(
+            find(src, (9, 0), 13000),
+            Some(image),
+            "a 13.0 driver loads 13.5 CUBINs"
+        );
+        assert_eq!(find(src, (9, 0), 12080), None, "a 12.x driver cannot");
+        assert_eq!(find(src, (10, 0), 13000), None, "another architecture");
+        assert_eq!(find("changed", (9, 0), 13000), None, "another source");
+        assert_eq!(
+            find_prebuilt(&table, (0, 0), name, src, (9, 0), 13000),
+            None,
+            "an empty build"
+        );
     }
 
     #[test]

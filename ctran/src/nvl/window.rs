@@ -22,8 +22,8 @@ use crate::cuda::{
 use crate::error::{Error, Result};
 use crate::gpe::{DeviceStatus, GpeRequest, OpState};
 
-const WINDOW_SOURCE: &str = include_str!("kernels/window.cu");
-const WINDOW_SOURCE_NAME: &str = "ctran/src/nvl/kernels/window.cu";
+pub(crate) const WINDOW_SOURCE: &str = include_str!("kernels/window.cu");
+pub(crate) const WINDOW_SOURCE_NAME: &str = "ctran/src/nvl/kernels/window.cu";
 
 /// Bytes of a window's signal allocation: the signal slots, then the consumed counters. CUDA
 /// IPC exports allocations of at least [`MIN_EXPORT_BYTES`], so it is that large.

@@ -1,0 +1,25 @@
+//! Every CUDA C source the engine compiles, with the name it is compiled under: what
+//! `torchcomms-prebuild-kernels` compiles ahead of time, so the names and bytes match the ones
+//! the engine asks for at run time.
+
+/// (name, source) of every kernel source, as the engine passes them to NVRTC.
+pub fn gpu_sources() -> Vec<(&'static str, &'static str)> {
+    vec![
+        (
+            crate::cuda::kernels::REDUCE_SOURCE_NAME,
+            crate::cuda::kernels::REDUCE_SOURCE,
+        ),
+        (
+            crate::gpe::kernels::GPE_SOURCE_NAME,
+            crate::gpe::kernels::GPE_SOURCE,
+        ),
+        (
+            crate::nvl::kernels::NVL_SOURCE_NAME,
+            crate::nvl::kernels::nvl_source(),
+        ),
+        (
+            crate::nvl::window::WINDOW_SOURCE_NAME,
+            crate::nvl::window::WINDOW_SOURCE,
+        ),
+    ]
+}
