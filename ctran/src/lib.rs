@@ -23,6 +23,7 @@ pub mod fuzzing;
 pub mod gpe;
 pub mod mixed;
 pub mod nvl;
+pub mod rdma;
 pub mod shm_collectives;
 pub mod transport;
 pub mod window;
