@@ -25,6 +25,7 @@ mod gpu_sources;
 pub use gpu_sources::gpu_sources;
 pub mod mixed;
 pub mod nvl;
+pub mod rdma;
 pub mod shm_collectives;
 pub mod transport;
 pub mod window;

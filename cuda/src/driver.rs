@@ -488,6 +488,49 @@ pub unsafe fn copy_async(dst: u64, src: u64, bytes: usize, stream: RawStream) ->
     unsafe { result::memcpy_dtod_async(dst, src, bytes, stream.raw()) }.call("cuMemcpyDtoDAsync")
 }
 
+/// Copies host bytes to device address `dst` of `ctx`, synchronously (ordered after the legacy
+/// default stream): the staging step of transfers whose other end is not on this device.
+///
+/// # Safety
+/// `dst..dst + src.len()` must be device memory of `ctx`, valid for writes.
+pub unsafe fn copy_htod_sync(ctx: &Context, dst: u64, src: &[u8]) -> Result<()> {
+    if src.is_empty() {
+        return Ok(());
+    }
+    ctx.bind()?;
+    // SAFETY: forwarded to the caller; `src` is a valid host slice.
+    unsafe { result::memcpy_htod_sync(dst, src) }.call("cuMemcpyHtoD")
+}
+
+/// Copies device bytes at `src` of `ctx` to the host, synchronously (ordered after the legacy
+/// default stream).
+///
+/// # Safety
+/// `src..src + dst.len()` must be device memory of `ctx`, valid for reads.
+pub unsafe fn copy_dtoh_sync(ctx: &Context, dst: &mut [u8], src: u64) -> Result<()> {
+    if dst.is_empty() {
+        return Ok(());
+    }
+    ctx.bind()?;
+    // SAFETY: forwarded to the caller; `dst` is a valid host slice.
+    unsafe { result::memcpy_dtoh_sync(dst, src) }.call("cuMemcpyDtoH")
+}
+
+/// Copies `bytes` between device addresses (either may be a peer's IPC mapping in `ctx`) on
+/// the legacy default stream, and waits for it.
+///
+/// # Safety
+/// Both ranges must be valid device memory reachable from `ctx` while the copy runs.
+pub unsafe fn copy_dtod_sync(ctx: &Context, dst: u64, src: u64, bytes: usize) -> Result<()> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    ctx.bind()?;
+    // SAFETY: forwarded to the caller.
+    unsafe { copy_async(dst, src, bytes, RawStream::DEFAULT) }?;
+    RawStream::DEFAULT.synchronize()
+}
+
 /// Copies `bytes` from `src` on `src_ctx`'s device to `dst` on `dst_ctx`'s device on `stream`
 /// (`cuMemcpyPeerAsync`, what `cudaMemcpyPeerAsync` calls): the reference a copy into a peer's
 /// mapped memory is measured against.

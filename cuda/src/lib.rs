@@ -43,8 +43,9 @@ pub mod nvrtc;
 pub mod pinned;
 
 pub use driver::{
-    copy_async, copy_peer_async, driver, is_available, unavailable_reason, Context, DeviceBuffer,
-    DeviceRepr, Event, Function, LaunchArgs, Module, RawStream, Stream,
+    copy_async, copy_dtod_sync, copy_dtoh_sync, copy_htod_sync, copy_peer_async, driver,
+    is_available, unavailable_reason, Context, DeviceBuffer, DeviceRepr, Event, Function,
+    LaunchArgs, Module, RawStream, Stream,
 };
 pub use error::CudaError;
 pub use graph::{

@@ -172,6 +172,11 @@ pub(crate) fn guard<T>(what: &str, f: impl FnOnce() -> PyResult<T>) -> PyResult<
     }
 }
 
+/// A `CommTimeoutError` (a deadline the bindings' own calls missed).
+pub(crate) fn timeout_error(msg: impl Into<String>) -> PyErr {
+    Python::attach(|py| new_err(py, &TIMEOUT_ERROR, msg.into()))
+}
+
 /// A `CommValueError` (bad argument found by the bindings themselves).
 pub(crate) fn value_error(msg: impl Into<String>) -> PyErr {
     Python::attach(|py| new_err(py, &VALUE_ERROR, msg.into()))

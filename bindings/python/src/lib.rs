@@ -28,6 +28,7 @@ mod fake;
 mod hooks;
 mod ops;
 mod persistent;
+mod rdma;
 mod store;
 mod stream;
 mod tensor;
@@ -132,6 +133,7 @@ fn _comms(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<window::PyRegisteredBuffer>()?;
     m.add_class::<batch::PyBatchSendRecv>()?;
     m.add_class::<batch::PyP2POp>()?;
+    rdma::register(m)?;
     m.add_function(wrap_pyfunction!(create::new_comm, m)?)?;
     m.add_function(wrap_pyfunction!(create::register_backend, m)?)?;
     m.add_function(wrap_pyfunction!(create::_is_backend_registered, m)?)?;

@@ -1,0 +1,527 @@
+//! One established connection: the TCP stream, a writer thread that owns its sending half
+//! (requests, responses and their payloads leave in order and nothing else ever blocks on a
+//! send), and a service thread that reads it, serving the peer's requests and completing this
+//! side's.
+//!
+//! Every request waits on a deadline; a dead peer (EOF, reset) fails every pending and later
+//! request with an error naming it.
+
+use std::collections::HashMap;
+use std::io::{BufReader, Write};
+use std::net::{Shutdown, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+
+use super::copy::{self, Mappings};
+use super::error::{RdmaError, Result};
+use super::key::AccessKey;
+use super::registry::{MemDevice, Pin};
+use super::wire::{Frame, Status, Via};
+
+/// Something for the writer thread: a frame, and the pinned range whose bytes follow it.
+struct Outgoing {
+    frame: Vec<u8>,
+    payload: Option<Arc<Pin>>,
+}
+
+/// A request of this side waiting for its response.
+struct Pending {
+    op: &'static str,
+    /// The local range (pinned until the response arrives, even after a timeout, since the
+    /// peer may still copy into or out of it).
+    local: Arc<Pin>,
+    /// Whether a successful response carries a payload for `local` (a read over the stream).
+    fill: bool,
+    /// Set when the response arrived.
+    done: Option<std::result::Result<Status, String>>,
+    /// The requester gave up (timeout): drop the entry when the response comes.
+    abandoned: bool,
+}
+
+#[derive(Default)]
+struct State {
+    pending: HashMap<u64, Pending>,
+    dead: Option<RdmaError>,
+    /// Writes with notify=true that landed here and were not waited for yet.
+    notifies: u64,
+}
+
+struct Shared {
+    peer: String,
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn kill(&self, detail: String) {
+        let mut s = self.lock();
+        if s.dead.is_none() {
+            tracing::debug!(peer = %self.peer, "RDMA connection closed: {detail}");
+            s.dead = Some(RdmaError::Disconnected {
+                peer: self.peer.clone(),
+                detail,
+            });
+        }
+        s.pending.retain(|_, p| !p.abandoned);
+        drop(s);
+        self.changed.notify_all();
+    }
+}
+
+/// An established connection (closed and joined on drop).
+pub(crate) struct Link {
+    shared: Arc<Shared>,
+    out: Option<Sender<Outgoing>>,
+    stream: TcpStream,
+    next_req: AtomicU64,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Link")
+            .field("peer", &self.shared.peer)
+            .finish()
+    }
+}
+
+impl Link {
+    /// Starts the threads of a connection to `peer` over `stream`.
+    /// `first`: bytes the writer sends before any frame (the listener's acknowledgement).
+    pub(crate) fn start(stream: TcpStream, peer: String, first: Option<Vec<u8>>) -> Result<Link> {
+        let io_err = |e: std::io::Error| RdmaError::Io {
+            op: "starting the connection",
+            peer: peer.clone(),
+            detail: e.to_string(),
+        };
+        stream.set_read_timeout(None).map_err(io_err)?;
+        stream.set_write_timeout(None).map_err(io_err)?;
+        let _ = stream.set_nodelay(true);
+        let shared = Arc::new(Shared {
+            peer: peer.clone(),
+            state: Mutex::new(State::default()),
+            changed: Condvar::new(),
+        });
+        let (tx, rx) = crossbeam_channel::unbounded();
+        if let Some(frame) = first {
+            let _ = tx.send(Outgoing {
+                frame,
+                payload: None,
+            });
+        }
+        let w = stream.try_clone().map_err(io_err)?;
+        let r = stream.try_clone().map_err(io_err)?;
+        let sh = Arc::clone(&shared);
+        let writer = std::thread::Builder::new()
+            .name("tc-rdma-send".into())
+            .spawn(move || send_loop(w, rx, sh))
+            .map_err(io_err)?;
+        let sh = Arc::clone(&shared);
+        let tx2 = tx.clone();
+        let service = std::thread::Builder::new()
+            .name("tc-rdma-serve".into())
+            .spawn(move || serve_loop(r, tx2, sh))
+            .map_err(io_err)?;
+        Ok(Link {
+            shared,
+            out: Some(tx),
+            stream,
+            next_req: AtomicU64::new(1),
+            threads: vec![service, writer],
+        })
+    }
+
+    /// Whether the connection is still up.
+    pub(crate) fn is_alive(&self) -> bool {
+        self.shared.lock().dead.is_none()
+    }
+
+    /// Sends a request built by `frame` (given its id) and waits for its response until
+    /// `deadline`. `payload`: the local range streamed after the frame (a write over TCP);
+    /// `fill`: the response's payload goes into `local` (a read over TCP).
+    pub(crate) fn request(
+        &self,
+        op: &'static str,
+        frame: impl FnOnce(u64) -> Frame,
+        local: Arc<Pin>,
+        payload: bool,
+        fill: bool,
+        deadline: Instant,
+        limit: Duration,
+    ) -> Result<Status> {
+        let req = self.next_req.fetch_add(1, Ordering::Relaxed);
+        let mut s = self.shared.lock();
+        if let Some(e) = &s.dead {
+            return Err(e.clone());
+        }
+        s.pending.insert(
+            req,
+            Pending {
+                op,
+                local: Arc::clone(&local),
+                fill,
+                done: None,
+                abandoned: false,
+            },
+        );
+        drop(s);
+        let out = Outgoing {
+            frame: frame(req).encode(),
+            payload: payload.then(|| Arc::clone(&local)),
+        };
+        drop(local);
+        let sent = self.out.as_ref().is_some_and(|tx| tx.send(out).is_ok());
+        let mut s = self.shared.lock();
+        if !sent {
+            s.pending.remove(&req);
+            return Err(s.dead.clone().unwrap_or_else(|| RdmaError::Disconnected {
+                peer: self.shared.peer.clone(),
+                detail: "the connection is closing".into(),
+            }));
+        }
+        loop {
+            if let Some(done) = s.pending.get_mut(&req).and_then(|p| p.done.take()) {
+                s.pending.remove(&req);
+                return done.map_err(|detail| RdmaError::Remote {
+                    op,
+                    peer: self.shared.peer.clone(),
+                    detail,
+                });
+            }
+            if let Some(e) = s.dead.clone() {
+                s.pending.remove(&req);
+                return Err(e);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                if let Some(p) = s.pending.get_mut(&req) {
+                    p.abandoned = true;
+                }
+                return Err(RdmaError::Timeout {
+                    op,
+                    after: limit,
+                    peer: self.shared.peer.clone(),
+                });
+            }
+            s = self
+                .shared
+                .changed
+                .wait_timeout(s, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// Consumes one notification of a peer's write, waiting until `deadline`.
+    pub(crate) fn wait_notify(&self, deadline: Instant, limit: Duration) -> Result<()> {
+        let mut s = self.shared.lock();
+        loop {
+            if s.notifies > 0 {
+                s.notifies -= 1;
+                return Ok(());
+            }
+            if let Some(e) = &s.dead {
+                return Err(e.clone());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(RdmaError::Timeout {
+                    op: "wait_for_write",
+                    after: limit,
+                    peer: self.shared.peer.clone(),
+                });
+            }
+            s = self
+                .shared
+                .changed
+                .wait_timeout(s, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        self.shared.kill("closed by this side".into());
+        let _ = self.stream.shutdown(Shutdown::Both);
+        // The service thread holds a sender too; it ends on the shutdown, then the writer on
+        // the closed channel.
+        self.out = None;
+        for t in self.threads.drain(..) {
+            if t.join().is_err() {
+                tracing::error!("an RDMA connection thread panicked");
+            }
+        }
+    }
+}
+
+fn send_loop(mut w: TcpStream, rx: Receiver<Outgoing>, shared: Arc<Shared>) {
+    while let Ok(out) = rx.recv() {
+        let r = w
+            .write_all(&out.frame)
+            .map_err(|e| e.to_string())
+            .and_then(|()| {
+                match &out.payload {
+                    None => Ok(()),
+                    Some(pin) => match copy::send_from(pin, &mut w) {
+                        Ok(io) => io.map_err(|e| e.to_string()),
+                        // A payload that cannot be produced breaks the stream's framing.
+                        Err(e) => Err(format!("reading the local memory to send: {e}")),
+                    },
+                }
+            });
+        if let Err(e) = r {
+            let _ = w.shutdown(Shutdown::Both);
+            shared.kill(format!("sending: {e}"));
+            return;
+        }
+    }
+}
+
+fn respond(tx: &Sender<Outgoing>, req: u64, r: Result<()>) {
+    let (status, text) = match r {
+        Ok(()) => (Status::Ok, String::new()),
+        Err(e) => (Status::Failed, e.to_string()),
+    };
+    send_response(tx, req, status, text, None);
+}
+
+fn send_response(
+    tx: &Sender<Outgoing>,
+    req: u64,
+    status: Status,
+    text: String,
+    payload: Option<Arc<Pin>>,
+) {
+    let frame = Frame::Response {
+        req,
+        status,
+        text,
+        payload: payload.as_ref().map_or(0, |p| p.len),
+    };
+    let _ = tx.send(Outgoing {
+        frame: frame.encode(),
+        payload,
+    });
+}
+
+/// Validates a peer's request: its key, then pins the range.
+fn target(key: &str, addr: u64, len: u64) -> Result<Pin> {
+    let key = AccessKey::parse(key)?;
+    Pin::remote(&key, addr, len)
+}
+
+fn need(pin: &Pin, want: MemDevice, path: &str) -> Result<()> {
+    let ok = match want {
+        MemDevice::Cpu => pin.device == MemDevice::Cpu,
+        MemDevice::Cuda(_) => matches!(pin.device, MemDevice::Cuda(_)),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(RdmaError::InvalidArgument {
+            arg: "remote",
+            detail: format!("a {path} request for memory on {}", pin.device),
+        })
+    }
+}
+
+fn serve_loop(stream: TcpStream, tx: Sender<Outgoing>, shared: Arc<Shared>) {
+    let mut r = BufReader::with_capacity(256 * 1024, stream);
+    let mut maps = Mappings::default();
+    let e = loop {
+        let frame = match Frame::recv(&mut r) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                break "peer closed the connection (EOF)".to_string()
+            }
+            Err(e) => break format!("receiving: {e}"),
+        };
+        let step = match frame {
+            Frame::Write {
+                req,
+                key,
+                dst,
+                len,
+                notify,
+                via,
+            } => serve_write(
+                &mut r, &tx, &shared, &mut maps, req, &key, dst, len, notify, via,
+            ),
+            Frame::Read {
+                req,
+                key,
+                src,
+                len,
+                via,
+            } => {
+                serve_read(&tx, &mut maps, req, &key, src, len, via);
+                Ok(())
+            }
+            Frame::Response {
+                req,
+                status,
+                text,
+                payload,
+            } => complete(&mut r, &shared, req, status, text, payload),
+        };
+        if let Err(e) = step {
+            break e;
+        }
+    };
+    shared.kill(e);
+}
+
+#[allow(clippy::too_many_arguments)]
+fn serve_write(
+    r: &mut BufReader<TcpStream>,
+    tx: &Sender<Outgoing>,
+    shared: &Shared,
+    maps: &mut Mappings,
+    req: u64,
+    key: &str,
+    dst: u64,
+    len: u64,
+    notify: bool,
+    via: Via,
+) -> std::result::Result<(), String> {
+    let pin = target(key, dst, len);
+    let result = match via {
+        Via::Payload => match pin {
+            Ok(pin) => copy::recv_into(&pin, r).map_err(|e| format!("receiving a payload: {e}"))?,
+            Err(e) => {
+                copy::discard(r, len).map_err(|e| format!("receiving a payload: {e}"))?;
+                Err(e)
+            }
+        },
+        Via::Cma { pid, addr } => {
+            match pin.and_then(|p| need(&p, MemDevice::Cpu, "cross-memory").map(|()| p)) {
+                Ok(p) => match copy::cma_pull(pid, addr, &p) {
+                    Err(e) if copy::cma_denied(&e) => {
+                        send_response(tx, req, Status::CmaDenied, e.to_string(), None);
+                        return Ok(());
+                    }
+                    r => r.map_err(|e| RdmaError::Cma {
+                        pid,
+                        detail: e.to_string(),
+                    }),
+                },
+                Err(e) => Err(e),
+            }
+        }
+        Via::Ipc {
+            handle,
+            buffer_id,
+            offset,
+        } => pin
+            .and_then(|p| need(&p, MemDevice::Cuda(0), "CUDA IPC").map(|()| p))
+            .and_then(|p| maps.copy(&p, &handle, buffer_id, offset, true)),
+    };
+    if result.is_ok() && notify {
+        shared.lock().notifies += 1;
+        shared.changed.notify_all();
+    }
+    respond(tx, req, result);
+    Ok(())
+}
+
+fn serve_read(
+    tx: &Sender<Outgoing>,
+    maps: &mut Mappings,
+    req: u64,
+    key: &str,
+    src: u64,
+    len: u64,
+    via: Via,
+) {
+    let pin = target(key, src, len);
+    let result = match via {
+        Via::Payload => match pin {
+            Ok(p) => {
+                send_response(tx, req, Status::Ok, String::new(), Some(Arc::new(p)));
+                return;
+            }
+            Err(e) => Err(e),
+        },
+        Via::Cma { pid, addr } => {
+            match pin.and_then(|p| need(&p, MemDevice::Cpu, "cross-memory").map(|()| p)) {
+                Ok(p) => match copy::cma_push(pid, addr, &p) {
+                    Err(e) if copy::cma_denied(&e) => {
+                        send_response(tx, req, Status::CmaDenied, e.to_string(), None);
+                        return;
+                    }
+                    r => r.map_err(|e| RdmaError::Cma {
+                        pid,
+                        detail: e.to_string(),
+                    }),
+                },
+                Err(e) => Err(e),
+            }
+        }
+        Via::Ipc {
+            handle,
+            buffer_id,
+            offset,
+        } => pin
+            .and_then(|p| need(&p, MemDevice::Cuda(0), "CUDA IPC").map(|()| p))
+            .and_then(|p| maps.copy(&p, &handle, buffer_id, offset, false)),
+    };
+    respond(tx, req, result);
+}
+
+/// Completes this side's request `req` with the peer's response (and its payload).
+fn complete(
+    r: &mut BufReader<TcpStream>,
+    shared: &Shared,
+    req: u64,
+    status: Status,
+    text: String,
+    payload: u64,
+) -> std::result::Result<(), String> {
+    let dest = {
+        let s = shared.lock();
+        s.pending
+            .get(&req)
+            .filter(|p| p.fill && status == Status::Ok)
+            .map(|p| Arc::clone(&p.local))
+    };
+    let mut outcome = match status {
+        Status::Failed => Err(text),
+        s => Ok(s),
+    };
+    if payload > 0 {
+        match dest.filter(|d| d.len == payload) {
+            Some(d) => {
+                if let Err(e) =
+                    copy::recv_into(&d, r).map_err(|e| format!("receiving a payload: {e}"))?
+                {
+                    outcome = Err(format!("copying the payload into local memory: {e}"));
+                }
+            }
+            None => copy::discard(r, payload).map_err(|e| format!("receiving a payload: {e}"))?,
+        }
+    }
+    let mut s = shared.lock();
+    match s.pending.get_mut(&req) {
+        Some(p) if p.abandoned => {
+            s.pending.remove(&req);
+        }
+        Some(p) => {
+            tracing::trace!(op = p.op, req, "RDMA request completed");
+            p.done = Some(outcome);
+        }
+        None => tracing::debug!(req, "response to an unknown request"),
+    }
+    drop(s);
+    shared.changed.notify_all();
+    Ok(())
+}
