@@ -49,8 +49,8 @@ run_job() {
     return $rc
 }
 
-run_job suite "$WORKER" suite --large 1048576
 ranks=$((HOSTS * PER_HOST))
+run_job suite "$WORKER" suite --large 1048576
 n_ok=$(cat /tmp/multihost-suite-h*.* | grep -c "SUITE OK" || true)
 rm -f /tmp/multihost-suite-h*.*
 [ "$n_ok" = "$ranks" ] || { echo "multihost-test: $n_ok of $ranks ranks reported SUITE OK" >&2; exit 1; }
@@ -62,6 +62,11 @@ rm -f /tmp/multihost-suite-tcp-h*.*
 # One-sided windows (and the persistent all-gather on them) between hosts and within one.
 run_job window "$WORKER" window --iters 300
 rm -f /tmp/multihost-window-h*.*
+# The RDMA transfer API between hosts (TCP payloads) and within one (cross-memory attach).
+run_job rdma "$WORKER" rdma
+n_ok=$(cat /tmp/multihost-rdma-h*.* | grep -c "RDMA OK" || true)
+rm -f /tmp/multihost-rdma-h*.*
+[ "$n_ok" = $((2 * ranks)) ] || { echo "multihost-test: rdma: $n_ok of $((2 * ranks)) pairings OK" >&2; exit 1; }
 run_job b2b "$WORKER" back-to-back --count 3
 rm -f /tmp/multihost-b2b-h*.*
 if [ -n "$PERF" ] && [ -x "$PERF" ]; then

@@ -1,9 +1,10 @@
 //! The data movement of transfers: the only place here that touches registered memory.
 //!
-//! Every function takes a [`Pin`]: a range that was checked against its registration (by the
-//! target against the key, by the requester against its own view) and stays registered while
-//! the pin lives. Host memory is copied directly; CUDA memory is staged through host buffers
-//! of at most [`CHUNK`] bytes, or copied device to device through a CUDA IPC mapping.
+//! Every function takes a [`Pin`] (a range checked against its registration, by the target
+//! against the key, by the requester against its own view, and registered while the pin
+//! lives) or, for payloads streamed through the socket, a [`Claim`] that is pinned again for
+//! each chunk of at most [`CHUNK`] bytes as it is copied. Cross-memory attach copies host
+//! memory directly, CUDA IPC device to device.
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
@@ -13,7 +14,7 @@ use torchcomms_cuda::ipc::{self, Mapped, HANDLE_BYTES};
 use torchcomms_cuda::{copy_dtod_sync, copy_dtoh_sync, copy_htod_sync, Context};
 
 use super::error::{RdmaError, Result};
-use super::registry::{MemDevice, Pin};
+use super::registry::{Claim, MemDevice, Pin};
 use crate::span::Span;
 use crate::transport::shm::cma;
 
@@ -35,70 +36,103 @@ fn span(pin: &Pin) -> Span {
     unsafe { Span::from_raw(pin.addr as usize as *mut u8, pin.len as usize) }
 }
 
-/// Streams the pinned range to `w` (a write's payload, or a read's response).
-pub(crate) fn send_from(pin: &Pin, w: &mut impl Write) -> Result<io::Result<()>> {
-    match ctx_of(pin.device)? {
+/// Copies the pinned range into `out` (its length).
+fn read_pinned(pin: &Pin, ctx: Option<&Arc<Context>>, out: &mut [u8]) -> Result<()> {
+    match ctx {
         None => {
-            // SAFETY: see `span`; the range is only read.
-            Ok(unsafe { span(pin).with_slice(|s| w.write_all(s)) })
+            span(pin).copy_to_slice(out);
+            Ok(())
         }
-        Some(ctx) => {
-            let mut stage = vec![0u8; CHUNK.min(pin.len as usize)];
-            let mut done = 0u64;
-            while done < pin.len {
-                let n = (pin.len - done).min(CHUNK as u64) as usize;
-                // SAFETY: `[addr + done, + n)` lies inside the pinned device range.
-                unsafe { copy_dtoh_sync(&ctx, &mut stage[..n], pin.addr + done) }?;
-                if let Err(e) = w.write_all(&stage[..n]) {
-                    return Ok(Err(e));
-                }
-                done += n as u64;
-            }
-            Ok(Ok(()))
-        }
+        // SAFETY: the range lies inside the pinned device registration.
+        Some(ctx) => Ok(unsafe { copy_dtoh_sync(ctx, out, pin.addr) }?),
     }
 }
 
-/// Fills the pinned range from `r` (a write's payload, or a read's response). The bytes are
-/// consumed from `r` even when a CUDA copy fails, so the stream stays in step.
-pub(crate) fn recv_into(pin: &Pin, r: &mut impl Read) -> io::Result<Result<()>> {
-    match pin.device {
-        MemDevice::Cpu => {
-            // SAFETY: see `span`; no one else writes the range during a transfer into it
-            // (concurrent writes to one range are the callers' race, as with RDMA).
-            unsafe { span(pin).with_mut_slice(|s| r.read_exact(s)) }?;
-            Ok(Ok(()))
+/// Copies `data` (its length) into the pinned range.
+fn write_pinned(pin: &Pin, ctx: Option<&Arc<Context>>, data: &[u8]) -> Result<()> {
+    match ctx {
+        None => {
+            span(pin).copy_from_slice(data);
+            Ok(())
         }
-        MemDevice::Cuda(i) => {
-            let ctx = Context::get(i);
-            let mut stage = vec![0u8; CHUNK.min(pin.len as usize)];
-            let mut done = 0u64;
-            let mut result = Ok(());
-            while done < pin.len {
-                let n = (pin.len - done).min(CHUNK as u64) as usize;
-                r.read_exact(&mut stage[..n])?;
-                if result.is_ok() {
-                    result = match &ctx {
-                        // SAFETY: `[addr + done, + n)` lies inside the pinned device range.
-                        Ok(ctx) => unsafe { copy_htod_sync(ctx, pin.addr + done, &stage[..n]) }
-                            .map_err(RdmaError::from),
-                        Err(e) => Err(RdmaError::Cuda(e.to_string())),
-                    };
-                }
-                done += n as u64;
-            }
-            Ok(result)
-        }
+        // SAFETY: the range lies inside the pinned device registration.
+        Some(ctx) => Ok(unsafe { copy_htod_sync(ctx, pin.addr, data) }?),
     }
 }
 
-/// Reads and drops `len` payload bytes (a refused request's payload).
-pub(crate) fn discard(r: &mut impl Read, len: u64) -> io::Result<()> {
-    let n = io::copy(&mut r.take(len), &mut io::sink())?;
-    if n < len {
-        return Err(io::ErrorKind::UnexpectedEof.into());
+/// Streams the claimed range to `w` (a write's payload, or a read's response) in chunks of at
+/// most [`CHUNK`] bytes, each pinned only while it is copied out, then one trailer byte: 0
+/// when every chunk was read, 1 when the registration went away (or a CUDA copy failed)
+/// mid-stream and zeros were sent in its place. The outer error is the stream's.
+pub(crate) fn send_from(claim: &Claim, w: &mut impl Write) -> io::Result<Result<()>> {
+    let ctx = ctx_of(claim.device);
+    let mut stage = vec![0u8; CHUNK.min(claim.len as usize)];
+    let mut failed: Option<RdmaError> = ctx.as_ref().err().cloned();
+    let mut done = 0u64;
+    while done < claim.len {
+        let n = (claim.len - done).min(CHUNK as u64) as usize;
+        let chunk = &mut stage[..n];
+        if failed.is_none() {
+            let ctx = ctx.as_ref().ok().and_then(Option::as_ref);
+            let read = claim
+                .pin_part(done, n as u64)
+                .and_then(|pin| read_pinned(&pin, ctx, chunk));
+            failed = read.err();
+        }
+        if failed.is_some() {
+            chunk.fill(0);
+        }
+        w.write_all(chunk)?;
+        done += n as u64;
     }
-    Ok(())
+    w.write_all(&[u8::from(failed.is_some())])?;
+    Ok(failed.map_or(Ok(()), Err))
+}
+
+/// Receives a payload of `len` bytes and its trailer byte from `r` into the claimed range
+/// (`None`: drops it, for a refused request), each chunk pinned only while it is copied in.
+/// The bytes are consumed even when the claim fails part-way, so the stream stays in step;
+/// the inner error says why the data is not all there (this side's registration went away,
+/// or the sender's did, as its trailer says).
+pub(crate) fn recv_into(
+    claim: Option<&Claim>,
+    len: u64,
+    r: &mut impl Read,
+) -> io::Result<Result<()>> {
+    let ctx = claim.map(|c| ctx_of(c.device));
+    let mut stage = vec![0u8; CHUNK.min(len as usize)];
+    let mut failed: Option<RdmaError> = match &ctx {
+        Some(Err(e)) => Some(e.clone()),
+        _ => None,
+    };
+    let mut done = 0u64;
+    while done < len {
+        let n = (len - done).min(CHUNK as u64) as usize;
+        let chunk = &mut stage[..n];
+        r.read_exact(chunk)?;
+        if let (Some(c), None) = (claim, &failed) {
+            let ctx = ctx
+                .as_ref()
+                .and_then(|c| c.as_ref().ok())
+                .and_then(Option::as_ref);
+            failed = c
+                .pin_part(done, n as u64)
+                .and_then(|pin| write_pinned(&pin, ctx, chunk))
+                .err();
+        }
+        done += n as u64;
+    }
+    let mut trailer = [0u8; 1];
+    r.read_exact(&mut trailer)?;
+    if trailer[0] != 0 && failed.is_none() {
+        failed = Some(RdmaError::State {
+            op: "receiving a payload",
+            detail: "the sender's memory was deregistered (or could not be read) while it \
+                     streamed; the data here is incomplete"
+                .into(),
+        });
+    }
+    Ok(failed.map_or(Ok(()), Err))
 }
 
 /// Whether a cross-memory-attach error means "not permitted here" (fall back to the stream).
@@ -166,5 +200,115 @@ impl Mappings {
         // driver faults rather than corrupts on a bad mapping offset).
         unsafe { copy_dtod_sync(&ctx, dst, src, pin.len as usize) }?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rdma::RdmaMemory;
+
+    /// Yields `len` bytes of 0xAB and then a trailer byte; drops `mem` once `drop_after` bytes
+    /// were read (the owner deregistering while a payload streams in).
+    struct Source {
+        len: usize,
+        sent: usize,
+        drop_after: usize,
+        mem: Option<Arc<RdmaMemory>>,
+        trailer_sent: bool,
+    }
+
+    impl Read for Source {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            if self.sent >= self.drop_after {
+                self.mem = None;
+            }
+            if self.sent == self.len {
+                if self.trailer_sent || buf.is_empty() {
+                    return Ok(0);
+                }
+                self.trailer_sent = true;
+                buf[0] = 0;
+                return Ok(1);
+            }
+            let n = buf
+                .len()
+                .min(self.len - self.sent)
+                .min(self.drop_after.max(1));
+            buf[..n].fill(0xAB);
+            self.sent += n;
+            Ok(n)
+        }
+    }
+
+    fn register(buf: &mut [u8]) -> Arc<RdmaMemory> {
+        // SAFETY: the buffer outlives the registration in every test below.
+        unsafe { RdmaMemory::register(buf.as_mut_ptr() as u64, buf.len() as u64, MemDevice::Cpu) }
+            .expect("register")
+    }
+
+    #[test]
+    fn a_registration_dropped_mid_stream_is_not_written_after() {
+        let mut buf = vec![0u8; 2 * CHUNK + 10];
+        let len = buf.len();
+        let mem = register(&mut buf);
+        let claim = mem
+            .to_view(None, None)
+            .expect("view")
+            .0
+            .pin()
+            .expect("pin")
+            .claim();
+        let mut src = Source {
+            len,
+            sent: 0,
+            drop_after: CHUNK,
+            mem: Some(mem),
+            trailer_sent: false,
+        };
+        let r = recv_into(Some(&claim), len as u64, &mut src).expect("the stream is whole");
+        assert!(r.is_err(), "the rest could not land: {r:?}");
+        assert!(src.mem.is_none() && src.trailer_sent);
+        assert!(
+            buf[..CHUNK].iter().all(|&b| b == 0xAB),
+            "the first chunk landed"
+        );
+        assert!(
+            buf[CHUNK..].iter().all(|&b| b == 0),
+            "nothing after the drop"
+        );
+    }
+
+    #[test]
+    fn a_source_dropped_mid_stream_sends_zeros_and_says_so() {
+        let mut buf = vec![7u8; 10];
+        let mem = register(&mut buf);
+        let claim = mem
+            .to_view(None, None)
+            .expect("view")
+            .0
+            .pin()
+            .expect("pin")
+            .claim();
+        drop(mem);
+        let mut out = Vec::new();
+        let r = send_from(&claim, &mut out).expect("writing to a Vec");
+        assert!(r.is_err());
+        assert_eq!(
+            out,
+            [vec![0u8; 10], vec![1u8]].concat(),
+            "zeros, then trailer 1"
+        );
+        let mut back = vec![9u8; 10];
+        let m2 = register(&mut back);
+        let c2 = m2
+            .to_view(None, None)
+            .expect("view")
+            .0
+            .pin()
+            .expect("pin")
+            .claim();
+        let got = recv_into(Some(&c2), 10, &mut out.as_slice()).expect("whole");
+        assert!(got.is_err(), "the receiver learns the data is incomplete");
     }
 }

@@ -19,13 +19,25 @@ use crossbeam_channel::{Receiver, Sender};
 use super::copy::{self, Mappings};
 use super::error::{RdmaError, Result};
 use super::key::AccessKey;
-use super::registry::{MemDevice, Pin};
+use super::peer_pid::owns_peer_end;
+use super::registry::{Claim, MemDevice, Pin};
 use super::wire::{Frame, Status, Via};
 
-/// Something for the writer thread: a frame, and the pinned range whose bytes follow it.
+/// Something for the writer thread: a frame, and the range whose bytes follow it.
 struct Outgoing {
     frame: Vec<u8>,
-    payload: Option<Arc<Pin>>,
+    payload: Option<Claim>,
+}
+
+/// What travels over the stream with a request besides its frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Payload {
+    /// Nothing (the target copies by cross-memory attach or CUDA IPC).
+    None,
+    /// The local range follows the frame (a write over TCP).
+    Send,
+    /// The response carries the data for the local range (a read over TCP).
+    Fill,
 }
 
 /// A request of this side waiting for its response.
@@ -33,9 +45,9 @@ struct Pending {
     op: &'static str,
     /// The local range (pinned until the response arrives, even after a timeout, since the
     /// peer may still copy into or out of it).
-    local: Arc<Pin>,
-    /// Whether a successful response carries a payload for `local` (a read over the stream).
-    fill: bool,
+    _local: Arc<Pin>,
+    /// Where a successful response's payload goes (a read over the stream).
+    fill: Option<Claim>,
     /// Set when the response arrived.
     done: Option<std::result::Result<Status, String>>,
     /// The requester gave up (timeout): drop the entry when the response comes.
@@ -145,17 +157,15 @@ impl Link {
     }
 
     /// Sends a request built by `frame` (given its id) and waits for its response until
-    /// `deadline`. `payload`: the local range streamed after the frame (a write over TCP);
-    /// `fill`: the response's payload goes into `local` (a read over TCP).
+    /// `deadline` (`limit` after the call started). `payload`: whether `local` streams after
+    /// the frame or the response's payload fills it.
     pub(crate) fn request(
         &self,
         op: &'static str,
         frame: impl FnOnce(u64) -> Frame,
         local: Arc<Pin>,
-        payload: bool,
-        fill: bool,
-        deadline: Instant,
-        limit: Duration,
+        payload: Payload,
+        (deadline, limit): (Instant, Duration),
     ) -> Result<Status> {
         let req = self.next_req.fetch_add(1, Ordering::Relaxed);
         let mut s = self.shared.lock();
@@ -166,8 +176,8 @@ impl Link {
             req,
             Pending {
                 op,
-                local: Arc::clone(&local),
-                fill,
+                fill: (payload == Payload::Fill).then(|| local.claim()),
+                _local: Arc::clone(&local),
                 done: None,
                 abandoned: false,
             },
@@ -175,7 +185,7 @@ impl Link {
         drop(s);
         let out = Outgoing {
             frame: frame(req).encode(),
-            payload: payload.then(|| Arc::clone(&local)),
+            payload: (payload == Payload::Send).then(|| local.claim()),
         };
         drop(local);
         let sent = self.out.as_ref().is_some_and(|tx| tx.send(out).is_ok());
@@ -272,11 +282,14 @@ fn send_loop(mut w: TcpStream, rx: Receiver<Outgoing>, shared: Arc<Shared>) {
             .and_then(|()| {
                 match &out.payload {
                     None => Ok(()),
-                    Some(pin) => match copy::send_from(pin, &mut w) {
-                        Ok(io) => io.map_err(|e| e.to_string()),
-                        // A payload that cannot be produced breaks the stream's framing.
-                        Err(e) => Err(format!("reading the local memory to send: {e}")),
-                    },
+                    // A chunk that cannot be read went as zeros, and the trailer says so.
+                    Some(claim) => copy::send_from(claim, &mut w)
+                        .map(|read| {
+                            if let Err(e) = read {
+                                tracing::warn!("an RDMA payload went incomplete: {e}");
+                            }
+                        })
+                        .map_err(|e| e.to_string()),
                 }
             });
         if let Err(e) = r {
@@ -300,18 +313,23 @@ fn send_response(
     req: u64,
     status: Status,
     text: String,
-    payload: Option<Arc<Pin>>,
+    payload: Option<Claim>,
 ) {
     let frame = Frame::Response {
         req,
         status,
         text,
-        payload: payload.as_ref().map_or(0, |p| p.len),
+        payload: payload.as_ref().map_or(0, |c| c.len),
     };
     let _ = tx.send(Outgoing {
         frame: frame.encode(),
         payload,
     });
+}
+
+/// The error of a check, the pin itself released (a payload pins chunk by chunk).
+fn drop_pin_keep_error(pin: Result<Pin>) -> Result<()> {
+    pin.map(drop)
 }
 
 /// Validates a peer's request: its key, then pins the range.
@@ -335,9 +353,28 @@ fn need(pin: &Pin, want: MemDevice, path: &str) -> Result<()> {
     }
 }
 
+/// The request id and pid of a request that asks for cross-memory attach.
+fn cma_claim(frame: &Frame) -> Option<(u64, u32)> {
+    match frame {
+        Frame::Write {
+            req,
+            via: Via::Cma { pid, .. },
+            ..
+        }
+        | Frame::Read {
+            req,
+            via: Via::Cma { pid, .. },
+            ..
+        } => Some((*req, *pid)),
+        _ => None,
+    }
+}
+
 fn serve_loop(stream: TcpStream, tx: Sender<Outgoing>, shared: Arc<Shared>) {
     let mut r = BufReader::with_capacity(256 * 1024, stream);
     let mut maps = Mappings::default();
+    // Whether the pids that cross-memory requests named hold the peer's end.
+    let mut pids: HashMap<u32, bool> = HashMap::new();
     let e = loop {
         let frame = match Frame::recv(&mut r) {
             Ok(f) => f,
@@ -346,6 +383,19 @@ fn serve_loop(stream: TcpStream, tx: Sender<Outgoing>, shared: Arc<Shared>) {
             }
             Err(e) => break format!("receiving: {e}"),
         };
+        if let Some((req, pid)) = cma_claim(&frame) {
+            if !*pids
+                .entry(pid)
+                .or_insert_with(|| owns_peer_end(r.get_ref(), pid))
+            {
+                let why = format!(
+                    "pid {pid} does not hold the other end of this connection; cross-memory \
+                     attach is refused"
+                );
+                send_response(&tx, req, Status::CmaDenied, why, None);
+                continue;
+            }
+        }
         let step = match frame {
             Frame::Write {
                 req,
@@ -396,13 +446,14 @@ fn serve_write(
 ) -> std::result::Result<(), String> {
     let pin = target(key, dst, len);
     let result = match via {
-        Via::Payload => match pin {
-            Ok(pin) => copy::recv_into(&pin, r).map_err(|e| format!("receiving a payload: {e}"))?,
-            Err(e) => {
-                copy::discard(r, len).map_err(|e| format!("receiving a payload: {e}"))?;
-                Err(e)
-            }
-        },
+        Via::Payload => {
+            // Checked now; each chunk pins its part again as it arrives.
+            let claim = pin.as_ref().map(Pin::claim).ok();
+            drop_pin_keep_error(pin).and(
+                copy::recv_into(claim.as_ref(), len, r)
+                    .map_err(|e| format!("receiving a payload: {e}"))?,
+            )
+        }
         Via::Cma { pid, addr } => {
             match pin.and_then(|p| need(&p, MemDevice::Cpu, "cross-memory").map(|()| p)) {
                 Ok(p) => match copy::cma_pull(pid, addr, &p) {
@@ -447,7 +498,7 @@ fn serve_read(
     let result = match via {
         Via::Payload => match pin {
             Ok(p) => {
-                send_response(tx, req, Status::Ok, String::new(), Some(Arc::new(p)));
+                send_response(tx, req, Status::Ok, String::new(), Some(p.claim()));
                 return;
             }
             Err(e) => Err(e),
@@ -491,23 +542,19 @@ fn complete(
         let s = shared.lock();
         s.pending
             .get(&req)
-            .filter(|p| p.fill && status == Status::Ok)
-            .map(|p| Arc::clone(&p.local))
+            .filter(|_| status == Status::Ok)
+            .and_then(|p| p.fill)
     };
     let mut outcome = match status {
         Status::Failed => Err(text),
         s => Ok(s),
     };
     if payload > 0 {
-        match dest.filter(|d| d.len == payload) {
-            Some(d) => {
-                if let Err(e) =
-                    copy::recv_into(&d, r).map_err(|e| format!("receiving a payload: {e}"))?
-                {
-                    outcome = Err(format!("copying the payload into local memory: {e}"));
-                }
-            }
-            None => copy::discard(r, payload).map_err(|e| format!("receiving a payload: {e}"))?,
+        let dest = dest.filter(|d| d.len == payload);
+        if let Err(e) = copy::recv_into(dest.as_ref(), payload, r)
+            .map_err(|e| format!("receiving a payload: {e}"))?
+        {
+            outcome = Err(format!("copying the payload into local memory: {e}"));
         }
     }
     let mut s = shared.lock();

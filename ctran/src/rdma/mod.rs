@@ -14,6 +14,7 @@ mod copy;
 mod error;
 mod key;
 mod link;
+mod peer_pid;
 mod registry;
 mod transport;
 mod url;

@@ -302,6 +302,7 @@ impl Drop for RdmaMemory {
 #[derive(Debug)]
 pub(crate) struct Pin {
     id: u64,
+    generation: u64,
     /// Where the pinned range starts, and its device.
     pub(crate) addr: u64,
     pub(crate) len: u64,
@@ -314,6 +315,39 @@ impl Pin {
     pub(crate) fn remote(key: &AccessKey, addr: u64, len: u64) -> Result<Pin> {
         key.check_mine()?;
         pin(key.id, key.generation, addr, len)
+    }
+
+    /// The pinned range as a [`Claim`], which pins parts of it again later.
+    pub(crate) fn claim(&self) -> Claim {
+        Claim {
+            id: self.id,
+            generation: self.generation,
+            addr: self.addr,
+            len: self.len,
+            device: self.device,
+        }
+    }
+}
+
+/// A range checked against its registration once, pinned again chunk by chunk while a
+/// payload streams through a socket: a slow peer then never holds a registration for longer
+/// than one chunk's copy, and a registration dropped mid-stream fails the rest of the
+/// transfer instead of being written after it is gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Claim {
+    id: u64,
+    generation: u64,
+    /// Where the range starts, and its device.
+    pub(crate) addr: u64,
+    pub(crate) len: u64,
+    pub(crate) device: MemDevice,
+}
+
+impl Claim {
+    /// Pins `len` bytes at byte `offset` of the range (checked again: live, same generation,
+    /// inside the registration).
+    pub(crate) fn pin_part(&self, offset: u64, len: u64) -> Result<Pin> {
+        pin(self.id, self.generation, self.addr + offset, len)
     }
 }
 
@@ -346,6 +380,7 @@ fn pin(id: u64, generation: u64, addr: u64, len: u64) -> Result<Pin> {
     e.pins += 1;
     Ok(Pin {
         id,
+        generation,
         addr,
         len,
         device: e.device,

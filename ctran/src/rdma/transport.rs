@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use super::copy;
 use super::error::{RdmaError, Result};
 use super::key::host_id;
-use super::link::Link;
+use super::link::{Link, Payload};
 use super::registry::{MemDevice, RdmaMemoryMutableView, RdmaMemoryView, RdmaRemoteBuffer};
 use super::url::{hello, listen_ip, read_hello, send_ack, PeerUrl, ACK};
 use super::wire::{Frame, Status, Via};
@@ -384,15 +384,12 @@ impl RdmaTransport {
                     }
                 }
             };
-            let status = link.request(
-                op,
-                frame,
-                Arc::clone(&pin),
-                payload && write,
-                payload && !write,
-                deadline,
-                limit,
-            )?;
+            let carry = match (payload, write) {
+                (false, _) => Payload::None,
+                (true, true) => Payload::Send,
+                (true, false) => Payload::Fill,
+            };
+            let status = link.request(op, frame, Arc::clone(&pin), carry, (deadline, limit))?;
             match status {
                 Status::CmaDenied if !payload => {
                     tracing::info!(

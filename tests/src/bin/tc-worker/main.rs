@@ -4,6 +4,7 @@
 mod bad_input;
 mod faults;
 mod p2p;
+mod rdma;
 mod suite;
 mod window;
 
@@ -52,6 +53,8 @@ enum Scenario {
         #[arg(long, default_value_t = 1000)]
         iters: usize,
     },
+    /// The RDMA transfer API between pairs of ranks (another host's, then its own host's).
+    Rdma,
     /// Bad input fails with errors naming the argument and leaves the communicator usable.
     Errors,
     /// Rank 0 disagrees with the others about the reduce op, the dtype, the root, the
@@ -152,6 +155,7 @@ fn main() {
         Scenario::BackToBack { count } => ("back-to-back", back_to_back(count)),
         Scenario::Simple => ("simple", simple()),
         Scenario::Window { iters } => ("window", window::window(iters)),
+        Scenario::Rdma => ("rdma", rdma::rdma()),
         Scenario::Errors => ("errors", bad_input::errors()),
         Scenario::Mismatch { op, size } => ("mismatch", bad_input::mismatch(&op, &size)),
         Scenario::Disagree { what } => ("disagree", bad_input::disagree(&what)),
