@@ -153,6 +153,27 @@ pub(crate) fn cma_push(pid: u32, addr: u64, pin: &Pin) -> io::Result<()> {
     cma::write(pid, addr as usize, span(pin))
 }
 
+/// Copies between the pinned device range and the same process's device memory at `addr`
+/// (`into_pin`: a write, `addr` -> pinned range). The requester pinned its range for the
+/// request and the connection's other end was checked to be this process.
+pub(crate) fn local_copy(pin: &Pin, addr: u64, into_pin: bool) -> Result<()> {
+    let MemDevice::Cuda(i) = pin.device else {
+        return Err(RdmaError::Cuda(
+            "a same-process CUDA copy for host memory".into(),
+        ));
+    };
+    let ctx = Context::get(i)?;
+    let (dst, src) = if into_pin {
+        (pin.addr, addr)
+    } else {
+        (addr, pin.addr)
+    };
+    // SAFETY: the pinned range is inside a live device registration; the requester's range is
+    // its pinned device memory in this very process (unified addressing: any device).
+    unsafe { copy_dtod_sync(&ctx, dst, src, pin.len as usize) }?;
+    Ok(())
+}
+
 /// What a requester sends so the target can map its CUDA memory: the allocation's handle, its
 /// buffer id and the offset of the pinned range in it.
 pub(crate) fn export(pin: &Pin) -> Result<([u8; HANDLE_BYTES], u64, u64)> {

@@ -353,20 +353,17 @@ fn need(pin: &Pin, want: MemDevice, path: &str) -> Result<()> {
     }
 }
 
-/// The request id and pid of a request that asks for cross-memory attach.
-fn cma_claim(frame: &Frame) -> Option<(u64, u32)> {
-    match frame {
-        Frame::Write {
-            req,
-            via: Via::Cma { pid, .. },
-            ..
-        }
-        | Frame::Read {
-            req,
-            via: Via::Cma { pid, .. },
-            ..
-        } => Some((*req, *pid)),
-        _ => None,
+/// The request id and the pid a request claims to come from, for the paths where the target
+/// copies straight from or to the requester's memory (cross-memory attach, one process).
+fn process_claim(frame: &Frame) -> Option<(u64, u32)> {
+    let (req, via) = match frame {
+        Frame::Write { req, via, .. } | Frame::Read { req, via, .. } => (*req, via),
+        Frame::Response { .. } => return None,
+    };
+    match via {
+        Via::Cma { pid, .. } => Some((req, *pid)),
+        Via::Local { .. } => Some((req, std::process::id())),
+        Via::Payload | Via::Ipc { .. } => None,
     }
 }
 
@@ -383,14 +380,14 @@ fn serve_loop(stream: TcpStream, tx: Sender<Outgoing>, shared: Arc<Shared>) {
             }
             Err(e) => break format!("receiving: {e}"),
         };
-        if let Some((req, pid)) = cma_claim(&frame) {
+        if let Some((req, pid)) = process_claim(&frame) {
             if !*pids
                 .entry(pid)
                 .or_insert_with(|| owns_peer_end(r.get_ref(), pid))
             {
                 let why = format!(
-                    "pid {pid} does not hold the other end of this connection; cross-memory \
-                     attach is refused"
+                    "pid {pid} does not hold the other end of this connection; a direct copy \
+                     from or to its memory is refused"
                 );
                 send_response(&tx, req, Status::CmaDenied, why, None);
                 continue;
@@ -469,6 +466,9 @@ fn serve_write(
                 Err(e) => Err(e),
             }
         }
+        Via::Local { addr } => pin
+            .and_then(|p| need(&p, MemDevice::Cuda(0), "same-process").map(|()| p))
+            .and_then(|p| copy::local_copy(&p, addr, true)),
         Via::Ipc {
             handle,
             buffer_id,
@@ -518,6 +518,9 @@ fn serve_read(
                 Err(e) => Err(e),
             }
         }
+        Via::Local { addr } => pin
+            .and_then(|p| need(&p, MemDevice::Cuda(0), "same-process").map(|()| p))
+            .and_then(|p| copy::local_copy(&p, addr, false)),
         Via::Ipc {
             handle,
             buffer_id,

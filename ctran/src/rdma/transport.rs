@@ -351,6 +351,7 @@ impl RdmaTransport {
                 pid: std::process::id(),
                 addr: pin.addr,
             },
+            Some(MemDevice::Cuda(_)) if remote.key.is_mine() => Via::Local { addr: pin.addr },
             Some(MemDevice::Cuda(_)) => {
                 let (handle, buffer_id, offset) = copy::export(&pin)?;
                 Via::Ipc {
@@ -404,7 +405,7 @@ impl RdmaTransport {
                     let c = match via {
                         Via::Payload => &self.counters.tcp,
                         Via::Cma { .. } => &self.counters.cma,
-                        Via::Ipc { .. } => &self.counters.ipc,
+                        Via::Ipc { .. } | Via::Local { .. } => &self.counters.ipc,
                     };
                     c.fetch_add(1, Ordering::Relaxed);
                     return Ok(());

@@ -21,6 +21,14 @@ pub(crate) enum Via {
         /// The requester's local address.
         addr: u64,
     },
+    /// Requester and target are one process (two transports connected to each other): the
+    /// target copies device to device from/to `addr` directly (CUDA IPC handles cannot be
+    /// opened by the process that exported them). Only honoured on a connection whose other
+    /// end this process holds.
+    Local {
+        /// The requester's device address.
+        addr: u64,
+    },
     /// The target maps the requester's CUDA allocation and copies device to device.
     Ipc {
         /// The allocation's IPC handle.
@@ -95,6 +103,10 @@ impl Enc {
                 self.u64(u64::from(*pid));
                 self.u64(*addr);
             }
+            Via::Local { addr } => {
+                self.u8(3);
+                self.u64(*addr);
+            }
             Via::Ipc {
                 handle,
                 buffer_id,
@@ -146,6 +158,7 @@ impl Dec<'_> {
                 pid: u32::try_from(self.u64()?).map_err(|_| bad("pid"))?,
                 addr: self.u64()?,
             },
+            3 => Via::Local { addr: self.u64()? },
             2 => Via::Ipc {
                 handle: self.take(HANDLE_BYTES)?.try_into().expect("handle bytes"),
                 buffer_id: self.u64()?,
@@ -274,6 +287,13 @@ mod tests {
                 len: 3,
                 notify: true,
                 via: Via::Cma { pid: 9, addr: 10 },
+            },
+            Frame::Read {
+                req: 11,
+                key: "cd".into(),
+                src: 12,
+                len: 13,
+                via: Via::Local { addr: 14 },
             },
             Frame::Read {
                 req: 4,
