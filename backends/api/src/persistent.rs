@@ -1,21 +1,21 @@
 //! Persistent all-gather (upstream's `all_gather_p_init` / `_exec` / `_free`): the output is
 //! bound once, then every `all_gather_p_exec` gathers each rank's input into it.
 //!
-//! Where the backend has windows for the output's device, `init` registers the output as a
-//! window (collective) and every execution writes this rank's input straight into each peer's
-//! output with a one-sided put:
+//! Asked to (the hint `window=true`), where the backend has windows for the output's device,
+//! `init` registers the output as a window (collective) and every execution writes this rank's
+//! input straight into each peer's output with a one-sided put:
 //!
 //! 1. a signal to every peer: "my output is free for this round";
 //! 2. per peer: wait for its free signal, put the input into its block, signal it;
 //! 3. a wait for every peer's data signal.
 //!
 //! The free signal keeps a fast rank from overwriting an output its peer still reads from the
-//! previous round. Backends without windows (and CPU outputs unless asked, see
-//! [`TorchComm::all_gather_p_init`]) run an ordinary all-gather into the bound output.
+//! previous round. A backend may run the round as one operation
+//! ([`crate::WindowBackend::all_gather`]: over NVLink, one kernel launch). Otherwise (the
+//! default, see [`TorchComm::all_gather_p_init`]) executions run the backend's all-gather into
+//! the bound output.
 
 use std::sync::Arc;
-
-use torchcomms_core::Device;
 
 use crate::check::Check;
 use crate::comm::TorchComm;
@@ -62,17 +62,17 @@ impl TorchComm {
     /// [`all_gather_p_exec`](TorchComm::all_gather_p_exec) calls. Collective when the output
     /// becomes a window (every rank calls it, with outputs of one size and the same hints).
     ///
-    /// The hint [`WINDOW_HINT`] picks how executions run: `auto` (the default) puts into a
-    /// window over CUDA outputs, whose signals are stream-ordered kernels over NVLink, and runs
-    /// an all-gather on CPU outputs, where window signals travel over TCP and the shared-memory
-    /// all-gather is faster; `true` asks for a window wherever the backend has one; `false`
-    /// never uses one.
+    /// The hint [`WINDOW_HINT`] picks how executions run: `true` puts into a window over the
+    /// output wherever the backend has one (over NVLink one kernel launch per round); `auto`
+    /// (the default) and `false` run the backend's all-gather, which measured faster than the
+    /// window at small sizes on CPU and on 2 and 4 H200 and no slower at 16-64 MiB
+    /// (`docs/perf/onesided.md`).
     pub fn all_gather_p_init(&self, output: &Tensor, hints: &Hints) -> Result<AllGatherP> {
         let c = self.check("all_gather_p_init")?;
         c.tensor("output", output)?;
         c.divisible_by_size("output", output)?;
         let wanted = match hints.get(WINDOW_HINT).map(String::as_str) {
-            None | Some("auto") => matches!(output.device(), Device::Cuda(_)),
+            None | Some("auto") => false,
             Some(v) => parse_env_bool(WINDOW_HINT, v).map_err(|_| {
                 c.fail(
                     "hints",
@@ -142,6 +142,10 @@ impl TorchComm {
             return self.run(call, opts);
         };
         let (rank, size) = (self.get_rank(), self.get_size());
+        let offset = rank * input.numel() * input.dtype().size_bytes();
+        if let Some(work) = w.fused_all_gather(input, offset, opts) {
+            return work;
+        }
         let step = OpOptions {
             async_op: true,
             ..opts.clone()

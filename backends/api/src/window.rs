@@ -33,6 +33,19 @@ pub trait WindowBackend: Send + Sync + Debug {
     fn signal(&self, peer: usize, opts: &OpOptions) -> Result<Work>;
     /// Consumes one signal of `peer`.
     fn wait_signal(&self, peer: usize, opts: &OpOptions) -> Result<Work>;
+    /// A persistent all-gather's round in one operation, where the backend has one: `tensor`
+    /// goes to byte `offset_bytes` of every rank's registered tensor, with the free and data
+    /// signals of [`crate::TorchComm::all_gather_p_exec`]. `None`: compose it from puts and
+    /// signals.
+    fn all_gather(
+        &self,
+        tensor: &Tensor,
+        offset_bytes: usize,
+        opts: &OpOptions,
+    ) -> Option<Result<Work>> {
+        let _ = (tensor, offset_bytes, opts);
+        None
+    }
     /// Whether `tensor` (on this device) could be registered: what a persistent all-gather
     /// asks before it runs on a window instead of an all-gather.
     fn supports(&self, tensor: &Tensor) -> bool {
@@ -280,6 +293,16 @@ impl Window {
             ));
         }
         self.registered("map_remote_tensor")
+    }
+
+    /// The backend's one-operation all-gather round (see [`WindowBackend::all_gather`]).
+    pub(crate) fn fused_all_gather(
+        &self,
+        tensor: &Tensor,
+        offset_bytes: usize,
+        opts: &OpOptions,
+    ) -> Option<Result<Work>> {
+        self.inner.all_gather(tensor, offset_bytes, opts)
     }
 
     /// Bytes of the registered tensor (0 when none).

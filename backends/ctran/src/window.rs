@@ -179,6 +179,20 @@ impl WindowBackend for CtranWindow {
         self.host_work(r, opts)
     }
 
+    fn all_gather(&self, tensor: &Tensor, offset: usize, opts: &OpOptions) -> Option<Result<Work>> {
+        let keep: ctran::comm::KeepAlive = tensor.owner().cloned().into_iter().collect();
+        let work = self.on_device(opts, |win, stream, timeout| {
+            let (src, bytes) = (tensor.addr() as u64, tensor.nbytes());
+            win.all_gather(src, bytes, offset, stream, keep.clone(), timeout)
+        })?;
+        Some(work.and_then(|w| {
+            if !opts.async_op {
+                w.wait()?;
+            }
+            Ok(w)
+        }))
+    }
+
     fn supports(&self, tensor: &Tensor) -> bool {
         match tensor.device() {
             Device::Cuda(_) => self.nvl.as_ref().and_then(Weak::upgrade).is_some(),

@@ -463,7 +463,8 @@ enum tc_status_t tc_comm_options_init(struct tc_comm_options_t *options);
 
 // Binds `output` (a buffer of `size` equal blocks) for `tc_all_gather_p_exec`, which gathers
 // every rank's input into it; stores the handle in `*handle` (release it with
-// `tc_all_gather_p_free`). Local: no rank waits for another.
+// `tc_all_gather_p_free`). Local: executions run the backend's all-gather (the Rust and
+// Python APIs can ask for a window instead).
 //
 // # Safety
 // Pointers as in the conventions atop torchcomms.h; `output` as in `tc_tensor_t`, valid until

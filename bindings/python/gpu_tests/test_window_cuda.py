@@ -136,11 +136,13 @@ def test_bad_input(comm: Any) -> None:
 
 @pytest.mark.parametrize("n", [256, 1 << 20])
 def test_all_gather_p_on_a_window(comm: Any, n: int) -> None:
-    """A persistent all-gather runs on NVLink puts into every peer's output; rounds back to
-    back, one of them captured in a CUDA graph and replayed."""
+    """A persistent all-gather asked to run on a window: one kernel per round writes into
+    every peer's output over NVLink; rounds back to back, one captured in a CUDA graph and
+    replayed."""
     out = torch.zeros(WORLD * n, dtype=torch.float32, device=DEV)
     inp = torch.empty(n, dtype=torch.float32, device=DEV)
-    handle = comm.all_gather_p_init(out)
+    assert not comm.all_gather_p_init(torch.zeros_like(out)).uses_window  # the default
+    handle = comm.all_gather_p_init(out, hints={"window": "true"})
     assert handle.uses_window
     for it in range(10):
         inp.fill_(float(it * 100 + RANK))

@@ -66,9 +66,9 @@ pub(crate) fn persistent_arg(obj: &Bound<'_, PyAny>, op: &str, arg: &str) -> PyR
 #[pymethods]
 impl PyTorchComm {
     /// Binds `output` (size equal blocks) for `all_gather_p_exec`, which gathers every rank's
-    /// input into it; returns the handle. `hints={"window": "auto"|"true"|"false"}` picks
-    /// one-sided puts into a window over the output or an all-gather (auto: windows for CUDA
-    /// outputs); collective when the output becomes a window.
+    /// input into it; returns the handle. `hints={"window": "true"}` runs executions as
+    /// one-sided puts into a window over the output (collective then); "auto" (the default)
+    /// and "false" run the backend's all-gather.
     #[pyo3(signature = (output, hints=None, timeout=None))]
     fn all_gather_p_init(
         &self,

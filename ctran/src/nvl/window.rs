@@ -30,6 +30,11 @@ pub(crate) const WINDOW_SOURCE_NAME: &str = "ctran/src/nvl/kernels/window.cu";
 const SIGNAL_BYTES: usize = MIN_EXPORT_BYTES as usize;
 /// Where the consumed counters start in it.
 const CONSUMED_AT: u64 = (MAX_RANKS * 8) as u64;
+/// Where the table of every rank's window (as mapped here) starts in it, for the all-gather
+/// kernel; the table of peers' slots for this rank follows (see `kernels/window.cu`).
+const BASES_AT: u64 = (3 * MAX_RANKS * 8) as u64;
+/// Copy blocks of an all-gather, over all ranks (all resident at once: the kernel spins).
+const ALLGATHER_BLOCKS: usize = 64;
 /// Bytes of one rank's part of the exchange: ok flag, window length, the window's record and
 /// the signal array's.
 const WIRE_BYTES: usize = 4 + 8 + 2 * RECORD_BYTES;
@@ -45,6 +50,7 @@ struct WindowKernels {
     signal: Function,
     wait: Function,
     put: Function,
+    allgather: Function,
 }
 
 fn window_kernels(ctx: &Arc<Context>) -> crate::cuda::error::Result<Arc<WindowKernels>> {
@@ -59,6 +65,7 @@ fn window_kernels(ctx: &Arc<Context>) -> crate::cuda::error::Result<Arc<WindowKe
                 signal: module.function("tc_win_signal")?,
                 wait: module.function("tc_win_wait")?,
                 put: module.function("tc_win_put")?,
+                allgather: module.function("tc_win_allgather")?,
                 _module: module,
             })
         },
@@ -189,6 +196,15 @@ impl Nvl {
                 },
             });
         }
+        // The tables the all-gather kernel reads: every rank's window, every peer's slot for us.
+        let table: Vec<u8> = bases
+            .iter()
+            .chain(peer_slots.iter())
+            .flat_map(|w| w.to_le_bytes())
+            .collect();
+        signals
+            .write(BASES_AT as usize, &table)
+            .map_err(cuda("new_window", rank))?;
         let sync = self.sync(timeout);
         Ok(NvlWindow {
             ctx: Arc::clone(&self.ctx),
@@ -383,6 +399,59 @@ impl NvlWindow {
         }
         .map_err(cuda("wait_signal", self.rank))?;
         self.finish("wait_signal", stream, captured, Vec::new(), timeout)
+    }
+}
+
+impl NvlWindow {
+    /// A persistent all-gather's round in one launch on `stream`: `bytes` at `src` go to byte
+    /// `offset` of every rank's window (this rank's own included, unless `src` is already
+    /// there). Per peer: a "free" signal, a wait for the peer's, the copy and a "data" signal,
+    /// then a wait for the peer's data; signals are consumed as `wait_signal` consumes them.
+    pub fn all_gather(
+        &self,
+        src: u64,
+        bytes: usize,
+        offset: usize,
+        stream: RawStream,
+        keep: KeepAlive,
+        timeout: Duration,
+    ) -> Result<GpeRequest> {
+        if offset.checked_add(bytes).is_none_or(|end| end > self.len) {
+            return Err(Error::InvalidArgument {
+                arg: "input".into(),
+                expected: format!(
+                    "all_gather_p_exec: a block that fits the window of {} bytes",
+                    self.len
+                ),
+                got: format!("{bytes} bytes at byte offset {offset}"),
+            });
+        }
+        let captured = self.begin("all_gather_p_exec", stream, timeout)?;
+        let per = (ALLGATHER_BLOCKS / self.nranks).max(1);
+        let geometry = self.nranks as u64 | (self.rank as u64) << 8 | (per as u64) << 16;
+        let words = self.signals.as_ptr();
+        let (len, off) = (bytes as u64, offset as u64);
+        let timeout_ns = timeout.as_nanos().min(u128::from(u64::MAX)) as u64;
+        // SAFETY: `words` is this window's signal allocation with its tables (written at
+        // creation); every destination lies inside a rank's window (checked above) mapped
+        // while this window lives; the source is the caller's device memory, kept alive by
+        // `keep` until the kernel ran.
+        unsafe {
+            self.kernels
+                .allgather
+                .args()
+                .arg(&words)
+                .arg(&src)
+                .arg(&len)
+                .arg(&off)
+                .arg(&geometry)
+                .arg(&self.status_ptr)
+                .arg(&self.abort_ptr)
+                .arg(&timeout_ns)
+                .launch((per * self.nranks) as u32, PUT_THREADS, stream)
+        }
+        .map_err(cuda("all_gather_p_exec", self.rank))?;
+        self.finish("all_gather_p_exec", stream, captured, keep, timeout)
     }
 }
 

@@ -128,8 +128,8 @@ torchcomms_core::for_each_op!(c_functions);
 
 /// Binds `output` (a buffer of `size` equal blocks) for `tc_all_gather_p_exec`, which gathers
 /// every rank's input into it; stores the handle in `*handle` (release it with
-/// `tc_all_gather_p_free`). Collective on CUDA outputs, which become a window (see
-/// `all_gather_p_init` of the Rust API).
+/// `tc_all_gather_p_free`). Local: executions run the backend's all-gather (the Rust and
+/// Python APIs can ask for a window instead).
 ///
 /// # Safety
 /// Pointers as in the conventions atop torchcomms.h; `output` as in `tc_tensor_t`, valid until
