@@ -451,31 +451,10 @@ fn serve_write(
                     .map_err(|e| format!("receiving a payload: {e}"))?,
             )
         }
-        Via::Cma { pid, addr } => {
-            match pin.and_then(|p| need(&p, MemDevice::Cpu, "cross-memory").map(|()| p)) {
-                Ok(p) => match copy::cma_pull(pid, addr, &p) {
-                    Err(e) if copy::cma_denied(&e) => {
-                        send_response(tx, req, Status::CmaDenied, e.to_string(), None);
-                        return Ok(());
-                    }
-                    r => r.map_err(|e| RdmaError::Cma {
-                        pid,
-                        detail: e.to_string(),
-                    }),
-                },
-                Err(e) => Err(e),
-            }
-        }
-        Via::Local { addr } => pin
-            .and_then(|p| need(&p, MemDevice::Cuda(0), "same-process").map(|()| p))
-            .and_then(|p| copy::local_copy(&p, addr, true)),
-        Via::Ipc {
-            handle,
-            buffer_id,
-            offset,
-        } => pin
-            .and_then(|p| need(&p, MemDevice::Cuda(0), "CUDA IPC").map(|()| p))
-            .and_then(|p| maps.copy(&p, &handle, buffer_id, offset, true)),
+        direct => match direct_copy(tx, req, pin, direct, maps, true) {
+            Some(r) => r,
+            None => return Ok(()),
+        },
     };
     if result.is_ok() && notify {
         shared.lock().notifies += 1;
@@ -483,6 +462,56 @@ fn serve_write(
     }
     respond(tx, req, result);
     Ok(())
+}
+
+/// A copy straight between the pinned range and the requester's memory (cross-memory attach,
+/// same process, CUDA IPC); `into_pin`: a write. `None` when cross-memory attach was refused
+/// by the kernel and the requester was told to fall back to the stream.
+fn direct_copy(
+    tx: &Sender<Outgoing>,
+    req: u64,
+    pin: Result<Pin>,
+    via: Via,
+    maps: &mut Mappings,
+    into_pin: bool,
+) -> Option<Result<()>> {
+    Some(match via {
+        Via::Payload => Err(RdmaError::InvalidArgument {
+            arg: "via",
+            detail: "a payload is not a direct copy".into(),
+        }),
+        Via::Cma { pid, addr } => {
+            let p = match pin.and_then(|p| need(&p, MemDevice::Cpu, "cross-memory").map(|()| p)) {
+                Ok(p) => p,
+                Err(e) => return Some(Err(e)),
+            };
+            let copied = if into_pin {
+                copy::cma_pull(pid, addr, &p)
+            } else {
+                copy::cma_push(pid, addr, &p)
+            };
+            match copied {
+                Err(e) if copy::cma_denied(&e) => {
+                    send_response(tx, req, Status::CmaDenied, e.to_string(), None);
+                    return None;
+                }
+                r => r.map_err(|e| RdmaError::Cma {
+                    pid,
+                    detail: e.to_string(),
+                }),
+            }
+        }
+        Via::Local { addr } => pin
+            .and_then(|p| need(&p, MemDevice::Cuda(0), "same-process").map(|()| p))
+            .and_then(|p| copy::local_copy(&p, addr, into_pin)),
+        Via::Ipc {
+            handle,
+            buffer_id,
+            offset,
+        } => pin
+            .and_then(|p| need(&p, MemDevice::Cuda(0), "CUDA IPC").map(|()| p))
+            .and_then(|p| maps.copy(&p, &handle, buffer_id, offset, into_pin)),
+    })
 }
 
 fn serve_read(
@@ -503,31 +532,10 @@ fn serve_read(
             }
             Err(e) => Err(e),
         },
-        Via::Cma { pid, addr } => {
-            match pin.and_then(|p| need(&p, MemDevice::Cpu, "cross-memory").map(|()| p)) {
-                Ok(p) => match copy::cma_push(pid, addr, &p) {
-                    Err(e) if copy::cma_denied(&e) => {
-                        send_response(tx, req, Status::CmaDenied, e.to_string(), None);
-                        return;
-                    }
-                    r => r.map_err(|e| RdmaError::Cma {
-                        pid,
-                        detail: e.to_string(),
-                    }),
-                },
-                Err(e) => Err(e),
-            }
-        }
-        Via::Local { addr } => pin
-            .and_then(|p| need(&p, MemDevice::Cuda(0), "same-process").map(|()| p))
-            .and_then(|p| copy::local_copy(&p, addr, false)),
-        Via::Ipc {
-            handle,
-            buffer_id,
-            offset,
-        } => pin
-            .and_then(|p| need(&p, MemDevice::Cuda(0), "CUDA IPC").map(|()| p))
-            .and_then(|p| maps.copy(&p, &handle, buffer_id, offset, false)),
+        direct => match direct_copy(tx, req, pin, direct, maps, false) {
+            Some(r) => r,
+            None => return,
+        },
     };
     respond(tx, req, result);
 }

@@ -21,65 +21,6 @@ __device__ __forceinline__ u64 win_ld_acquire_sys(const u64* p) {
     return v;
 }
 
-extern "C" __global__ void tc_win_signal(u64* slot) {
-    __threadfence_system();
-    atomicAdd_system(slot, 1ULL);
-}
-
-// Waits until *slot exceeds the signals consumed so far, then consumes one. Gives up (writing
-// why to the status word) when the host raises the abort word or after timeout_ns.
-extern "C" __global__ void tc_win_wait(const u64* slot, u64* consumed, u32* status,
-                                       const u32* abort_flag, u64 timeout_ns) {
-    u64 want = *consumed + 1ULL;
-    u64 start = win_globaltimer();
-    u32 spins = 0;
-    while (win_ld_acquire_sys(slot) < want) {
-        if ((++spins & 255u) == 0u) {
-            if (*(volatile const u32*)abort_flag) {
-                atomicCAS(status, 0u, WIN_ST_ABORTED);
-                __threadfence_system();
-                return;
-            }
-            if (win_globaltimer() - start > timeout_ns) {
-                atomicCAS(status, 0u, WIN_ST_TIMEOUT);
-                __threadfence_system();
-                return;
-            }
-        }
-    }
-    *consumed = want;
-    __threadfence_system();
-}
-
-// A small put: one block copies `bytes` into the peer's window (16 bytes at a time where both
-// ends allow), then, when `slot` is set, fences and adds one to it: a put and its signal in one
-// launch, so the peer's wait sees the data with the signal.
-extern "C" __global__ void tc_win_put(unsigned char* dst, const unsigned char* src, u64 bytes,
-                                      u64* slot) {
-    if ((((u64)dst | (u64)src | bytes) & 15ULL) == 0ULL) {
-        uint4* d = (uint4*)dst;
-        const uint4* s = (const uint4*)src;
-        for (u64 i = threadIdx.x; i < bytes / 16ULL; i += blockDim.x) d[i] = s[i];
-    } else {
-        for (u64 i = threadIdx.x; i < bytes; i += blockDim.x) dst[i] = src[i];
-    }
-    // The stores reach the peer before this kernel ends (and before the signal, if any).
-    __threadfence_system();
-    if (slot != 0) {
-        __syncthreads();
-        if (threadIdx.x == 0) atomicAdd_system(slot, 1ULL);
-    }
-}
-
-// Words of a window's signal allocation (see ctran/src/nvl/window.rs): the signal slots, the
-// consumed counters, the per-peer counts of finished copy blocks of an all-gather, every
-// rank's window as mapped here, and where each peer's slot for this rank is mapped here.
-#define WIN_MAX_RANKS 8
-#define WIN_CONSUMED (WIN_MAX_RANKS)
-#define WIN_DONE (2 * WIN_MAX_RANKS)
-#define WIN_BASES (3 * WIN_MAX_RANKS)
-#define WIN_PEER_SLOTS (4 * WIN_MAX_RANKS)
-
 // Spins until *slot reaches `want`; false (with the status word set) on abort or timeout.
 __device__ bool win_wait_for(const u64* slot, u64 want, u32* status, const u32* abort_flag,
                              u64 start, u64 timeout_ns) {
@@ -111,6 +52,45 @@ __device__ __forceinline__ void win_copy(unsigned char* dst, const unsigned char
         for (u64 i = threadIdx.x; i < bytes; i += blockDim.x) dst[i] = src[i];
     }
 }
+
+extern "C" __global__ void tc_win_signal(u64* slot) {
+    __threadfence_system();
+    atomicAdd_system(slot, 1ULL);
+}
+
+// Waits until *slot exceeds the signals consumed so far, then consumes one. Gives up (writing
+// why to the status word) when the host raises the abort word or after timeout_ns.
+extern "C" __global__ void tc_win_wait(const u64* slot, u64* consumed, u32* status,
+                                       const u32* abort_flag, u64 timeout_ns) {
+    u64 want = *consumed + 1ULL;
+    if (win_wait_for(slot, want, status, abort_flag, win_globaltimer(), timeout_ns)) {
+        *consumed = want;
+        __threadfence_system();
+    }
+}
+
+// A small put: one block copies `bytes` into the peer's window (16 bytes at a time where both
+// ends allow), then, when `slot` is set, fences and adds one to it: a put and its signal in one
+// launch, so the peer's wait sees the data with the signal.
+extern "C" __global__ void tc_win_put(unsigned char* dst, const unsigned char* src, u64 bytes,
+                                      u64* slot) {
+    win_copy(dst, src, bytes);
+    // The stores reach the peer before this kernel ends (and before the signal, if any).
+    __threadfence_system();
+    if (slot != 0) {
+        __syncthreads();
+        if (threadIdx.x == 0) atomicAdd_system(slot, 1ULL);
+    }
+}
+
+// Words of a window's signal allocation (see ctran/src/nvl/window.rs): the signal slots, the
+// consumed counters, the per-peer counts of finished copy blocks of an all-gather, every
+// rank's window as mapped here, and where each peer's slot for this rank is mapped here.
+#define WIN_MAX_RANKS 8
+#define WIN_CONSUMED (WIN_MAX_RANKS)
+#define WIN_DONE (2 * WIN_MAX_RANKS)
+#define WIN_BASES (3 * WIN_MAX_RANKS)
+#define WIN_PEER_SLOTS (4 * WIN_MAX_RANKS)
 
 // A persistent all-gather's round in one launch: `bytes` at `src` go to byte `offset` of every
 // rank's window. Blocks [q*B, (q+1)*B) serve rank q (geometry: nranks | rank << 8 | B << 16).
