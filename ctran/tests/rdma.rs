@@ -171,48 +171,40 @@ fn bad_keys_and_bounds_are_refused_and_write_nothing() {
         e.contains("out of bounds") && e.contains("4096 bytes"),
         "{e}"
     );
-    // A registration id that does not exist.
-    let unknown = RdmaRemoteBuffer {
-        ptr: rb.ptr,
-        len: 64,
-        key: AccessKey {
-            id: u64::MAX,
-            ..rb.key
-        },
-    };
-    let e = a
-        .write(&view, &unknown, false, SHORT)
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("unknown or was deregistered"), "{e}");
-    // A wrong generation.
-    let stale = RdmaRemoteBuffer {
-        ptr: rb.ptr,
-        len: 64,
-        key: AccessKey {
-            generation: rb.key.generation + 1000,
-            ..rb.key
-        },
-    };
-    let e = a
-        .write(&view, &stale, false, SHORT)
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("stale access key"), "{e}");
-    // A key of another process (another nonce).
-    let foreign = RdmaRemoteBuffer {
-        ptr: rb.ptr,
-        len: 64,
-        key: AccessKey {
-            nonce: rb.key.nonce ^ 1,
-            ..rb.key
-        },
-    };
-    let e = a
-        .write(&view, &foreign, false, SHORT)
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("another process"), "{e}");
+    // A registration id that does not exist, a wrong generation, a key of another process
+    // (another nonce).
+    let bad_keys = [
+        (
+            "unknown or was deregistered",
+            AccessKey {
+                id: u64::MAX,
+                ..rb.key
+            },
+        ),
+        (
+            "stale access key",
+            AccessKey {
+                generation: rb.key.generation + 1000,
+                ..rb.key
+            },
+        ),
+        (
+            "another process",
+            AccessKey {
+                nonce: rb.key.nonce ^ 1,
+                ..rb.key
+            },
+        ),
+    ];
+    for (want, key) in bad_keys {
+        let bad = RdmaRemoteBuffer {
+            ptr: rb.ptr,
+            len: 64,
+            key,
+        };
+        let e = a.write(&view, &bad, false, SHORT).unwrap_err().to_string();
+        assert!(e.contains(want), "expected {want:?}: {e}");
+    }
     // Lengths must agree.
     let e = a.write(&view, &rb, false, SHORT).unwrap_err();
     assert!(matches!(e, RdmaError::LengthMismatch { .. }), "{e}");

@@ -153,34 +153,45 @@ pub(crate) fn cma_push(pid: u32, addr: u64, pin: &Pin) -> io::Result<()> {
     cma::write(pid, addr as usize, span(pin))
 }
 
+/// The context of the pinned range's device; `what` names the request when it is host memory.
+fn device_of(pin: &Pin, what: &str) -> Result<Arc<Context>> {
+    match pin.device {
+        MemDevice::Cuda(i) => Ok(Context::get(i)?),
+        MemDevice::Cpu => Err(RdmaError::Cuda(format!("{what} for a host registration"))),
+    }
+}
+
+/// Copies device to device between the pinned range and `other`, the requester's range as
+/// addressed in this process; `into_pin`: a write (`other` -> pinned range).
+///
+/// # Safety
+/// `other` must be device memory valid for `pin.len` bytes for the duration of the copy.
+unsafe fn copy_with_pin(ctx: &Arc<Context>, pin: &Pin, other: u64, into_pin: bool) -> Result<()> {
+    let (dst, src) = if into_pin {
+        (pin.addr, other)
+    } else {
+        (other, pin.addr)
+    };
+    // SAFETY: the pinned range is inside a live device registration; `other` is valid by this
+    // function's contract.
+    unsafe { copy_dtod_sync(ctx, dst, src, pin.len as usize) }?;
+    Ok(())
+}
+
 /// Copies between the pinned device range and the same process's device memory at `addr`
 /// (`into_pin`: a write, `addr` -> pinned range). The requester pinned its range for the
 /// request and the connection's other end was checked to be this process.
 pub(crate) fn local_copy(pin: &Pin, addr: u64, into_pin: bool) -> Result<()> {
-    let MemDevice::Cuda(i) = pin.device else {
-        return Err(RdmaError::Cuda(
-            "a same-process CUDA copy for host memory".into(),
-        ));
-    };
-    let ctx = Context::get(i)?;
-    let (dst, src) = if into_pin {
-        (pin.addr, addr)
-    } else {
-        (addr, pin.addr)
-    };
-    // SAFETY: the pinned range is inside a live device registration; the requester's range is
-    // its pinned device memory in this very process (unified addressing: any device).
-    unsafe { copy_dtod_sync(&ctx, dst, src, pin.len as usize) }?;
-    Ok(())
+    let ctx = device_of(pin, "a same-process CUDA copy")?;
+    // SAFETY: `addr` is the requester's pinned device memory of `pin.len` bytes in this very
+    // process (unified addressing: any device).
+    unsafe { copy_with_pin(&ctx, pin, addr, into_pin) }
 }
 
 /// What a requester sends so the target can map its CUDA memory: the allocation's handle, its
 /// buffer id and the offset of the pinned range in it.
 pub(crate) fn export(pin: &Pin) -> Result<([u8; HANDLE_BYTES], u64, u64)> {
-    let MemDevice::Cuda(i) = pin.device else {
-        return Err(RdmaError::Cuda("exporting host memory".into()));
-    };
-    let ctx = Context::get(i)?;
+    let ctx = device_of(pin, "exporting over CUDA IPC")?;
     let e = ipc::export(&ctx, pin.addr)?;
     Ok((e.handle, e.buffer_id, pin.addr - e.base))
 }
@@ -200,27 +211,15 @@ impl Mappings {
         offset: u64,
         into_pin: bool,
     ) -> Result<()> {
-        let MemDevice::Cuda(i) = pin.device else {
-            return Err(RdmaError::Cuda(
-                "a CUDA IPC request for a host registration".into(),
-            ));
-        };
-        let ctx = Context::get(i)?;
+        let ctx = device_of(pin, "a CUDA IPC request")?;
         let mapped = match self.0.entry((*handle, buffer_id)) {
             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
             std::collections::hash_map::Entry::Vacant(v) => v.insert(Mapped::open(&ctx, handle)?),
         };
-        let peer = mapped.ptr() + offset;
-        let (dst, src) = if into_pin {
-            (pin.addr, peer)
-        } else {
-            (peer, pin.addr)
-        };
-        // SAFETY: the pinned range is inside a live device registration; the peer's range is
-        // inside the allocation it exported (the peer pinned it for this request, and the
-        // driver faults rather than corrupts on a bad mapping offset).
-        unsafe { copy_dtod_sync(&ctx, dst, src, pin.len as usize) }?;
-        Ok(())
+        // SAFETY: the peer's range is inside the allocation it exported (the peer pinned it
+        // for this request, and the driver faults rather than corrupts on a bad mapping
+        // offset).
+        unsafe { copy_with_pin(&ctx, pin, mapped.ptr() + offset, into_pin) }
     }
 }
 

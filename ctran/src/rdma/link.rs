@@ -21,6 +21,7 @@ use super::error::{RdmaError, Result};
 use super::key::AccessKey;
 use super::peer_pid::owns_peer_end;
 use super::registry::{Claim, MemDevice, Pin};
+use super::wait::wait_for;
 use super::wire::{Frame, Status, Via};
 
 /// Something for the writer thread: a frame, and the range whose bytes follow it.
@@ -197,65 +198,49 @@ impl Link {
                 detail: "the connection is closing".into(),
             }));
         }
-        loop {
+        let peer = &self.shared.peer;
+        let (mut s, outcome) = wait_for(&self.shared.changed, s, deadline, |s| {
             if let Some(done) = s.pending.get_mut(&req).and_then(|p| p.done.take()) {
                 s.pending.remove(&req);
-                return done.map_err(|detail| RdmaError::Remote {
+                return Some(done.map_err(|detail| RdmaError::Remote {
                     op,
-                    peer: self.shared.peer.clone(),
+                    peer: peer.clone(),
                     detail,
-                });
+                }));
             }
-            if let Some(e) = s.dead.clone() {
-                s.pending.remove(&req);
-                return Err(e);
+            let dead = s.dead.clone()?;
+            s.pending.remove(&req);
+            Some(Err(dead))
+        });
+        outcome.unwrap_or_else(|| {
+            if let Some(p) = s.pending.get_mut(&req) {
+                p.abandoned = true;
             }
-            let now = Instant::now();
-            if now >= deadline {
-                if let Some(p) = s.pending.get_mut(&req) {
-                    p.abandoned = true;
-                }
-                return Err(RdmaError::Timeout {
-                    op,
-                    after: limit,
-                    peer: self.shared.peer.clone(),
-                });
-            }
-            s = self
-                .shared
-                .changed
-                .wait_timeout(s, deadline - now)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
+            Err(RdmaError::Timeout {
+                op,
+                after: limit,
+                peer: peer.clone(),
+            })
+        })
     }
 
     /// Consumes one notification of a peer's write, waiting until `deadline`.
     pub(crate) fn wait_notify(&self, deadline: Instant, limit: Duration) -> Result<()> {
-        let mut s = self.shared.lock();
-        loop {
+        let s = self.shared.lock();
+        let (_s, outcome) = wait_for(&self.shared.changed, s, deadline, |s| {
             if s.notifies > 0 {
                 s.notifies -= 1;
-                return Ok(());
+                return Some(Ok(()));
             }
-            if let Some(e) = &s.dead {
-                return Err(e.clone());
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(RdmaError::Timeout {
-                    op: "wait_for_write",
-                    after: limit,
-                    peer: self.shared.peer.clone(),
-                });
-            }
-            s = self
-                .shared
-                .changed
-                .wait_timeout(s, deadline - now)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
+            s.dead.clone().map(Err)
+        });
+        outcome.unwrap_or_else(|| {
+            Err(RdmaError::Timeout {
+                op: "wait_for_write",
+                after: limit,
+                peer: self.shared.peer.clone(),
+            })
+        })
     }
 }
 

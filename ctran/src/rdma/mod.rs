@@ -18,6 +18,7 @@ mod peer_pid;
 mod registry;
 mod transport;
 mod url;
+mod wait;
 mod wire;
 
 pub use error::{RdmaError, Result};

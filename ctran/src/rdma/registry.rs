@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use super::error::{RdmaError, Result};
 use super::key::{host_id, process_nonce, AccessKey};
+use super::wait::wait_for;
 
 /// Where registered memory lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -272,27 +273,19 @@ impl Drop for RdmaMemory {
         }
         e.dead = true;
         let limit = drop_deadline();
-        let deadline = Instant::now() + limit;
-        loop {
-            let pins = map.get(&self.id).map_or(0, |e| e.pins);
-            if pins == 0 {
-                break;
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                tracing::error!(
-                    id = self.id,
-                    pins,
-                    "RdmaMemory dropped while {pins} transfer(s) still use it after {limit:?}; \
-                     deregistering anyway"
-                );
-                break;
-            }
-            map = registry()
-                .unpinned
-                .wait_timeout(map, deadline - now)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+        let id = self.id;
+        let (mut map, unpinned) =
+            wait_for(&registry().unpinned, map, Instant::now() + limit, |map| {
+                (map.get(&id).map_or(0, |e| e.pins) == 0).then_some(())
+            });
+        if unpinned.is_none() {
+            let pins = map.get(&id).map_or(0, |e| e.pins);
+            tracing::error!(
+                id,
+                pins,
+                "RdmaMemory dropped while {pins} transfer(s) still use it after {limit:?}; \
+                 deregistering anyway"
+            );
         }
         map.remove(&self.id);
     }

@@ -20,6 +20,7 @@ use super::key::host_id;
 use super::link::{Link, Payload};
 use super::registry::{MemDevice, RdmaMemoryMutableView, RdmaMemoryView, RdmaRemoteBuffer};
 use super::url::{hello, listen_ip, read_hello, send_ack, PeerUrl, ACK};
+use super::wait::wait_for;
 use super::wire::{Frame, Status, Via};
 
 /// How data moves (`TORCHCOMMS_RDMA_PATH`).
@@ -255,35 +256,29 @@ impl RdmaTransport {
     }
 
     fn link(&self, op: &'static str, deadline: Instant, limit: Duration) -> Result<Arc<Link>> {
-        let mut c = self.inner.lock();
-        loop {
+        let c = self.inner.lock();
+        let (c, outcome) = wait_for(&self.inner.changed, c, deadline, |c| {
             if let Some(l) = &c.link {
-                return Ok(Arc::clone(l));
+                return Some(Ok(Arc::clone(l)));
             }
             if let Some(e) = &c.failed {
-                return Err(e.clone());
+                return Some(Err(e.clone()));
             }
-            let Some((_, peer)) = &c.peer else {
-                return Err(RdmaError::State {
+            c.peer.is_none().then(|| {
+                Err(RdmaError::State {
                     op,
                     detail: "not connected: call bind() and connect() first".into(),
-                });
-            };
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(RdmaError::Timeout {
-                    op,
-                    after: limit,
-                    peer: format!("{peer} (which never dialed in)"),
-                });
-            }
-            c = self
-                .inner
-                .changed
-                .wait_timeout(c, deadline - now)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
+                })
+            })
+        });
+        outcome.unwrap_or_else(|| {
+            let peer = c.peer.as_ref().map_or("", |p| p.1.as_str());
+            Err(RdmaError::Timeout {
+                op,
+                after: limit,
+                peer: format!("{peer} (which never dialed in)"),
+            })
+        })
     }
 
     fn deadline(&self, timeout: Option<Duration>) -> (Instant, Duration) {
