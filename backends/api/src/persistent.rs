@@ -156,8 +156,8 @@ impl TorchComm {
         for &p in &peers {
             works.push(w.signal(p, &step)?);
         }
-        let own = handle.output.blocks(size, block).swap_remove(rank);
-        if own.addr() != input.addr() {
+        // Unless the input already is this rank's block (in place).
+        if handle.output.addr() + offset != input.addr() {
             works.push(w.put(input, rank, rank * block, &step)?);
         }
         for &p in &peers {

@@ -54,6 +54,17 @@ impl BindAddr {
     }
 }
 
+/// The launcher's `MASTER_ADDR` resolved to an IPv4 address (an input, not a tunable; see
+/// `bootstrap::rendezvous`), when it is set and resolves.
+pub fn master_addr_ipv4() -> Option<IpAddr> {
+    let host = std::env::var("MASTER_ADDR").ok()?;
+    (host.as_str(), 0)
+        .to_socket_addrs()
+        .ok()?
+        .map(|a| a.ip())
+        .find(|ip| ip.is_ipv4())
+}
+
 /// The local address this host uses to reach `ip` (a UDP socket "connected" to it sends
 /// nothing); `ip` itself when it is loopback or one of this host's addresses.
 pub fn route_to(ip: IpAddr) -> Option<IpAddr> {

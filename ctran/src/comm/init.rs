@@ -8,7 +8,7 @@
 //! transport connection proves knowledge of a key derived from that secret.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv6Addr, SocketAddr, ToSocketAddrs};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -50,14 +50,7 @@ fn advertised_ip(config: &CommConfig, store_hint: Option<IpAddr>) -> IpAddr {
     if let Some(hint) = store_hint.filter(|ip| !ip.is_loopback()) {
         return hint;
     }
-    // MASTER_ADDR is the launcher's (an input, not a tunable; see bootstrap::rendezvous).
-    let master = std::env::var("MASTER_ADDR").ok().and_then(|host| {
-        (host.as_str(), 0)
-            .to_socket_addrs()
-            .ok()?
-            .map(|a| a.ip())
-            .find(|ip| ip.is_ipv4())
-    });
+    let master = crate::bootstrap::bind::master_addr_ipv4();
     match master {
         Some(ip) => default_listen_ip(Some(ip)),
         None => store_hint.unwrap_or(IpAddr::from([127, 0, 0, 1])),

@@ -7,7 +7,7 @@
 
 use std::fmt;
 use std::io::{Read, Write};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream, ToSocketAddrs};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
 
 use super::error::{RdmaError, Result};
 use super::key::{hex, unhex};
@@ -84,14 +84,7 @@ pub(crate) fn listen_ip() -> Result<IpAddr> {
     if let BindAddr::Ip(ip) = bind {
         return Ok(ip);
     }
-    // MASTER_ADDR is the launcher's (an input, not a tunable; see bootstrap::rendezvous).
-    let master = std::env::var("MASTER_ADDR").ok().and_then(|host| {
-        (host.as_str(), 0)
-            .to_socket_addrs()
-            .ok()?
-            .map(|a| a.ip())
-            .find(|ip| ip.is_ipv4())
-    });
+    let master = torchcomms_core::bootstrap::bind::master_addr_ipv4();
     if let Some(ip) = master.and_then(route_to) {
         return Ok(ip);
     }
