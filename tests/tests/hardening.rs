@@ -118,6 +118,7 @@ fn an_intruder_with_only_master_port_gets_no_secret_and_no_connection() {
 
     // A well-formed HELLO claiming rank 0, then a proof made without the job key.
     let mut s = TcpStream::connect(&addr).unwrap();
+    let intruder_addr = s.local_addr().unwrap().to_string();
     s.set_read_timeout(Some(T)).unwrap();
     let mut hello = [0u8; 64];
     hello[..8].copy_from_slice(b"TCRSHEL3");
@@ -141,8 +142,9 @@ fn an_intruder_with_only_master_port_gets_no_secret_and_no_connection() {
     let outs = collect(vec![(0, rank0), (1, rank1)], job.timeout);
     assert_all_ok(&outs, "job with an intruder");
     let log = &outs.iter().find(|o| o.rank == 1).unwrap().stderr;
+    // Refused for its proof, or (if rank 0 finished the mesh first) for still handshaking.
     assert!(
-        log.contains("refused connection") && log.contains("failed the key proof"),
+        log.contains(&format!("refused connection from {intruder_addr}")),
         "rank 1: {log}"
     );
     assert!(log.contains("bad magic"), "rank 1: {log}");

@@ -217,6 +217,13 @@ impl<'a> Handshakes<'a> {
                 self.on_event(id, revents)?;
             }
         }
+        // Whoever is still handshaking is not a peer: say so, so an intruder is always logged.
+        for i in 0..self.incoming.len() {
+            if self.incoming[i].is_some() {
+                let s = self.take_incoming(i);
+                self.refuse(&s, "still handshaking when every peer had connected".into());
+            }
+        }
         Ok(self.socks)
     }
 
