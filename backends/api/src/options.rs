@@ -42,6 +42,9 @@ pub struct CommOptions {
     pub size: Option<usize>,
     /// Use a high-priority stream (GPU backends).
     pub high_priority_stream: bool,
+    /// The store serves this communicator alone (a reconfiguration's own prefix): its keys need
+    /// no per-name instance number, which ranks renumbered by a reconfiguration would disagree on.
+    pub dedicated_store: bool,
 }
 
 impl CommOptions {
@@ -61,6 +64,7 @@ impl CommOptions {
             rank: None,
             size: None,
             high_priority_stream: false,
+            dedicated_store: false,
         })
     }
 }
@@ -77,6 +81,7 @@ impl Default for CommOptions {
             rank: None,
             size: None,
             high_priority_stream: false,
+            dedicated_store: false,
         })
     }
 }

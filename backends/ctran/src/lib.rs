@@ -80,6 +80,7 @@ impl CtranBackend {
         let mut config = CommConfig::from_env(&args.name, rank, size)?;
         config.timeout = o.timeout;
         config.abort_process_on_error = o.abort_process_on_timeout_or_error;
+        config.dedicated_store = o.dedicated_store;
         let comm = match &o.store {
             Some(store) => Comm::init(config, Arc::clone(store))?,
             None => {

@@ -158,7 +158,7 @@ impl PyBatchSendRecv {
         };
         // The communicator's hints and default timeout (`set_hints`/`set_timeout`) apply
         // where the batch's options leave them unset.
-        let settings = self.comm.get().core.settings();
+        let settings = self.comm.get().core().settings();
         let mut all = settings.hints;
         all.extend(hints);
         opts.hints = all.into_iter().collect();

@@ -3,12 +3,12 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, RwLock, Weak};
 
 use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
-use torchcomms::{OpOptions, TorchComm};
+use torchcomms::{OpOptions, Reconfigurer, TorchComm};
 
 use crate::args::{callable_arg, hints_arg, index_arg, pre, pybool, str_arg, tuple, type_name};
 use crate::core::{Backend, CommCore, NativeComm, PostKind};
@@ -23,7 +23,24 @@ use crate::work::{PyTorchWork, WorkInner};
 #[pyclass(module = "torchcomms._comms", name = "TorchComm", frozen, weakref)]
 #[derive(Debug)]
 pub(crate) struct PyTorchComm {
-    pub(crate) core: Arc<CommCore>,
+    /// Replaced by `reconfigure()`; works and windows keep the core they were made on.
+    core: RwLock<Arc<CommCore>>,
+    /// Set when created with `enable_reconfigure=True`.
+    reconfigurer: Option<Reconfigurer>,
+}
+
+impl PyTorchComm {
+    pub(crate) fn new(core: CommCore, reconfigurer: Option<Reconfigurer>) -> PyTorchComm {
+        PyTorchComm {
+            core: RwLock::new(Arc::new(core)),
+            reconfigurer,
+        }
+    }
+
+    /// The communicator's current state.
+    pub(crate) fn core(&self) -> Arc<CommCore> {
+        Arc::clone(&self.core.read().unwrap_or_else(|p| p.into_inner()))
+    }
 }
 
 #[pymethods]
@@ -32,48 +49,48 @@ impl PyTorchComm {
 
     /// This rank.
     fn get_rank(&self) -> usize {
-        self.core.rank
+        self.core().rank
     }
     /// Number of ranks.
     fn get_size(&self) -> usize {
-        self.core.size
+        self.core().size
     }
     /// The name given at creation.
-    fn get_name(&self) -> &str {
-        &self.core.name
+    fn get_name(&self) -> String {
+        self.core().name.clone()
     }
     /// A copy of the options this communicator was created with.
     fn get_options(&self, py: Python<'_>) -> PyCommOptions {
-        let mut o = self.core.options.copy(py);
-        let s = self.core.settings();
+        let mut o = self.core().options.copy(py);
+        let s = self.core().settings();
         o.timeout = s.timeout;
         o.hints = s.hints;
         o
     }
     /// The `torch.device` this communicator serves.
     fn get_device(&self, py: Python<'_>) -> Py<PyAny> {
-        self.core.device.clone_ref(py)
+        self.core().device.clone_ref(py)
     }
     /// The backend name given to `new_comm` (inherited by split children).
-    fn get_backend(&self) -> &str {
-        &self.core.backend_name
+    fn get_backend(&self) -> String {
+        self.core().backend_name.clone()
     }
     /// Version of the engine behind the backend.
     fn get_backend_version(&self, py: Python<'_>) -> PyResult<String> {
-        match &self.core.backend {
-            Backend::Native(c) => c.get_backend_version().on_rank(self.core.rank),
+        match &self.core().backend {
+            Backend::Native(c) => c.get_backend_version().on_rank(self.core().rank),
             Backend::Python(b) => {
                 if b.bind(py).hasattr("get_backend_version")? {
                     b.call_method0(py, "get_backend_version")?.extract(py)
                 } else {
-                    Err(not_implemented("version", &self.core.name))
+                    Err(not_implemented("version", &self.core().name))
                 }
             }
         }
     }
     /// The backend object (a Python backend's instance; this communicator for Rust backends).
     fn get_backend_impl(slf: &Bound<'_, Self>) -> Py<PyAny> {
-        match &slf.get().core.backend {
+        match &slf.get().core().backend {
             Backend::Python(b) => b.clone_ref(slf.py()),
             Backend::Native(_) => slf.clone().into_any().unbind(),
         }
@@ -92,12 +109,17 @@ impl PyTorchComm {
         )?;
         Ok(Self::get_backend_impl(slf))
     }
-    /// Not supported by this build (dynamic-regime communicators).
+    /// This process's handle for `reconfigure()` (communicators created with
+    /// `enable_reconfigure=True`).
     fn get_init_handle(&self) -> PyResult<String> {
-        Err(not_implemented("getInitHandle", &self.core.name))
+        match &self.reconfigurer {
+            Some(r) => Ok(r.init_handle().to_string()),
+            None => Err(not_implemented("getInitHandle", &self.core().name)),
+        }
     }
-    /// Re-forms the communicator from `init_handles` (a collective of the new members). Only
-    /// the `fake` backend implements it (its work completes at once); `ctran` raises.
+    /// Re-forms the communicator from `init_handles` (a collective of the new members, each
+    /// passing the same `uuid` and handles): ranks follow the handles' order (a set is sorted).
+    /// The returned work is complete.
     #[pyo3(signature = (uuid, init_handles, timeout=None, hints=None))]
     fn reconfigure(
         &self,
@@ -108,44 +130,40 @@ impl PyTorchComm {
         hints: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyTorchWork>> {
         let op = "reconfigure";
-        index_arg(uuid, &self.core.tag(op), "uuid")?;
-        hints_arg(hints, &self.core.tag(op))?;
-        let handles_ok = (init_handles.is_instance_of::<PyList>()
-            || init_handles.is_instance_of::<pyo3::types::PySet>())
-            && init_handles.try_iter()?.all(|h| {
-                h.map(|h| h.is_instance_of::<pyo3::types::PyString>())
-                    .unwrap_or(false)
-            });
-        if !handles_ok {
-            return Err(crate::error::type_error(format!(
-                "{}: argument `init_handles` must be a list or set of str",
-                self.core.tag(op)
-            )));
-        }
-        timeout_arg(timeout, &self.core.tag(op))?;
-        if self.core.backend_name != crate::fake::NAME || !self.core.options.enable_reconfigure {
-            return Err(not_implemented(op, &self.core.name));
-        }
-        Py::new(
-            py,
-            PyTorchWork::new(WorkInner::Done, Arc::clone(&self.core)),
-        )
+        let old = self.core();
+        let tag = old.tag(op);
+        let uuid = index_arg(uuid, &tag, "uuid")?;
+        hints_arg(hints, &tag)?;
+        let handles = crate::reconfigure::handles_arg(init_handles, &tag)?;
+        let timeout = timeout_arg(timeout, &tag)?;
+        let Some(r) = &self.reconfigurer else {
+            // The fake backend reconfigures by doing nothing, as upstream's.
+            if old.backend_name == crate::fake::NAME && old.options.enable_reconfigure {
+                return Py::new(py, PyTorchWork::new(WorkInner::Done, old));
+            }
+            return Err(not_implemented(op, &old.name));
+        };
+        let core = Arc::new(crate::reconfigure::reconfigure(
+            py, r, &old, uuid, &handles, timeout,
+        )?);
+        *self.core.write().unwrap_or_else(|p| p.into_inner()) = Arc::clone(&core);
+        Py::new(py, PyTorchWork::new(WorkInner::Done, core))
     }
     /// Sets the default timeout of later operations (those called without `timeout=`).
     fn set_timeout(&self, py: Python<'_>, timeout: &Bound<'_, PyAny>) -> PyResult<()> {
-        let t = timeout_arg(Some(timeout), &self.core.tag("set_timeout"))?.ok_or_else(|| {
+        let t = timeout_arg(Some(timeout), &self.core().tag("set_timeout"))?.ok_or_else(|| {
             crate::error::type_error(format!(
                 "{}: argument `timeout` must be a datetime.timedelta, got None",
-                self.core.tag("set_timeout")
+                self.core().tag("set_timeout")
             ))
         })?;
-        if let Backend::Python(b) = &self.core.backend {
+        if let Backend::Python(b) = &self.core().backend {
             if !b.bind(py).hasattr("set_timeout")? {
-                return Err(not_implemented("setTimeout", &self.core.name));
+                return Err(not_implemented("setTimeout", &self.core().name));
             }
             b.call_method1(py, "set_timeout", (timeout,))?;
         }
-        self.core
+        self.core()
             .settings
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -158,16 +176,16 @@ impl PyTorchComm {
         let h: HashMap<String, String> = hints.extract().map_err(|_| {
             crate::error::type_error(format!(
                 "{}: argument `hints` must be a dict[str, str]",
-                self.core.tag("set_hints")
+                self.core().tag("set_hints")
             ))
         })?;
-        if let Backend::Python(b) = &self.core.backend {
+        if let Backend::Python(b) = &self.core().backend {
             if !b.bind(py).hasattr("set_hints")? {
-                return Err(not_implemented("setHints", &self.core.name));
+                return Err(not_implemented("setHints", &self.core().name));
             }
             b.call_method1(py, "set_hints", (hints,))?;
         }
-        self.core
+        self.core()
             .settings
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -177,30 +195,30 @@ impl PyTorchComm {
     /// Registers a tensor's memory with the backend: CPU tensors need no registration, so this
     /// only checks the tensor.
     fn tensor_register(&self, tensor: &Bound<'_, PyAny>) -> PyResult<()> {
-        if self.core.native().is_some() {
-            to_tensor(tensor, &self.core.tag("tensor_register"), "tensor")?;
+        if self.core().native().is_some() {
+            to_tensor(tensor, &self.core().tag("tensor_register"), "tensor")?;
         }
         Ok(())
     }
     /// Counterpart of `tensor_register()`.
     fn tensor_deregister(&self, tensor: &Bound<'_, PyAny>) -> PyResult<()> {
-        if self.core.native().is_some() {
-            to_tensor(tensor, &self.core.tag("tensor_deregister"), "tensor")?;
+        if self.core().native().is_some() {
+            to_tensor(tensor, &self.core().tag("tensor_deregister"), "tensor")?;
         }
         Ok(())
     }
     /// Not supported by this build (no memory allocator for CPU communicators).
     fn get_mem_allocator(&self) -> PyResult<()> {
-        Err(no_allocator(&self.core.backend_name))
+        Err(no_allocator(&self.core().backend_name))
     }
     /// Deprecated alias of `get_mem_allocator()`.
     #[getter(mem_allocator)]
     fn mem_allocator_attr(&self) -> PyResult<()> {
-        Err(no_allocator(&self.core.backend_name))
+        Err(no_allocator(&self.core().backend_name))
     }
     /// Not supported by this build.
     fn get_device_transport(&self) -> PyResult<()> {
-        Err(not_implemented("get_device_transport", &self.core.name))
+        Err(not_implemented("get_device_transport", &self.core().name))
     }
     /// A one-sided window of this communicator (collective when `tensor` is given: it is
     /// registered at once). CPU tensors go over shared memory or TCP; CUDA tensors over NVLink.
@@ -233,7 +251,7 @@ impl PyTorchComm {
     /// files of every rank.
     #[pyo3(signature = (dir=None))]
     fn dump_trace(&self, py: Python<'_>, dir: Option<&Bound<'_, PyAny>>) -> PyResult<String> {
-        let core = &self.core;
+        let core = &self.core();
         let dir = match dir.filter(|d| !d.is_none()) {
             None => None,
             Some(d) => Some(d.extract::<std::path::PathBuf>().map_err(|_| {
@@ -267,7 +285,7 @@ impl PyTorchComm {
 
     /// Whether `abort()` is implemented.
     fn is_abort_supported(&self) -> bool {
-        match &self.core.backend {
+        match &self.core().backend {
             Backend::Native(c) => c.is_abort_supported(),
             Backend::Python(_) => false,
         }
@@ -275,26 +293,30 @@ impl PyTorchComm {
 
     /// True once aborted.
     fn is_aborted(&self) -> bool {
-        match &self.core.backend {
+        match &self.core().backend {
             Backend::Native(c) => c.is_aborted(),
-            Backend::Python(_) => self.core.user_aborted.load(Ordering::Acquire),
+            Backend::Python(_) => self.core().user_aborted.load(Ordering::Acquire),
         }
     }
 
     /// `cb(name: OpName, op_id: int, args)` runs before each operation, on the calling thread.
     fn register_pre_hook(&self, callback: &Bound<'_, PyAny>) -> PyResult<RemovableHandle> {
-        let cb = callable_arg(callback, &self.core.tag("register_pre_hook"), "callback")?;
+        let cb = callable_arg(callback, &self.core().tag("register_pre_hook"), "callback")?;
         Ok(self.register(HookKind::Pre, cb))
     }
     /// `cb(op_id: int, args)` runs when each operation was enqueued (not completed).
     fn register_post_hook(&self, callback: &Bound<'_, PyAny>) -> PyResult<RemovableHandle> {
-        let cb = callable_arg(callback, &self.core.tag("register_post_hook"), "callback")?;
+        let cb = callable_arg(callback, &self.core().tag("register_post_hook"), "callback")?;
         Ok(self.register(HookKind::Post, cb))
     }
     /// `cb()` runs once before the communicator gives up on a timeout or error (and before
     /// the process aborts when `abort_process_on_timeout_or_error` is set).
     fn register_abort_hook(&self, callback: &Bound<'_, PyAny>) -> PyResult<RemovableHandle> {
-        let cb = callable_arg(callback, &self.core.tag("register_abort_hook"), "callback")?;
+        let cb = callable_arg(
+            callback,
+            &self.core().tag("register_abort_hook"),
+            "callback",
+        )?;
         Ok(self.register(HookKind::Abort, cb))
     }
 
@@ -302,7 +324,7 @@ impl PyTorchComm {
     // let the garbage collector see through them.
     fn __traverse__(&self, visit: pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
         // Hook lists are only locked briefly by threads that are attached; never block here.
-        if let Ok(h) = self.core.hooks.try_lock() {
+        if let Ok(h) = self.core().hooks.0.try_lock() {
             for cb in h.all() {
                 visit.call(cb)?;
             }
@@ -311,8 +333,9 @@ impl PyTorchComm {
     }
 
     fn __clear__(&self) {
-        self.core
+        self.core()
             .hooks
+            .0
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clear();
@@ -327,7 +350,10 @@ impl PyTorchComm {
     fn __repr__(&self) -> String {
         format!(
             "TorchComm(name={:?}, backend={:?}, rank={}, size={})",
-            self.core.name, self.core.backend_name, self.core.rank, self.core.size
+            self.core().name,
+            self.core().backend_name,
+            self.core().rank,
+            self.core().size
         )
     }
 
@@ -362,7 +388,7 @@ impl PyTorchComm {
         py: Python<'_>,
         tensor: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<crate::window::PyTorchCommWindow>> {
-        let c = &self.core;
+        let c = &self.core();
         let tensor = tensor.filter(|t| !t.is_none());
         let native = c
             .native()
@@ -397,7 +423,7 @@ impl PyTorchComm {
         hints: Option<&Bound<'_, PyAny>>,
         timeout: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Option<Py<PyTorchComm>>> {
-        let c = &self.core;
+        let c = &self.core();
         let op = "split";
         let items = if ranks.is_instance_of::<PyList>() || ranks.is_instance_of::<PyTuple>() {
             ranks.try_iter()?.collect::<PyResult<Vec<_>>>()?
@@ -444,6 +470,7 @@ impl PyTorchComm {
                     rank: None,
                     size: None,
                     high_priority_stream: false,
+                    dedicated_store: false,
                 };
                 let r = py.detach(|| comm.split(&ranks_u, name, Some(api_opts)));
                 match r {
@@ -458,12 +485,7 @@ impl PyTorchComm {
                             c.device.clone_ref(py),
                             child_opts,
                         );
-                        Some(Py::new(
-                            py,
-                            PyTorchComm {
-                                core: Arc::new(core),
-                            },
-                        )?)
+                        Some(Py::new(py, PyTorchComm::new(core, None))?)
                     }
                     Ok(None) => None,
                     Err(e) => {
@@ -512,7 +534,7 @@ pub(crate) fn no_allocator(backend: &str) -> PyErr {
 
 impl PyTorchComm {
     fn finalize_inner(&self, py: Python<'_>) -> PyResult<()> {
-        let core = &self.core;
+        let core = &self.core();
         let id = hooks::FINALIZE_OP_ID;
         hooks::run_pre(py, core.as_ref(), OpName::Finalize, id, |py| {
             pre(py, hooks::FinalizePreHookArgs {})
@@ -534,7 +556,7 @@ impl PyTorchComm {
     }
 
     fn abort_inner(&self, py: Python<'_>) -> PyResult<()> {
-        let core = &self.core;
+        let core = &self.core();
         core.user_aborted.store(true, Ordering::Release);
         if !core.abort_hooks_ran.swap(true, Ordering::AcqRel) {
             hooks::run_abort(py, core.as_ref());
@@ -553,13 +575,13 @@ impl PyTorchComm {
     }
 
     fn register(&self, kind: HookKind, cb: Py<PyAny>) -> RemovableHandle {
-        let id = self
-            .core
-            .hooks
+        let table = Arc::clone(&self.core().hooks);
+        let id = table
+            .0
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .add(kind, cb);
-        let owner: Arc<dyn HookOwner> = self.core.clone();
+        let owner: Arc<dyn HookOwner> = table;
         let weak: Weak<dyn HookOwner> = Arc::downgrade(&owner);
         RemovableHandle::new(weak, id)
     }
@@ -572,7 +594,7 @@ impl PyTorchComm {
         async_op: bool,
         opts: OpOptions,
     ) -> PyResult<Py<PyTorchWork>> {
-        let c = &self.core;
+        let c = &self.core();
         let name = "batch_op_issue";
         let native = match c.native() {
             Some(_) => {

@@ -76,7 +76,8 @@ pub(crate) struct CommCore {
     pub(crate) options: PyCommOptions,
     /// What `set_timeout()`/`set_hints()` changed after creation.
     pub(crate) settings: Mutex<Settings>,
-    pub(crate) hooks: Mutex<Hooks>,
+    /// Shared with the communicators that `reconfigure()` makes from this one.
+    pub(crate) hooks: Arc<HookTable>,
     pub(crate) abort_hooks_ran: AtomicBool,
     pub(crate) user_aborted: AtomicBool,
     current_stream: CurrentStream,
@@ -103,7 +104,7 @@ impl CommCore {
             }),
             device,
             options,
-            hooks: Mutex::new(Hooks::default()),
+            hooks: Arc::new(HookTable(Mutex::new(Hooks::default()))),
             abort_hooks_ran: AtomicBool::new(false),
             user_aborted: AtomicBool::new(false),
             current_stream: CurrentStream::default(),
@@ -111,9 +112,28 @@ impl CommCore {
     }
 }
 
+impl CommCore {
+    /// This state, taking over `old`'s hooks and settings (a reconfigured communicator).
+    pub(crate) fn continuing(mut self, old: &CommCore) -> CommCore {
+        self.hooks = Arc::clone(&old.hooks);
+        self.settings = Mutex::new(old.settings());
+        self
+    }
+}
+
 impl HookOwner for CommCore {
     fn hooks(&self) -> &Mutex<Hooks> {
-        &self.hooks
+        &self.hooks.0
+    }
+}
+
+/// A communicator's hooks, which outlive a reconfiguration.
+#[derive(Debug)]
+pub(crate) struct HookTable(pub(crate) Mutex<Hooks>);
+
+impl HookOwner for HookTable {
+    fn hooks(&self) -> &Mutex<Hooks> {
+        &self.0
     }
 }
 

@@ -114,12 +114,7 @@ pub(crate) fn python_comm(
         device.clone().unbind(),
         options,
     );
-    Py::new(
-        py,
-        PyTorchComm {
-            core: Arc::new(core),
-        },
-    )
+    Py::new(py, PyTorchComm::new(core, None))
 }
 
 /// The error for a backend whose entry point loaded but registered nothing. Upstream then
@@ -210,8 +205,12 @@ fn new_comm_inner(
             return Err(e);
         }
     }
-    // Only the fake backend implements reconfigure (as upstream's `supportsReconfigure`).
-    if enable_reconfigure && backend != crate::fake::NAME {
+    // Rust backends reconfigure by forming a new communicator; of the Python backends only
+    // the fake one does (as upstream's `supportsReconfigure`).
+    let is_fake = backend == crate::fake::NAME;
+    let reconfigurable = is_fake
+        || (py_backend(py, backend).is_none() && torchcomms::is_backend_registered(backend));
+    if enable_reconfigure && !reconfigurable {
         return Err(PyRuntimeError::new_err(format!(
             "[TorchComm]: enable_reconfigure=true is not supported by backend: {backend}. Only \
              backends that implement supportsReconfigure() can use reconfigure for fault \
@@ -264,10 +263,18 @@ fn new_comm_inner(
         rank: None,
         size: None,
         high_priority_stream: options.is_high_priority_stream,
+        dedicated_store: false,
     };
-    let comm = py
-        .detach(|| torchcomms::new_comm(backend, dev, name, api_opts))
-        .py()?;
+    // A reconfigurable communicator starts alone; its first `reconfigure()` forms the group.
+    let (comm, reconfigurer) = if enable_reconfigure && !is_fake {
+        let r = torchcomms::Reconfigurer::new(backend, dev, name, api_opts).py()?;
+        (py.detach(|| r.alone()).py()?, Some(r))
+    } else {
+        let comm = py
+            .detach(|| torchcomms::new_comm(backend, dev, name, api_opts))
+            .py()?;
+        (comm, None)
+    };
     let (rank, size) = (comm.get_rank(), comm.get_size());
     let core = CommCore::new(
         Backend::Native(NativeComm::new(comm)),
@@ -277,10 +284,5 @@ fn new_comm_inner(
         torch_device.unbind(),
         options,
     );
-    Py::new(
-        py,
-        PyTorchComm {
-            core: Arc::new(core),
-        },
-    )
+    Py::new(py, PyTorchComm::new(core, reconfigurer))
 }

@@ -29,6 +29,7 @@ mod hooks;
 mod ops;
 mod persistent;
 mod rdma;
+mod reconfigure;
 mod store;
 mod stream;
 mod tensor;

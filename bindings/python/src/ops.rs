@@ -74,7 +74,7 @@ macro_rules! py_methods {
                     hints: Option<&Bound<'_, PyAny>>,
                     timeout: Option<&Bound<'_, PyAny>>,
                 ) -> PyResult<Py<PyTorchWork>> {
-                    let core = &self.core;
+                    let core = &self.core();
                     let op = stringify!($name);
                     guard(op, || {
                         $(py_arg!(check $kind, core, op, stringify!($arg), $arg)?;)*

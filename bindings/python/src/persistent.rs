@@ -77,7 +77,7 @@ impl PyTorchComm {
         hints: Option<&Bound<'_, PyAny>>,
         timeout: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Py<PyAny>> {
-        let core = &self.core;
+        let core = &self.core();
         let op = "all_gather_p_init";
         timeout_arg(timeout, &core.tag(op))?;
         let hints: torchcomms::Hints = hints_arg(hints, &core.tag(op))?
@@ -106,7 +106,7 @@ impl PyTorchComm {
 
     /// Releases a handle of `all_gather_p_init`.
     fn all_gather_p_free(&self, py: Python<'_>, handle: &Bound<'_, PyAny>) -> PyResult<()> {
-        let core = &self.core;
+        let core = &self.core();
         let op = "all_gather_p_free";
         guard(op, || match &core.backend {
             Backend::Native(comm) => {

@@ -410,7 +410,7 @@ pub(crate) struct PyCommOptions {
     pub(crate) timeout: Duration,
     /// A `torch.distributed.Store` to bootstrap through, or None.
     pub(crate) store: Option<Py<PyAny>>,
-    /// Must stay False: reconfigure is not supported by this build.
+    /// Created for `reconfigure()` (Rust backends and the fake one).
     pub(crate) enable_reconfigure: bool,
     /// Backend hints.
     pub(crate) hints: HashMap<String, String>,
@@ -495,7 +495,8 @@ impl PyBatchP2POptions {
     }
 }
 
-/// Options of `reconfigure()` (kept for API compatibility: this build cannot reconfigure).
+/// Options of `reconfigure()` (upstream passes them to backends; `TorchComm.reconfigure` takes
+/// the same fields as arguments).
 #[pyclass(
     module = "torchcomms._comms",
     name = "ReconfigureOptions",

@@ -129,11 +129,6 @@ def test_unknown_backend() -> None:
         torchcomms.new_comm("nope", "cpu", "x")
 
 
-def test_reconfigure_not_supported() -> None:
-    with pytest.raises(RuntimeError, match="enable_reconfigure=true is not supported by backend: ctran"):
-        torchcomms.new_comm("ctran", "cpu", "x", enable_reconfigure=True)
-
-
 def test_bad_environment(monkeypatch: Any) -> None:
     monkeypatch.setenv("TORCHCOMM_ABORT_ON_ERROR", "perhaps")
     with pytest.raises(ValueError, match="TORCHCOMM_ABORT_ON_ERROR"):

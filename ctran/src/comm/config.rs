@@ -15,6 +15,9 @@ pub use torchcomms_core::DEFAULT_TIMEOUT;
 pub struct CommConfig {
     /// Name, unique in the process; prefixes the store keys of this communicator.
     pub name: String,
+    /// The store serves this communicator alone: its keys carry no per-name instance number
+    /// (which ranks renumbered by a reconfiguration would disagree on).
+    pub dedicated_store: bool,
     /// This rank.
     pub rank: usize,
     /// Number of ranks.
@@ -107,6 +110,7 @@ impl CommConfig {
         };
         Ok(CommConfig {
             name,
+            dedicated_store: false,
             rank,
             size,
             timeout: cv.torchcomm_timeout_seconds(),

@@ -212,11 +212,11 @@ fn connect_with_store(
         comm: config.name.clone(),
         reason,
     };
-    let prefix = format!(
-        "torchcomms/{}/{}",
-        config.name,
-        next_instance(&config.name, config.rank)
-    );
+    let instance = match config.dedicated_store {
+        true => 0,
+        false => next_instance(&config.name, config.rank),
+    };
+    let prefix = format!("torchcomms/{}/{instance}", config.name);
     let root = Arc::clone(&store);
     let store = PrefixStore::new(prefix, store);
     let (listener, advertised) = listen(&config, store.local_addr_hint())?;
