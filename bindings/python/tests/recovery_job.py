@@ -76,7 +76,8 @@ def train(args: list[str]) -> None:
     rank, world, port, out = int(args[0]), int(args[1]), int(args[2]), args[3]
     kill_rank, kill_step, grow_step = int(args[4]), int(args[5]), int(args[6])
     store = TCPStore("127.0.0.1", port, is_master=False, timeout=T)
-    comm = torchcomms.new_comm("ctran", "cpu", "recovery", enable_reconfigure=True, store=store, timeout=T)
+    comm = torchcomms.new_comm("ctran", "cpu", "recovery", enable_reconfigure=True, store=store, timeout=T,
+                                 abort_process_on_timeout_or_error=False)
     me = comm.get_init_handle()
     store.set(f"gen0/{rank}", me)
     comm.reconfigure(uuid=0, init_handles=[store.get(f"gen0/{r}").decode() for r in range(world)], timeout=T).wait()
@@ -118,7 +119,8 @@ def train(args: list[str]) -> None:
 def join(args: list[str]) -> None:
     port, out = int(args[0]), args[1]
     store = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=120))
-    comm = torchcomms.new_comm("ctran", "cpu", "recovery", enable_reconfigure=True, store=store, timeout=T)
+    comm = torchcomms.new_comm("ctran", "cpu", "recovery", enable_reconfigure=True, store=store, timeout=T,
+                                 abort_process_on_timeout_or_error=False)
     store.set("join/handle", comm.get_init_handle())
     members = json.loads(store.get("join/members"))
     comm.reconfigure(uuid=int(store.get("join/uuid")), init_handles=members, timeout=T).wait()
