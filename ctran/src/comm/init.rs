@@ -136,6 +136,13 @@ fn transports(
     let shm = if config.use_shm && local.len() > 1 {
         let h = StableHasher::new().bytes(secret).u64(me).finish();
         let name = format!("/tcrs-{}-{h:016x}", local[0]);
+        // A local peer that dies during set-up closes its connection: fail in moments.
+        let peers: Vec<usize> = local
+            .iter()
+            .copied()
+            .filter(|&r| r != config.rank)
+            .collect();
+        let mut alive = || socket.probe_idle(peers.iter().copied());
         let shm = ShmTransport::attach(
             &name,
             config.rank,
@@ -144,6 +151,7 @@ fn transports(
             cores,
             &config.shm,
             deadline,
+            &mut alive,
         )
         .map_err(|e| Error::Bootstrap {
             comm: config.name.clone(),

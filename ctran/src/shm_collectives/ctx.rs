@@ -263,7 +263,15 @@ mod tests {
             rand::random::<u32>()
         );
         let deadline = Instant::now() + Duration::from_secs(5);
-        Node::attach(&name, sizes, 0, Duration::from_millis(1), deadline).unwrap()
+        Node::attach(
+            &name,
+            sizes,
+            0,
+            Duration::from_millis(1),
+            deadline,
+            &mut || Ok(()),
+        )
+        .unwrap()
     }
 
     #[test]

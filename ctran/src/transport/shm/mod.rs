@@ -31,7 +31,13 @@ use slot::{fifo_used, Slot as SlotHeader};
 /// and value of a word of its own, reads every peer's word with `process_vm_readv`, and publishes
 /// whether all reads returned the published values; cross-memory attach is used only when every
 /// rank succeeded (so all agree). `enabled` false (the cvar) counts as a failed probe.
-fn probe_cma(node: &Node, probe: &u64, enabled: bool, deadline: Instant) -> Result<bool> {
+fn probe_cma(
+    node: &Node,
+    probe: &u64,
+    enabled: bool,
+    deadline: Instant,
+    alive: node::Alive<'_>,
+) -> Result<bool> {
     let me = node.me;
     let n = node.nlocal();
     if enabled {
@@ -47,9 +53,10 @@ fn probe_cma(node: &Node, probe: &u64, enabled: bool, deadline: Instant) -> Resu
         comm: String::new(),
         reason: format!("not every local rank {what} before the deadline"),
     };
-    node.wait_plain(
+    node.wait_for(
         |nd| nd.header(2).load(Ordering::Acquire) as usize == n,
         deadline,
+        &mut *alive,
     )
     .map_err(|_| timed_out("published its cross-memory probe"))?;
     let works = enabled
@@ -76,9 +83,10 @@ fn probe_cma(node: &Node, probe: &u64, enabled: bool, deadline: Instant) -> Resu
     c.cma_state
         .store(if works { 1 } else { 2 }, Ordering::Release);
     node.ring_others();
-    node.wait_plain(
+    node.wait_for(
         |nd| (0..n).all(|j| nd.control(j).cma_state.load(Ordering::Acquire) != 0),
         deadline,
+        &mut *alive,
     )
     .map_err(|_| timed_out("finished its cross-memory probe"))?;
     Ok((0..n).all(|j| node.control(j).cma_state.load(Ordering::Acquire) == 1))
@@ -221,7 +229,9 @@ pub struct ShmTransport {
 impl ShmTransport {
     /// Joins the host's segment `name`. `local_ranks` are the global ranks on this host in
     /// increasing order, `size` the communicator size, `rank` this rank, `cores` the cores the
-    /// local ranks share.
+    /// local ranks share. `alive` reports a local peer that died during set-up (see
+    /// [`Node::attach`]).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn attach(
         name: &str,
         rank: usize,
@@ -230,6 +240,7 @@ impl ShmTransport {
         cores: usize,
         cfg: &ShmConfig,
         deadline: Instant,
+        alive: node::Alive<'_>,
     ) -> Result<ShmTransport> {
         let nlocal = local_ranks.len();
         let me = local_ranks
@@ -248,10 +259,10 @@ impl ShmTransport {
             fifo_slot_bytes: cfg.fifo_slot_bytes,
             coll_bytes: cfg.coll_bytes,
         };
-        let mut node = Node::attach(name, sizes, me, spin, deadline)?;
+        let mut node = Node::attach(name, sizes, me, spin, deadline, &mut *alive)?;
         node.global = local_ranks.to_vec();
         let probe = Box::new(rand::random::<u64>() | 1);
-        let cma = probe_cma(&node, &probe, cfg.cma, deadline)?;
+        let cma = probe_cma(&node, &probe, cfg.cma, deadline, alive)?;
         tracing::info!(
             rank,
             local_ranks = nlocal,

@@ -11,6 +11,9 @@ use crate::error::{Error, Result};
 use crate::span::Span;
 use crate::transport::{OpTag, TransportError, AGREEMENT_CHECK_AFTER};
 
+/// Reports a local peer that died (its connection closed) while this rank waits for it.
+pub(crate) type Alive<'a> = &'a mut dyn FnMut() -> std::result::Result<(), TransportError>;
+
 /// What a wait ended with, when it did not succeed.
 #[derive(Debug)]
 pub(crate) enum WaitEnd {
@@ -49,19 +52,38 @@ pub(crate) struct Node {
 
 impl Node {
     /// Creates (local index 0) or opens the segment `name` and waits until it is initialised.
-    /// The creator unlinks the name once every local rank has mapped it.
+    /// The creator unlinks the name once every local rank has mapped it. `alive` reports a
+    /// local peer that died meanwhile (its connection closed), so set-up fails in moments, not
+    /// at the deadline; on any failure the name is unlinked here, so a creator that died after
+    /// creating it leaves nothing in /dev/shm.
     pub(crate) fn attach(
         name: &str,
         sizes: Sizes,
         me: usize,
         spin: Duration,
         deadline: Instant,
+        alive: Alive<'_>,
+    ) -> Result<Node> {
+        let attached = Self::attach_watching(name, sizes, me, spin, deadline, alive);
+        if attached.is_err() {
+            Segment::unlink_name(name);
+        }
+        attached
+    }
+
+    fn attach_watching(
+        name: &str,
+        sizes: Sizes,
+        me: usize,
+        spin: Duration,
+        deadline: Instant,
+        alive: Alive<'_>,
     ) -> Result<Node> {
         let layout = Layout::new(sizes);
         let seg = if me == 0 {
             Segment::create(name, layout.total)?
         } else {
-            Segment::open(name, layout.total, deadline)?
+            Segment::open(name, layout.total, deadline, &mut *alive)?
         };
         let mut node = Node {
             seg,
@@ -70,18 +92,22 @@ impl Node {
             spin,
             global: Vec::new(),
         };
+        let failed = |what: String, end: WaitEnd| Error::Bootstrap {
+            comm: String::new(),
+            reason: match end {
+                WaitEnd::Deadline => format!("{what} before the deadline"),
+                WaitEnd::Failed(e) => format!("{what}: {e}"),
+            },
+        };
         if me == 0 {
             node.header_word(0).store(MAGIC, Ordering::Release);
         } else {
-            while node.header_word(0).load(Ordering::Acquire) != MAGIC {
-                if Instant::now() >= deadline {
-                    return Err(Error::Bootstrap {
-                        comm: String::new(),
-                        reason: format!("segment {name} was never initialised"),
-                    });
-                }
-                std::thread::sleep(Duration::from_micros(200));
-            }
+            node.wait_for(
+                |n| n.header_word(0).load(Ordering::Acquire) == MAGIC,
+                deadline,
+                &mut *alive,
+            )
+            .map_err(|e| failed(format!("segment {name} was not initialised"), e))?;
         }
         node.control(me)
             .pid
@@ -92,19 +118,18 @@ impl Node {
         }
         if me == 0 {
             // Unlink as soon as everyone mapped it: a killed rank can then leave nothing behind.
-            let result = node.wait_plain(
+            let result = node.wait_for(
                 |n| n.header_word(1).load(Ordering::Acquire) as usize == sizes.nlocal,
                 deadline,
+                &mut *alive,
             );
             node.seg.unlink();
-            if result.is_err() {
-                return Err(Error::Bootstrap {
-                    comm: String::new(),
-                    reason: format!(
-                        "not every local rank attached to shared memory segment {name} in time"
-                    ),
-                });
-            }
+            result.map_err(|e| {
+                failed(
+                    format!("not every local rank attached to shared memory segment {name}"),
+                    e,
+                )
+            })?;
         }
         Ok(node)
     }
@@ -284,13 +309,5 @@ impl Node {
             }
             me.sleeping.store(0, Ordering::SeqCst);
         }
-    }
-
-    pub(crate) fn wait_plain(
-        &self,
-        done: impl FnMut(&Node) -> bool,
-        deadline: Instant,
-    ) -> std::result::Result<(), WaitEnd> {
-        self.wait_for(done, deadline, &mut || Ok(()))
     }
 }

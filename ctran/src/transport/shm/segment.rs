@@ -81,8 +81,14 @@ impl Segment {
         }
     }
 
-    /// Opens and maps a segment another rank creates, waiting until it exists at full size.
-    pub(crate) fn open(name: &str, len: usize, deadline: Instant) -> Result<Segment> {
+    /// Opens and maps a segment another rank creates, waiting until it exists at full size or
+    /// `alive` reports the creator gone.
+    pub(crate) fn open(
+        name: &str,
+        len: usize,
+        deadline: Instant,
+        alive: super::node::Alive<'_>,
+    ) -> Result<Segment> {
         let cname = CString::new(name).expect("segment names have no NUL");
         loop {
             match shm_open(cname.as_c_str(), OFlag::O_RDWR, Mode::empty()) {
@@ -113,7 +119,21 @@ impl Segment {
                     ),
                 });
             }
+            if let Err(e) = alive() {
+                return Err(Error::Bootstrap {
+                    comm: String::new(),
+                    reason: format!("shared-memory segment {name} did not appear: {e}"),
+                });
+            }
             std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Removes `name` if it exists: what a rank whose set-up failed does, so a segment whose
+    /// creator died is not left behind.
+    pub(crate) fn unlink_name(name: &str) {
+        if let Ok(c) = CString::new(name) {
+            let _ = shm_unlink(c.as_c_str());
         }
     }
 

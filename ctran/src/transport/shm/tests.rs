@@ -24,7 +24,9 @@ fn local_ranks(n: usize) -> Vec<ShmTransport> {
         let joins: Vec<_> = (0..n)
             .map(|r| {
                 let (name, cfg, ranks) = (&name, &cfg, &ranks);
-                s.spawn(move || ShmTransport::attach(name, r, n, ranks, n, cfg, deadline))
+                s.spawn(move || {
+                    ShmTransport::attach(name, r, n, ranks, n, cfg, deadline, &mut || Ok(()))
+                })
             })
             .collect();
         joins
@@ -32,6 +34,58 @@ fn local_ranks(n: usize) -> Vec<ShmTransport> {
             .map(|j| j.join().unwrap().unwrap())
             .collect()
     })
+}
+
+fn shm_test_config() -> ShmConfig {
+    ShmConfig {
+        fifo_slots: 2,
+        fifo_slot_bytes: 256,
+        coll_bytes: 256,
+        cma: false,
+        ..ShmConfig::default()
+    }
+}
+
+/// A local peer that died during set-up (its connection closed) fails the waiting rank in
+/// moments, not at the deadline, and the segment's name is gone from /dev/shm either way: the
+/// creator waiting for the dead peer unlinks it, and so does a rank whose creator died.
+#[test]
+fn a_peer_dying_during_set_up_fails_fast_and_leaves_no_segment() {
+    let dead = || {
+        Err(TransportError::PeerLost {
+            peer: 1,
+            reason: "connection closed by peer".into(),
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let started = Instant::now();
+    // The creator waits for rank 1, which died.
+    let name = format!(
+        "/tc-shm-dead-{}-{}",
+        std::process::id(),
+        rand::random::<u32>()
+    );
+    let cfg = shm_test_config();
+    let err = ShmTransport::attach(&name, 0, 2, &[0, 1], 2, &cfg, deadline, &mut dead.clone())
+        .err()
+        .expect("set-up fails");
+    assert!(err.to_string().contains("peer 1"), "{err}");
+    assert!(!std::path::Path::new(&format!("/dev/shm{name}")).exists());
+    // Rank 1 waits for a creator that died after creating the segment.
+    let name = format!(
+        "/tc-shm-dead-{}-{}",
+        std::process::id(),
+        rand::random::<u32>()
+    );
+    let orphan = segment::Segment::create(&name, 4096).expect("create");
+    std::mem::forget(orphan);
+    assert!(std::path::Path::new(&format!("/dev/shm{name}")).exists());
+    let err = ShmTransport::attach(&name, 1, 2, &[0, 1], 2, &cfg, deadline, &mut dead.clone())
+        .err()
+        .expect("set-up fails");
+    assert!(err.to_string().contains("peer 1"), "{err}");
+    assert!(!std::path::Path::new(&format!("/dev/shm{name}")).exists());
+    assert!(started.elapsed() < Duration::from_secs(10));
 }
 
 /// The flaky "order" case, made deterministic: rank 0 runs a barrier (waiting for peer 2)
