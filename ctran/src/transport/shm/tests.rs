@@ -67,8 +67,7 @@ fn a_peer_dying_during_set_up_fails_fast_and_leaves_no_segment() {
     );
     let cfg = shm_test_config();
     let err = ShmTransport::attach(&name, 0, 2, &[0, 1], 2, &cfg, deadline, &mut dead.clone())
-        .err()
-        .expect("set-up fails");
+        .expect_err("set-up fails");
     assert!(err.to_string().contains("peer 1"), "{err}");
     assert!(!std::path::Path::new(&format!("/dev/shm{name}")).exists());
     // Rank 1 waits for a creator that died after creating the segment.
@@ -81,8 +80,7 @@ fn a_peer_dying_during_set_up_fails_fast_and_leaves_no_segment() {
     std::mem::forget(orphan);
     assert!(std::path::Path::new(&format!("/dev/shm{name}")).exists());
     let err = ShmTransport::attach(&name, 1, 2, &[0, 1], 2, &cfg, deadline, &mut dead.clone())
-        .err()
-        .expect("set-up fails");
+        .expect_err("set-up fails");
     assert!(err.to_string().contains("peer 1"), "{err}");
     assert!(!std::path::Path::new(&format!("/dev/shm{name}")).exists());
     assert!(started.elapsed() < Duration::from_secs(10));
