@@ -75,6 +75,10 @@ typedef struct tc_all_gather_p_t tc_all_gather_p_t;
 // release it with `tc_comm_destroy`.
 typedef struct tc_comm_t tc_comm_t;
 
+// What a process needs to take part in reconfigurations (from `tc_reconfigurer_create`);
+// release it with `tc_reconfigurer_destroy`.
+typedef struct tc_reconfigurer_t tc_reconfigurer_t;
+
 // A TCP key-value store (torch.distributed.TCPStore wire protocol) ranks bootstrap through;
 // release it with `tc_store_destroy`.
 typedef struct tc_store_t tc_store_t;
@@ -491,6 +495,51 @@ enum tc_status_t tc_batch_p2p(struct tc_comm_t *comm,
                               void *stream,
                               const struct tc_op_options_t *options,
                               struct tc_work_t **work);
+
+// Prepares reconfigurations of communicators named `name` on `backend` for `device`; talks to
+// nobody. Members meet through `store`, or, when it is NULL, torchrun's agent store: a store
+// that outlives every rank (one served by rank 0 would die with it). Stores the handle in
+// `*reconfigurer` (NULL on error).
+//
+// # Safety
+// `backend`, `name` NUL-terminated strings; `store` NULL or a live store handle, kept alive
+// while the reconfigurer is used; `options` NULL or valid; `reconfigurer` valid for writing a
+// pointer.
+enum tc_status_t tc_reconfigurer_create(const char *backend,
+                                        struct tc_device_t device,
+                                        const char *name,
+                                        struct tc_store_t *store,
+                                        const struct tc_comm_options_t *options,
+                                        struct tc_reconfigurer_t **reconfigurer);
+
+// Stores this process's init handle in `*handle` (valid until `tc_reconfigurer_destroy`):
+// give it to every member of a reconfiguration.
+//
+// # Safety
+// `reconfigurer` a live handle; `handle` valid for writing a pointer.
+enum tc_status_t tc_reconfigurer_init_handle(struct tc_reconfigurer_t *reconfigurer,
+                                             const char **handle);
+
+// Forms the communicator of the `num_handles` members in `handles` (a collective of exactly
+// those processes, each passing the same `uuid` and list); ranks follow the list's order.
+// `timeout_seconds` bounds the set-up (negative: the options' timeout). Stores the new
+// communicator in `*comm` (NULL on error); the caller finalizes and destroys the old one.
+//
+// # Safety
+// `reconfigurer` a live handle; `handles` `num_handles` NUL-terminated strings; `comm` valid
+// for writing a pointer.
+enum tc_status_t tc_reconfigurer_reconfigure(struct tc_reconfigurer_t *reconfigurer,
+                                             uint64_t uuid,
+                                             const char *const *handles,
+                                             size_t num_handles,
+                                             double timeout_seconds,
+                                             struct tc_comm_t **comm);
+
+// Releases a reconfigurer (communicators it made stay valid).
+//
+// # Safety
+// `reconfigurer` NULL or a live handle not used afterwards.
+enum tc_status_t tc_reconfigurer_destroy(struct tc_reconfigurer_t *reconfigurer);
 
 // Connects to the TCP store at `host:port` (the torch.distributed.TCPStore protocol, so a
 // store served by torchrun or PyTorch works too). With `is_server`, first serves one on

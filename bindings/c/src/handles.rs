@@ -7,7 +7,7 @@
 use std::ffi::CString;
 use std::sync::{Arc, OnceLock};
 
-use torchcomms::{AllGatherP, TorchComm, Window, Work};
+use torchcomms::{AllGatherP, Reconfigurer, TorchComm, Window, Work};
 use torchcomms_core::bootstrap::tcp_store::TcpStore;
 
 /// A communicator (from `tc_comm_create`, `tc_comm_create_from_env` or `tc_comm_split`);
@@ -55,6 +55,27 @@ pub struct tc_window_t {
     pub(crate) window: Window,
     /// Ranks of its communicator (for checking rank arguments).
     pub(crate) size: usize,
+}
+
+/// What a process needs to take part in reconfigurations (from `tc_reconfigurer_create`);
+/// release it with `tc_reconfigurer_destroy`.
+#[derive(Debug)]
+pub struct tc_reconfigurer_t {
+    pub(crate) reconfigurer: Reconfigurer,
+    /// This process's init handle, NUL-terminated.
+    pub(crate) handle: CString,
+    /// The store members meet through, kept alive with the handle.
+    pub(crate) store: Option<Arc<TcpStore>>,
+}
+
+impl tc_reconfigurer_t {
+    pub(crate) fn new(reconfigurer: Reconfigurer, store: Option<Arc<TcpStore>>) -> Self {
+        tc_reconfigurer_t {
+            handle: c_string(reconfigurer.init_handle()),
+            reconfigurer,
+            store,
+        }
+    }
 }
 
 /// A TCP key-value store (torch.distributed.TCPStore wire protocol) ranks bootstrap through;

@@ -7,7 +7,8 @@
 //!   library, through the RAII wrapper `examples/cpp/torchcomms.hpp`) over 4 ranks;
 //! - `tests/c/collectives.c`: every operation, the store, split, async work, over 1, 3, 4 ranks;
 //! - `tests/c/errors.c`: the error paths and their messages, over 2 ranks;
-//! - `tests/c/windows.c`: one-sided windows (a put + signal ring, bad input), over 3 ranks.
+//! - `tests/c/windows.c`: one-sided windows (a put + signal ring, bad input), over 3 ranks;
+//! - `tests/c/reconfigure.c`: reconfigurations (reversed order, a shrink, bad lists), over 3 ranks.
 
 use std::io::Read;
 use std::net::TcpListener;
@@ -325,6 +326,18 @@ fn c_windows_3_ranks() {
         &[],
     );
     run_and_check(&exe, 3, "windows");
+}
+
+#[test]
+fn c_reconfigure_3_ranks() {
+    let exe = compile(
+        "reconfigure",
+        &crate_dir().join("tests/c/reconfigure.c"),
+        false,
+        Link::Shared,
+        &[],
+    );
+    run_and_check(&exe, 3, "reconfigure");
 }
 
 #[test]

@@ -16,6 +16,7 @@
 //! | `comm.rs` | `tc_comm_*`, `tc_work_*` |
 //! | `ops.rs` | the operations: one per row of the table of operations, and `tc_batch_p2p` |
 //! | `window.rs` | `tc_window_*`: one-sided windows |
+//! | `reconfigure.rs` | `tc_reconfigurer_*`: new communicators from members' init handles |
 //! | `args.rs` | the checked conversions of raw pointers every entry point uses |
 
 // In the order of the header (cbindgen writes items in the order it reads them).
@@ -23,11 +24,13 @@ mod args;
 mod comm;
 mod library;
 mod ops;
+mod reconfigure;
 mod store;
 mod window;
 
 pub use comm::*;
 pub use library::*;
 pub use ops::*;
+pub use reconfigure::*;
 pub use store::*;
 pub use window::*;
