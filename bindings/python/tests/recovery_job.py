@@ -1,14 +1,15 @@
 """One process of the recovery job that test_z_recovery.py launches: data-parallel training of
 a small model on ctran with `enable_reconfigure=True`, through a torch TCPStore the test serves.
 
-    recovery_job.py train RANK WORLD PORT OUT KILL_RANK KILL_STEP GROW_STEP
+    recovery_job.py [--cuda] train RANK WORLD PORT OUT KILL_RANK KILL_STEP GROW_STEP
     recovery_job.py join PORT OUT                    # a new process that joins at GROW_STEP
     recovery_job.py resume RANK WORLD PORT OUT START END PARAMS   # a reference run of steps START..END
 
 It is the recipe of the README: on an error, every survivor registers under the next
 generation, the lowest registered old rank closes the membership once nobody new arrived for
 a short window, and everyone reconfigures onto the survivors' handles and redoes the step.
-Each process writes one JSON line to OUT.<id>: its final parameters and timings.
+Each process writes one JSON line to OUT.<id>: its final parameters and timings. With
+``--cuda`` the communicators and tensors are on GPUs (process i on GPU i modulo the count).
 """
 
 from __future__ import annotations
@@ -28,6 +29,13 @@ import torchcomms
 STEPS = 10
 T = timedelta(seconds=30)
 QUORUM_WINDOW_S = 0.3
+DEVICE = torch.device("cpu")
+
+
+def comm_device(index: int) -> torch.device:
+    if DEVICE.type == "cuda":
+        return torch.device("cuda", index % torch.cuda.device_count())
+    return DEVICE
 
 
 def batch(step: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -36,19 +44,21 @@ def batch(step: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
 
 
-def initial_params() -> list[torch.Tensor]:
+def initial_params(device: torch.device) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(0)
-    return [torch.randn(16, 4, generator=g), torch.randn(4, generator=g)]
+    return [torch.randn(16, 4, generator=g).to(device), torch.randn(4, generator=g).to(device)]
 
 
 def step_on(comm, params: list[torch.Tensor], step: int) -> list[torch.Tensor]:
     """One synchronous data-parallel SGD step; raises if the communicator fails."""
-    x, y = batch(step, comm.get_rank())
+    x, y = (t.to(params[0].device) for t in batch(step, comm.get_rank()))
     w, b = (p.clone().requires_grad_(True) for p in params)
     loss = ((x @ w + b - y) ** 2).mean()
     loss.backward()
     grads = torch.cat([w.grad.flatten(), b.grad.flatten()])
     comm.all_reduce(grads, torchcomms.ReduceOp.SUM, async_op=False)
+    if grads.is_cuda:
+        torch.cuda.current_stream().synchronize()  # a lost peer surfaces here, in this step
     grads /= comm.get_size()
     gw, gb = grads[: w.numel()].view_as(w), grads[w.numel():]
     return [params[0] - 0.1 * gw, params[1] - 0.1 * gb]
@@ -76,12 +86,13 @@ def train(args: list[str]) -> None:
     rank, world, port, out = int(args[0]), int(args[1]), int(args[2]), args[3]
     kill_rank, kill_step, grow_step = int(args[4]), int(args[5]), int(args[6])
     store = TCPStore("127.0.0.1", port, is_master=False, timeout=T)
-    comm = torchcomms.new_comm("ctran", "cpu", "recovery", enable_reconfigure=True, store=store, timeout=T,
+    dev = comm_device(rank)
+    comm = torchcomms.new_comm("ctran", dev, "recovery", enable_reconfigure=True, store=store, timeout=T,
                                  abort_process_on_timeout_or_error=False)
     me = comm.get_init_handle()
     store.set(f"gen0/{rank}", me)
     comm.reconfigure(uuid=0, init_handles=[store.get(f"gen0/{r}").decode() for r in range(world)], timeout=T).wait()
-    params, gen, step, timings = initial_params(), 0, 0, {}
+    params, gen, step, timings = initial_params(dev), 0, 0, {}
     members = []
     while step < STEPS:
         if step == kill_step and rank == kill_rank:
@@ -89,7 +100,7 @@ def train(args: list[str]) -> None:
         if step == grow_step:
             # A new process asked to join: everyone forms the larger group, and the newcomer
             # gets the parameters from rank 0.
-            torch.save(params, f"{out}.grow{step}.{rank}")
+            torch.save([p.cpu() for p in params], f"{out}.grow{step}.{rank}")
             joiner = store.get("join/handle").decode()
             gen += 1
             if comm.get_rank() == 0:
@@ -103,7 +114,7 @@ def train(args: list[str]) -> None:
             new = step_on(comm, params, step)
         except Exception as e:  # noqa: BLE001 - any failure of a collective is a lost peer here
             t_err = time.monotonic()
-            torch.save(params, f"{out}.start{step}.{rank}")
+            torch.save([p.cpu() for p in params], f"{out}.start{step}.{rank}")
             gen += 1
             members = membership(store, gen, me, rank)
             comm.reconfigure(uuid=gen, init_handles=members, timeout=T).wait()
@@ -119,12 +130,13 @@ def train(args: list[str]) -> None:
 def join(args: list[str]) -> None:
     port, out = int(args[0]), args[1]
     store = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=120))
-    comm = torchcomms.new_comm("ctran", "cpu", "recovery", enable_reconfigure=True, store=store, timeout=T,
+    dev = comm_device(4)
+    comm = torchcomms.new_comm("ctran", dev, "recovery", enable_reconfigure=True, store=store, timeout=T,
                                  abort_process_on_timeout_or_error=False)
     store.set("join/handle", comm.get_init_handle())
     members = json.loads(store.get("join/members"))
     comm.reconfigure(uuid=int(store.get("join/uuid")), init_handles=members, timeout=T).wait()
-    flat = torch.zeros(16 * 4 + 4)
+    flat = torch.zeros(16 * 4 + 4, device=dev)
     comm.broadcast(flat, root=0, async_op=False)
     params = [flat[:64].view(16, 4).clone(), flat[64:].clone()]
     step = int(store.get("join/step"))
@@ -139,9 +151,10 @@ def resume(args: list[str]) -> None:
     rank, world, port, out = int(args[0]), int(args[1]), int(args[2]), args[3]
     start, end, saved = int(args[4]), int(args[5]), args[6]
     store = TCPStore("127.0.0.1", port, is_master=False, timeout=T)
-    comm = torchcomms.new_comm("ctran", "cpu", "reference", store=store, timeout=T)
+    dev = comm_device(rank)
+    comm = torchcomms.new_comm("ctran", dev, "reference", store=store, timeout=T)
     assert comm.get_size() == world
-    params = torch.load(saved)
+    params = [p.to(dev) for p in torch.load(saved)]
     for step in range(start, end):
         params = step_on(comm, params, step)
     comm.finalize()
@@ -150,8 +163,12 @@ def resume(args: list[str]) -> None:
 
 def report(out: str, who: str, params: list[torch.Tensor], timings: dict) -> None:
     with open(f"{out}.{who}", "w") as f:
-        json.dump(dict(who=who, params=[p.flatten().tolist() for p in params], **timings), f)
+        json.dump(dict(who=who, params=[p.flatten().cpu().tolist() for p in params], **timings), f)
 
 
 if __name__ == "__main__":
-    {"train": train, "join": join, "resume": resume}[sys.argv[1]](sys.argv[2:])
+    argv = sys.argv[1:]
+    if argv[0] == "--cuda":
+        DEVICE = torch.device("cuda")
+        argv = argv[1:]
+    {"train": train, "join": join, "resume": resume}[argv[0]](argv[1:])

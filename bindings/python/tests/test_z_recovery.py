@@ -21,7 +21,7 @@ import pytest
 import torch
 from torch.distributed import TCPStore
 
-from conftest import RANK
+RANK = int(os.environ.get("RANK", "0"))
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 JOB = os.path.join(HERE, "recovery_job.py")
@@ -60,6 +60,13 @@ def test_survivors_shrink_continue_and_grow_back() -> None:
         pytest.skip("fault jobs disabled by TORCHCOMMS_TEST_FAULTS=0 (scripts/test-python.sh runs them once)")
     if RANK != 0:
         pytest.skip("the recovery job is launched by rank 0 only (it starts its own processes)")
+    run_recovery(cuda=False)
+
+
+def run_recovery(cuda: bool) -> list[float]:
+    """Runs the job (on GPUs with ``cuda``) and checks it; returns each survivor's seconds from
+    the error to the end of its first successful step on the new communicator."""
+    flag = ["--cuda"] if cuda else []
     rng = random.Random()
     kill_rank, kill_step = rng.randrange(4), rng.randrange(1, 5)
     grow_step = kill_step + 3
@@ -69,9 +76,13 @@ def test_survivors_shrink_continue_and_grow_back() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "r")
 
-        def spawn(*args: str) -> subprocess.Popen:
+        def spawn(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
             return subprocess.Popen(
-                [sys.executable, JOB, *args], env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+                [sys.executable, JOB, *flag, *args],
+                env=env or _env(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
             )
 
         train = [spawn("train", str(r), "4", port, out, str(kill_rank), str(kill_step), str(grow_step)) for r in range(4)]
@@ -90,7 +101,8 @@ def test_survivors_shrink_continue_and_grow_back() -> None:
         for rep in reports[:3]:
             assert rep["failed_step"] == kill_step and rep["size_after"] == 3, (where, rep)
             assert rep["final_size"] == 4, (where, rep)
-            # Goal: error to first successful collective of the new communicator within 2 s.
+            # Goal: error to first successful collective of the new communicator within 2 s
+            # (measured and recorded in docs/recovery.md; a loose bound here for slow machines).
             assert rep["recovered_s"] < 10.0, (where, rep["recovered_s"])
         assert reports[3]["final_size"] == 4
         finals = [rep["params"] for rep in reports]
@@ -100,12 +112,9 @@ def test_survivors_shrink_continue_and_grow_back() -> None:
         start = f"{out}.start{kill_step}.{survivors[0]}"
         ref_server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
         ref = [
-            subprocess.Popen(
-                [sys.executable, JOB, "resume", str(r), "3", str(ref_server.port), out, str(kill_step), str(grow_step), start],
+            spawn(
+                "resume", str(r), "3", str(ref_server.port), out, str(kill_step), str(grow_step), start,
                 env=_env(TORCHCOMM_RANK=str(r), TORCHCOMM_SIZE="3"),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
             )
             for r in range(3)
         ]
@@ -113,10 +122,11 @@ def test_survivors_shrink_continue_and_grow_back() -> None:
             assert code == 0, f"reference rank {r} failed:\n{text}"
         want = _read(out, "ref0")["params"]
         for r in survivors:
-            got = torch.load(f"{out}.grow{grow_step}.{r}")
-            got = [p.flatten().tolist() for p in got]
+            got = [p.flatten().tolist() for p in torch.load(f"{out}.grow{grow_step}.{r}")]
             for g, w in zip(got, want):
                 assert torch.allclose(torch.tensor(g), torch.tensor(w), atol=1e-6), f"{where}: survivor {r}"
-        print(f"recovery ({where}): {[round(rep['recovered_s'], 3) for rep in reports[:3]]} s from the error")
+        took = [rep["recovered_s"] for rep in reports[:3]]
+        print(f"recovery ({where}): {[round(t, 3) for t in took]} s from the error")
     leaked = set(os.listdir("/dev/shm")) - shm_before
     assert not leaked, f"left in /dev/shm: {sorted(leaked)}"
+    return took
