@@ -56,9 +56,10 @@ def step_on(comm, params: list[torch.Tensor], step: int) -> list[torch.Tensor]:
     loss = ((x @ w + b - y) ** 2).mean()
     loss.backward()
     grads = torch.cat([w.grad.flatten(), b.grad.flatten()])
-    comm.all_reduce(grads, torchcomms.ReduceOp.SUM, async_op=False)
-    if grads.is_cuda:
-        torch.cuda.current_stream().synchronize()  # a lost peer surfaces here, in this step
+    # wait_blocking() returns once the all-reduce ended on the device, and raises if it failed:
+    # on a GPU a plain wait() only orders the stream, and a failure would surface at a later
+    # call, after a bad update (commit a step only once its collectives are known to be good).
+    comm.all_reduce(grads, torchcomms.ReduceOp.SUM, async_op=True).wait_blocking()
     grads /= comm.get_size()
     gw, gb = grads[: w.numel()].view_as(w), grads[w.numel():]
     return [params[0] - 0.1 * gw, params[1] - 0.1 * gb]
