@@ -357,6 +357,18 @@ impl Drop for Event {
     }
 }
 
+/// Bytes of device memory and of pinned host memory this process holds through
+/// [`DeviceBuffer`] and [`crate::PinnedBuffer`] now: what tests check returns to zero once
+/// every communicator is gone.
+pub fn live_bytes() -> (u64, u64) {
+    (
+        LIVE_DEVICE_BYTES.load(std::sync::atomic::Ordering::Relaxed),
+        crate::pinned::LIVE_PINNED_BYTES.load(std::sync::atomic::Ordering::Relaxed),
+    )
+}
+
+static LIVE_DEVICE_BYTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// Device memory from `cuMemAlloc`, freed on drop.
 #[derive(Debug)]
 pub struct DeviceBuffer {
@@ -380,6 +392,9 @@ impl DeviceBuffer {
             // SAFETY: a plain allocation in the bound context.
             unsafe { result::malloc_sync(bytes) }.call("cuMemAlloc")?
         };
+        if ptr != 0 {
+            LIVE_DEVICE_BYTES.fetch_add(bytes as u64, std::sync::atomic::Ordering::Relaxed);
+        }
         Ok(DeviceBuffer {
             ctx: Arc::clone(ctx),
             ptr,
@@ -466,6 +481,7 @@ impl Drop for DeviceBuffer {
         if self.ptr == 0 {
             return;
         }
+        LIVE_DEVICE_BYTES.fetch_sub(self.bytes as u64, std::sync::atomic::Ordering::Relaxed);
         let r = self.ctx.bind().and_then(|()| {
             // SAFETY: our allocation, freed once (cuMemFree waits for work using it).
             unsafe { result::free_sync(self.ptr) }.call("cuMemFree")

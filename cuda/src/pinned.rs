@@ -7,6 +7,7 @@
 //! reads and writes both without any driver call.
 
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use cudarc::driver::{result, sys};
@@ -46,6 +47,7 @@ impl PinnedBuffer {
         let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device_ptr, raw, 0) }
             .result()
             .call("cuMemHostGetDevicePointer");
+        LIVE_PINNED_BYTES.fetch_add(size as u64, Ordering::Relaxed);
         let buf = PinnedBuffer {
             ctx: Arc::clone(ctx),
             ptr,
@@ -76,8 +78,12 @@ impl PinnedBuffer {
     }
 }
 
+/// Pinned bytes held now (see [`crate::driver::live_bytes`]).
+pub(crate) static LIVE_PINNED_BYTES: AtomicU64 = AtomicU64::new(0);
+
 impl Drop for PinnedBuffer {
     fn drop(&mut self) {
+        LIVE_PINNED_BYTES.fetch_sub(self.bytes.max(1) as u64, Ordering::Relaxed);
         let r = self.ctx.bind().and_then(|()| {
             // SAFETY: ours, freed once; users stop using it before dropping (the GPE keeps a
             // buffer until the device work that touches it has completed).

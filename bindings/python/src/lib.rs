@@ -144,6 +144,7 @@ fn _comms(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_panic_for_test, m)?)?;
     m.add_function(wrap_pyfunction!(cvars::_cvar, m)?)?;
     m.add_function(wrap_pyfunction!(watchdog::_health_check, m)?)?;
+    m.add_function(wrap_pyfunction!(reconfigure::_cuda_bytes_held, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("_ENGINE_VERSION", torchcomms_ctran::VERSION)?;
     m.add_function(wrap_pyfunction!(nccl_info, m)?)?;

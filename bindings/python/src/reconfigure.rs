@@ -97,3 +97,11 @@ pub(crate) fn reconfigure(
     );
     Ok(core.continuing(old))
 }
+
+/// Bytes of device memory and of pinned host memory the engine holds in this process now
+/// (`(device, pinned)`): zero once every communicator is gone, which the recovery tests check
+/// after reconfigurations.
+#[pyfunction]
+pub(crate) fn _cuda_bytes_held() -> (u64, u64) {
+    torchcomms_cuda::driver::live_bytes()
+}

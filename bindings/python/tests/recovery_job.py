@@ -125,6 +125,7 @@ def train(args: list[str]) -> None:
         params, step = new, step + 1
     timings["final_size"] = comm.get_size()
     comm.finalize()
+    del comm
     report(out, f"train{rank}", params, timings)
 
 
@@ -145,6 +146,7 @@ def join(args: list[str]) -> None:
         params, step = step_on(comm, params, step), step + 1
     final_size = comm.get_size()
     comm.finalize()
+    del comm
     report(out, "join", params, dict(final_size=final_size))
 
 
@@ -163,6 +165,12 @@ def resume(args: list[str]) -> None:
 
 
 def report(out: str, who: str, params: list[torch.Tensor], timings: dict) -> None:
+    # Every communicator this process made is finalized and dropped (the last one by the
+    # caller, the others by reconfigure()): the engine must hold no device or pinned memory.
+    import gc
+
+    gc.collect()
+    timings = dict(timings, cuda_bytes_held=list(torchcomms._comms._cuda_bytes_held()))
     with open(f"{out}.{who}", "w") as f:
         json.dump(dict(who=who, params=[p.flatten().cpu().tolist() for p in params], **timings), f)
 

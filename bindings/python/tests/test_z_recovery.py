@@ -105,6 +105,8 @@ def run_recovery(cuda: bool) -> list[float]:
             # (measured and recorded in docs/recovery.md; a loose bound here for slow machines).
             assert rep["recovered_s"] < 10.0, (where, rep["recovered_s"])
         assert reports[3]["final_size"] == 4
+        for rep in reports:
+            assert rep["cuda_bytes_held"] == [0, 0], f"{where}: {rep['who']} still holds {rep['cuda_bytes_held']}"
         finals = [rep["params"] for rep in reports]
         assert all(f == finals[0] for f in finals), f"{where}: members ended with different parameters"
 
