@@ -51,6 +51,7 @@ pub fn socket_hello(data: &[u8]) {
         key: [0x5a; 32],
         handshake_timeout: std::time::Duration::from_secs(1),
         protection: Default::default(),
+        local_pids: Vec::new(),
     };
     if let Ok(from) = check_hello(hello, &plan, &connected) {
         assert!(from < rank && !connected[from], "accepted rank {from}");

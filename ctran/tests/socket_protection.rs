@@ -48,6 +48,7 @@ fn connect(
                     key: [7; 32],
                     handshake_timeout: Duration::from_secs(10),
                     protection: modes[rank],
+                    local_pids: Vec::new(),
                 };
                 s.spawn(move || {
                     let r = connect_mesh(l, &plan, &SocketConfig::default(), deadline);

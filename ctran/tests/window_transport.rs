@@ -28,6 +28,7 @@ fn pair(protection: Protection) -> [SocketTransport; 2] {
                     key: [7; 32],
                     handshake_timeout: Duration::from_secs(10),
                     protection,
+                    local_pids: Vec::new(),
                 };
                 s.spawn(move || connect_mesh(l, &plan, &SocketConfig::default(), deadline))
             })

@@ -88,6 +88,32 @@ pub(crate) fn host_id() -> u64 {
         .finish()
 }
 
+/// The name of the shared-memory segment of this host's ranks of a communicator, whose first
+/// local rank is `first`.
+fn segment_name(secret: &[u8; 16], host: u64, first: usize) -> String {
+    let h = StableHasher::new().bytes(secret).u64(host).finish();
+    format!("/tcrs-{first}-{h:016x}")
+}
+
+/// Runs the rest of set-up (`rest`); if it fails, removes this host's shared-memory segment of
+/// the communicator, which a local rank that died after creating it would leave behind (the
+/// survivors may fail before they reach the segment).
+fn unlinking_on_failure<T>(
+    (use_shm, rank): (bool, usize),
+    hosts: &[u64],
+    secret: &[u8; 16],
+    rest: impl FnOnce() -> Result<T>,
+) -> Result<T> {
+    let result = rest();
+    if result.is_err() && use_shm {
+        let me = hosts[rank];
+        if let Some(first) = (0..hosts.len()).find(|&r| hosts[r] == me) {
+            crate::transport::shm::remove_segment(&segment_name(secret, me, first));
+        }
+    }
+    result
+}
+
 /// The transports of a communicator, the cores of this rank's host and the waker of its
 /// progress thread.
 struct Transports {
@@ -134,8 +160,7 @@ fn transports(
         socket.set_buffers(peers, LOCAL_BUF_BYTES);
     }
     let shm = if config.use_shm && local.len() > 1 {
-        let h = StableHasher::new().bytes(secret).u64(me).finish();
-        let name = format!("/tcrs-{}-{h:016x}", local[0]);
+        let name = segment_name(secret, me, local[0]);
         // A local peer that dies during set-up closes its connection: fail in moments.
         let peers: Vec<usize> = local
             .iter()
@@ -237,6 +262,8 @@ fn connect_with_store(
     }
     store.set(&format!("addr/{rank}"), advertised.to_string().as_bytes())?;
     let mut host = host_id().to_le_bytes().to_vec();
+    host.extend_from_slice(&std::process::id().to_le_bytes());
+    host.extend_from_slice(&pid_namespace().to_le_bytes());
     host.extend_from_slice(&RankCpus::of_this_thread().to_bytes());
     store.set(&format!("host/{rank}"), &host)?;
     let left = || deadline.saturating_duration_since(Instant::now());
@@ -254,12 +281,15 @@ fn connect_with_store(
     }
     let mut hosts = Vec::with_capacity(size);
     let mut cpus = Vec::with_capacity(size);
+    let mut local_pids = Vec::with_capacity(size);
+    let (my_host, my_pidns) = (host_id(), pid_namespace());
     for r in 0..size {
         let raw = store.get(&format!("host/{r}"), left())?;
-        let (id, c) = decode_host(&raw)
+        let h = decode_host(&raw)
             .ok_or_else(|| fail(format!("rank {r} published a bad host record")))?;
-        hosts.push(id);
-        cpus.push(c);
+        local_pids.push((h.id == my_host && h.pidns == my_pidns).then_some(h.pid));
+        hosts.push(h.id);
+        cpus.push(h.cpus);
     }
     let plan = MeshPlan {
         comm: config.name.clone(),
@@ -268,9 +298,12 @@ fn connect_with_store(
         key: mesh_key(&key, &config.name, &secret),
         handshake_timeout: config.handshake_timeout,
         protection: config.protection,
+        local_pids,
     };
-    let socket = connect_mesh(listener, &plan, &config.socket, deadline)?;
-    let t = transports(&mut config, socket, &hosts, &cpus, &secret, deadline)?;
+    let t = unlinking_on_failure((config.use_shm, config.rank), &hosts, &secret, || {
+        let socket = connect_mesh(listener, &plan, &config.socket, deadline)?;
+        transports(&mut config, socket, &hosts, &cpus, &secret, deadline)
+    })?;
     let comm = Comm::start(config, t.mapper, t.host_cores, t.waker, Arc::clone(trace))?;
     super::trace::publish_endpoint(&*root, &store, comm.config(), advertised.ip());
     // Nobody leaves before everybody has read the store, so the store can go away right after.
@@ -289,13 +322,34 @@ fn decode_addr(raw: &[u8]) -> std::result::Result<SocketAddr, String> {
     text.parse().map_err(|_| text.into_owned())
 }
 
-/// A rank's host record from the store: host id, then its CPUs.
-fn decode_host(raw: &[u8]) -> Option<(u64, RankCpus)> {
-    let (id, rank_cpus) = raw.split_at_checked(8)?;
-    Some((
-        u64::from_le_bytes(id.try_into().ok()?),
-        RankCpus::from_bytes(rank_cpus)?,
-    ))
+/// A rank's host record as it published it in the store.
+struct HostRecord {
+    id: u64,
+    pid: u32,
+    /// Identifies the rank's pid namespace: its pid means something here only when equal.
+    pidns: u64,
+    cpus: RankCpus,
+}
+
+/// A rank's host record from the store: host id, pid, pid namespace, then its CPUs.
+fn decode_host(raw: &[u8]) -> Option<HostRecord> {
+    let (id, rest) = raw.split_at_checked(8)?;
+    let (pid, rest) = rest.split_at_checked(4)?;
+    let (pidns, rank_cpus) = rest.split_at_checked(8)?;
+    Some(HostRecord {
+        id: u64::from_le_bytes(id.try_into().ok()?),
+        pid: u32::from_le_bytes(pid.try_into().ok()?),
+        pidns: u64::from_le_bytes(pidns.try_into().ok()?),
+        cpus: RankCpus::from_bytes(rank_cpus)?,
+    })
+}
+
+/// This process's pid namespace, hashed (0 when /proc does not say).
+fn pid_namespace() -> u64 {
+    let ns = std::fs::read_link("/proc/self/ns/pid")
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    StableHasher::new().str(&ns).finish()
 }
 
 /// What each parent rank tells the others during a split, as it is on the wire (fixed size, so
@@ -471,6 +525,7 @@ fn split_inner(
         key: mesh_key(&key, name, &records[ranks[0]].secret),
         handshake_timeout: config.handshake_timeout,
         protection: config.protection,
+        local_pids: Vec::new(),
     };
     let child_secret = records[ranks[0]].secret;
     let parent_ranks = &parent.trace().meta().global_ranks;
@@ -485,8 +540,11 @@ fn split_inner(
         Some(format!("split from `{}`", parent.name())),
     );
     let child = (|| {
-        let socket = connect_mesh(listener, &plan, &config.socket, deadline)?;
-        let t = transports(&mut config, socket, &hosts, &cpus, &child_secret, deadline)?;
+        let shm = (config.use_shm, config.rank);
+        let t = unlinking_on_failure(shm, &hosts, &child_secret, || {
+            let socket = connect_mesh(listener, &plan, &config.socket, deadline)?;
+            transports(&mut config, socket, &hosts, &cpus, &child_secret, deadline)
+        })?;
         let child = Comm::start(config, t.mapper, t.host_cores, t.waker, Arc::clone(&trace))?;
         child.run(
             Op::Barrier,

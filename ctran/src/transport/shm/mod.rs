@@ -92,6 +92,11 @@ fn probe_cma(
     Ok((0..n).all(|j| node.control(j).cma_state.load(Ordering::Acquire) == 1))
 }
 
+/// Removes the segment `name` if it exists (set-up failed: see `Node::attach`).
+pub(crate) fn remove_segment(name: &str) {
+    segment::Segment::unlink_name(name);
+}
+
 /// How much the shared-memory collectives of this process (every communicator together) read
 /// straight from other ranks' memory by cross-memory attach; the probes at init are not
 /// counted. Two relaxed counters per read; tests use them to show that the path ran.

@@ -104,6 +104,25 @@ pub struct MeshPlan {
     /// What protects the data of every connection (`TORCHCOMMS_DATA_PROTECTION`); the
     /// handshake fails when two ranks differ.
     pub protection: Protection,
+    /// The process id of each rank that runs on this host in this pid namespace (else `None`;
+    /// may be empty): set-up fails in moments when one of them exits before it connected,
+    /// instead of at the deadline.
+    pub local_pids: Vec<Option<u32>>,
+}
+
+/// How often set-up looks whether local peers that have not connected yet still run.
+const LIVENESS_EVERY: Duration = Duration::from_millis(200);
+
+/// Whether process `pid` (of this pid namespace) has exited: gone, or a zombie not yet reaped.
+fn exited(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name, which is in parentheses and may hold spaces.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state == "Z" || state == "X"),
+        Err(_) => true,
+    }
 }
 
 /// Connects this rank to every other rank of `plan`, within `deadline`.
@@ -200,10 +219,15 @@ impl<'a> Handshakes<'a> {
             .sock
             .set_nonblocking(true)
             .map_err(|e| Error::io("listener O_NONBLOCK", e))?;
+        let mut next_look = Instant::now() + LIVENESS_EVERY;
         while !self.done() {
             let now = Instant::now();
             if now >= self.deadline {
                 return Err(self.timed_out());
+            }
+            if now >= next_look {
+                next_look = now + LIVENESS_EVERY;
+                self.check_local_peers()?;
             }
             self.incoming.retain(Option::is_some);
             self.start_due(now)?;
@@ -225,6 +249,19 @@ impl<'a> Handshakes<'a> {
             }
         }
         Ok(self.socks)
+    }
+
+    /// Fails when a local peer that has not connected yet has exited.
+    fn check_local_peers(&self) -> Result<()> {
+        for (peer, pid) in self.plan.local_pids.iter().enumerate() {
+            let Some(pid) = *pid else { continue };
+            if peer != self.plan.rank && !self.connected[peer] && exited(pid) {
+                return Err(self.fail(format!(
+                    "rank {peer} (pid {pid} on this host) exited during set-up, before it connected"
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Starts the outgoing handshakes whose time has come.
@@ -503,6 +540,7 @@ mod tests {
                     key: keys[rank],
                     handshake_timeout: Duration::from_secs(10),
                     protection: Protection::None,
+                    local_pids: Vec::new(),
                 };
                 std::thread::spawn(move || {
                     let r = connect_mesh(l, &plan, &SocketConfig::default(), start + timeout);

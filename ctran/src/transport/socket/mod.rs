@@ -578,6 +578,7 @@ mod tests {
                         key: [7; 32],
                         handshake_timeout: Duration::from_secs(10),
                         protection: Protection::None,
+                        local_pids: Vec::new(),
                     };
                     s.spawn(move || connect_mesh(l, &plan, &SocketConfig::default(), deadline))
                 })
