@@ -575,9 +575,9 @@ pub(crate) fn fuzz_records(data: &[u8]) {
             let _ = decode_addr(raw);
         }
         2 => {
-            if let Some((_, cpus)) = decode_host(raw) {
+            if let Some(h) = decode_host(raw) {
                 // What the host's cores are computed from; must not panic on any mask.
-                super::cpus::host_cores([&cpus]);
+                super::cpus::host_cores([&h.cpus]);
             }
         }
         _ => {
