@@ -2,7 +2,7 @@
 a small model on ctran with `enable_reconfigure=True`, through a torch TCPStore the test serves.
 
     recovery_job.py [--cuda] train RANK WORLD PORT OUT KILL_RANK KILL_STEP GROW_STEP
-    recovery_job.py join PORT OUT                    # a new process that joins at GROW_STEP
+    recovery_job.py join PORT OUT GPU                # a new process that joins at GROW_STEP
     recovery_job.py resume RANK WORLD PORT OUT START END PARAMS   # a reference run of steps START..END
 
 It is the recipe of the README: on an error, every survivor registers under the next
@@ -130,9 +130,9 @@ def train(args: list[str]) -> None:
 
 
 def join(args: list[str]) -> None:
-    port, out = int(args[0]), args[1]
+    port, out, gpu = int(args[0]), args[1], int(args[2])
     store = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=120))
-    dev = comm_device(4)
+    dev = comm_device(gpu)
     comm = torchcomms.new_comm("ctran", dev, "recovery", enable_reconfigure=True, store=store, timeout=T,
                                  abort_process_on_timeout_or_error=False)
     store.set("join/handle", comm.get_init_handle())

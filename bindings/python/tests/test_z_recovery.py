@@ -86,7 +86,9 @@ def run_recovery(cuda: bool) -> list[float]:
             )
 
         train = [spawn("train", str(r), "4", port, out, str(kill_rank), str(kill_step), str(grow_step)) for r in range(4)]
-        joiner = spawn("join", port, out)
+        # The newcomer takes the GPU the killed rank freed, so on 4 GPUs every communicator has
+        # one process per GPU (NVLink).
+        joiner = spawn("join", port, out, str(kill_rank))
         results = _run(train + [joiner], timeout=150)
         where = f"kill rank {kill_rank} at step {kill_step}, grow at step {grow_step}"
         for r, (code, text) in enumerate(results[:4]):
