@@ -12,10 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use torchcomms_core::bootstrap::rendezvous::{
-    MASTER_ADDR_VAR, MASTER_PORT_VAR, USE_AGENT_STORE_VAR,
-};
-use torchcomms_core::bootstrap::tcp_store::TcpStoreClient;
+use torchcomms_core::bootstrap::rendezvous;
 use torchcomms_core::bootstrap::{PrefixStore, Store};
 use torchcomms_core::Device;
 
@@ -156,25 +153,15 @@ fn new_handle(backend: &str) -> String {
 
 /// torchrun's agent store, which outlives every worker.
 fn agent_store(timeout: Duration) -> Result<Arc<dyn Store>> {
-    let why = "a store that outlives every rank: pass `store` (e.g. a torch TCPStore) or run under torchrun, whose agent serves MASTER_PORT";
-    // Launcher inputs, not tunables: read directly, as the bootstrap does.
-    let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
-    let agent = var(USE_AGENT_STORE_VAR)
-        .is_some_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true"));
-    let (Some(host), Some(port), true) = (var(MASTER_ADDR_VAR), var(MASTER_PORT_VAR), agent) else {
-        return Err(Error::invalid(
+    match rendezvous::agent_store_from_env(timeout)? {
+        Some(client) => Ok(Arc::new(client)),
+        None => Err(Error::invalid(
             "new_comm",
             "store",
-            why,
-            format!("no store, and {USE_AGENT_STORE_VAR} is not set"),
-        ));
-    };
-    let port: u16 = port
-        .trim()
-        .parse()
-        .map_err(|_| Error::invalid("new_comm", MASTER_PORT_VAR, "a TCP port", &port))?;
-    let client = TcpStoreClient::connect(host.trim(), port, timeout).map_err(Error::from)?;
-    Ok(Arc::new(client))
+            "a store that outlives every rank: pass `store` (e.g. a torch TCPStore) or run under torchrun, whose agent serves MASTER_PORT",
+            "no store, and no torchrun agent store (TORCHELASTIC_USE_AGENT_STORE) in the environment",
+        )),
+    }
 }
 
 #[cfg(test)]

@@ -74,6 +74,29 @@ pub fn store_from_env(rank: usize, size: usize, timeout: Duration) -> Result<Boo
     store_from_lookup(|name| std::env::var(name).ok(), rank, size, timeout)
 }
 
+/// A client of torchrun's agent store when the environment names one
+/// (`TORCHELASTIC_USE_AGENT_STORE` true, with `MASTER_ADDR`/`MASTER_PORT`): a store that
+/// outlives every worker, which reconfigurable communicators need. `None` when it does not.
+pub fn agent_store_from_env(timeout: Duration) -> Result<Option<TcpStoreClient>> {
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    let agent = var(USE_AGENT_STORE_VAR)
+        .is_some_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes"));
+    let (true, Some(host), Some(port)) = (agent, var(MASTER_ADDR_VAR), var(MASTER_PORT_VAR)) else {
+        return Ok(None);
+    };
+    let port = match port.trim().parse::<u16>() {
+        Ok(p) if p != 0 => p,
+        _ => {
+            return Err(Error::invalid(
+                MASTER_PORT_VAR,
+                "a TCP port in 1..=65535",
+                port,
+            ))
+        }
+    };
+    Ok(Some(TcpStoreClient::connect(host.trim(), port, timeout)?))
+}
+
 /// [`store_from_env`] over any variable lookup (tests, or configuration that is not in the
 /// process environment).
 pub fn store_from_lookup(
