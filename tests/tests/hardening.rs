@@ -66,8 +66,8 @@ fn silent_sockets_to_every_listener_do_not_stop_init() {
     drop(silent);
 }
 
-/// Rank 1 holds another job key: rank 0 fails at once naming the key, rank 1 fails at its
-/// timeout naming the refused proof; neither hangs.
+/// Rank 1 holds another job key: rank 0 fails at once naming the key, rank 1 fails once rank
+/// 0 has exited (or at its timeout) naming the refused proof; neither hangs.
 #[test]
 fn a_rank_with_another_job_key_fails_every_rank_within_the_timeout() {
     let server = TcpStoreServer::bind("127.0.0.1", 0).expect("store server");

@@ -256,9 +256,13 @@ impl<'a> Handshakes<'a> {
         for (peer, pid) in self.plan.local_pids.iter().enumerate() {
             let Some(pid) = *pid else { continue };
             if peer != self.plan.rank && !self.connected[peer] && exited(pid) {
-                return Err(self.fail(format!(
-                    "rank {peer} (pid {pid} on this host) exited during set-up, before it connected"
-                )));
+                let mut reason = format!(
+                    "rank {peer} (pid {pid} on this host) exited during set-up and did not connect"
+                );
+                if let Some(last) = &self.last_refusal {
+                    reason += &format!("; refused {} connections, the last {last}", self.refused);
+                }
+                return Err(self.fail(reason));
             }
         }
         Ok(())
