@@ -233,8 +233,10 @@ impl Executor {
             }
         }
         self.write_unwritten();
-        if self.shared.failure().is_some() {
-            self.net.abort("communicator shut down after a failure");
+        if let Some(err) = self.shared.failure() {
+            // Peers learn why (an abort() by the user reads as such, not as a failure).
+            self.net
+                .abort(&format!("communicator shut down after a failure: {err}"));
         } else {
             self.net.close();
         }
