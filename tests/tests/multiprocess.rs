@@ -136,6 +136,42 @@ fn bad_input_names_the_argument() {
     assert_all_ok(&outs, "errors");
 }
 
+/// Counts of device_alltoallv_single that only the running operation sees (a peer sending more
+/// rows than rank 0's output holds, a negative count) fail every rank well within the timeout,
+/// naming the cause on rank 0, over TCP and shared memory.
+#[test]
+fn dynamic_all_to_all_with_bad_counts_fails_every_rank() {
+    for (what, cause) in [
+        ("overflow", "output"),
+        ("negative", "input_split_sizes[1]"),
+    ] {
+        for backends in ["socket", "socket,shm"] {
+            let outs = Job::new(3, &["dynamic-counts", "--what", what])
+                .env("TORCHCOMM_TIMEOUT_SECONDS", "30")
+                .env("CTRAN_BACKENDS", backends)
+                .run(&worker());
+            assert_all_ok(&outs, &format!("dynamic counts {what} over {backends}"));
+            for o in &outs {
+                let line = o
+                    .stdout
+                    .lines()
+                    .find(|l| l.starts_with("DYNAMIC"))
+                    .unwrap_or_else(|| panic!("{what}: rank {} printed no error", o.rank));
+                if o.rank == 0 {
+                    assert!(line.contains(cause), "{what}: rank 0 said: {line}");
+                }
+                let ms: u64 = line
+                    .split("after ")
+                    .nth(1)
+                    .and_then(|s| s.split(' ').next())
+                    .and_then(|s| s.parse().ok())
+                    .expect("elapsed ms");
+                assert!(ms < 10_000, "{what}: rank {} took {ms} ms: {line}", o.rank);
+            }
+        }
+    }
+}
+
 const FAULT_TIMEOUT_S: u64 = 6;
 
 fn fault_job(n: usize, scenario: &str, victim: usize) -> Vec<RankOutput> {

@@ -93,6 +93,19 @@ pub enum Call {
         /// One tensor per destination rank.
         inputs: Vec<Tensor>,
     },
+    /// all_to_all_v whose row counts are tensors read when the operation runs: `input`'s blocks
+    /// (by `input_split_sizes`) go to each rank, and what each rank sent lands packed in
+    /// `output`, its row count in `output_split_sizes`.
+    AllToAllDynamic {
+        /// Received rows, packed by source rank; its rows are the capacity.
+        output: Tensor,
+        /// Rows to send, packed by destination rank.
+        input: Tensor,
+        /// int64 per source rank, written.
+        output_split_sizes: Tensor,
+        /// int64 per destination rank, read.
+        input_split_sizes: Tensor,
+    },
     /// `root`'s `inputs[r]` goes to rank `r`'s `output`.
     Scatter {
         /// This rank's piece.
@@ -153,6 +166,7 @@ impl Call {
             Call::AllGather { .. } => "all_gather",
             Call::ReduceScatter { .. } => "reduce_scatter",
             Call::AllToAll { .. } => "all_to_all",
+            Call::AllToAllDynamic { .. } => "device_alltoallv_single",
             Call::Scatter { .. } => "scatter",
             Call::Gather { .. } => "gather",
             Call::AllGatherP { .. } => "all_gather_p_exec",
@@ -178,6 +192,12 @@ impl Call {
                 inputs.iter().chain([output]).collect()
             }
             Call::AllToAll { outputs, inputs } => inputs.iter().chain(outputs).collect(),
+            Call::AllToAllDynamic {
+                output,
+                input,
+                output_split_sizes,
+                input_split_sizes,
+            } => vec![input, input_split_sizes, output, output_split_sizes],
             Call::AllGatherP { handle, input } => vec![handle.output(), input],
             Call::Barrier => Vec::new(),
             Call::Batch { ops } => ops.iter().map(P2POp::tensor).collect(),

@@ -63,6 +63,16 @@ impl<'a> Check<'a> {
         Ok(())
     }
 
+    /// Row counts one per rank: a contiguous int64 tensor of `size` elements on the
+    /// communicator's device.
+    pub fn counts(&self, arg: &str, t: &Tensor) -> Result<()> {
+        self.tensor(arg, t)?;
+        if t.dtype() != DataType::I64 {
+            return Err(self.fail(arg, "an int64 tensor of row counts", t.dtype()));
+        }
+        self.numel(arg, t, self.size())
+    }
+
     /// `t` has element type `dtype`.
     pub fn same_dtype(&self, arg: &str, t: &Tensor, dtype: DataType) -> Result<()> {
         if t.dtype() != dtype {

@@ -2,6 +2,7 @@
 //! owners what the engine holds until the operation finished.
 
 use ctran::comm::KeepAlive;
+use ctran::algos::all_to_all::dynamic::DynamicAllToAll;
 use ctran::{Op, P2p, Span};
 use torchcomms::{Call, Error, P2POp, Result, Tensor};
 
@@ -50,6 +51,19 @@ pub(crate) fn lower(call: Call, comm: &str) -> Result<(Op, KeepAlive)> {
             inputs: spans(&inputs),
             outputs: spans(&outputs),
         },
+        Call::AllToAllDynamic {
+            output,
+            input,
+            output_split_sizes,
+            input_split_sizes,
+        } => Op::AllToAllDynamic(DynamicAllToAll {
+            input_row_bytes: input.row_numel() * input.dtype().size_bytes(),
+            output_row_bytes: output.row_numel() * output.dtype().size_bytes(),
+            input: input.span(),
+            output: output.span(),
+            input_counts: input_split_sizes.span(),
+            output_counts: output_split_sizes.span(),
+        }),
         Call::Scatter {
             output,
             inputs,

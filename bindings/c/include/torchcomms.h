@@ -927,6 +927,24 @@ enum tc_status_t tc_all_gather_p_exec(struct tc_comm_t *comm,
                                       const struct tc_op_options_t *options,
                                       struct tc_work_t **work);
 
+// all_to_all_v whose split sizes are int64 tensors (one row count per rank) on the
+// data's device, read when the operation runs, in stream order: no host
+// synchronisation. `input_split_sizes` says how many rows go to each rank;
+// `output_split_sizes` receives how many rows came from each rank. Blocks are packed
+// at the prefix sums of the counts; `output` must hold every row sent to this rank.
+//
+// # Safety
+// Pointers as in the conventions atop torchcomms.h; tensors as in `tc_tensor_t`; a
+// list or split-size array NULL or holding its `_len` count of elements.
+enum tc_status_t tc_device_alltoallv_single(struct tc_comm_t *comm,
+                                            struct tc_tensor_t output,
+                                            struct tc_tensor_t input,
+                                            struct tc_tensor_t output_split_sizes,
+                                            struct tc_tensor_t input_split_sizes,
+                                            void *stream,
+                                            const struct tc_op_options_t *options,
+                                            struct tc_work_t **work);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

@@ -324,6 +324,43 @@ macro_rules! for_each_op {
                 call {
                     Call::AllGatherP { handle: handle.clone(), input: input.clone() }
                 }
+
+            /// all_to_all_v whose split sizes are int64 tensors (one row count per rank) on the
+            /// data's device, read when the operation runs, in stream order: no host
+            /// synchronisation. `input_split_sizes` says how many rows go to each rank;
+            /// `output_split_sizes` receives how many rows came from each rank. Blocks are packed
+            /// at the prefix sums of the counts; `output` must hold every row sent to this rank.
+            device_alltoallv_single = 23 (
+                output: Tensor,
+                input: Tensor,
+                output_split_sizes: Tensor,
+                input_split_sizes: Tensor
+            )
+                hook {
+                    input: input,
+                    output: output,
+                    input_split_sizes: input_split_sizes,
+                    output_split_sizes: output_split_sizes
+                }
+                check |c| {
+                    c.tensor("input", input)?;
+                    c.tensor("output", output)?;
+                    c.same_dtype("output", output, input.dtype())?;
+                    c.same_rows("output", output, input)?;
+                    c.counts("input_split_sizes", input_split_sizes)?;
+                    c.counts("output_split_sizes", output_split_sizes)?;
+                    let all = [input.clone(), output.clone(), input_split_sizes.clone()];
+                    c.disjoint("output_split_sizes", std::slice::from_ref(output_split_sizes), "input, output and input_split_sizes", &all)?;
+                    c.disjoint("input", std::slice::from_ref(input), "output", std::slice::from_ref(output))?;
+                }
+                call {
+                    Call::AllToAllDynamic {
+                        output: output.clone(),
+                        input: input.clone(),
+                        output_split_sizes: output_split_sizes.clone(),
+                        input_split_sizes: input_split_sizes.clone(),
+                    }
+                }
         }
     };
 }

@@ -54,6 +54,9 @@ pub fn default_algo(c: Collective) -> Algo {
 /// ignored for point-to-point operations). An algorithm of another collective is refused.
 pub fn run_collective(cx: &mut OpCtx<'_>, op: &Op, algo: Option<Algo>) -> Result<()> {
     use Algo::*;
+    if let Op::AllToAllDynamic(a) = op {
+        return all_to_all::dynamic::run(cx, a);
+    }
     let Some(coll) = Collective::of(op) else {
         let mut reqs = post_p2p(cx, op)?;
         return cx.wait_all(&mut reqs);

@@ -122,6 +122,9 @@ pub enum Op {
         /// The transfers.
         ops: Vec<P2p>,
     },
+    /// all_to_all_v with split sizes read from memory when it runs
+    /// ([`crate::algos::all_to_all::dynamic`]).
+    AllToAllDynamic(crate::algos::all_to_all::dynamic::DynamicAllToAll),
     /// A one-sided window operation ([`crate::window`]).
     Window(crate::window::WindowOp),
 }
@@ -136,6 +139,7 @@ impl Op {
             Op::AllGather { .. } => "all_gather",
             Op::ReduceScatter { .. } => "reduce_scatter",
             Op::AllToAll { .. } => "all_to_all",
+            Op::AllToAllDynamic(_) => "device_alltoallv_single",
             Op::Scatter { .. } => "scatter",
             Op::Gather { .. } => "gather",
             Op::Barrier => "barrier",
@@ -161,6 +165,7 @@ impl Op {
                 c(TagKind::ReduceScatter, Some(*dtype), Some(*op), None)
             }
             Op::AllToAll { .. } => c(TagKind::AllToAll, None, None, None),
+            Op::AllToAllDynamic(_) => c(TagKind::AllToAllDynamic, None, None, None),
             Op::Scatter { root, .. } => c(TagKind::Scatter, None, None, Some(*root)),
             Op::Gather { root, .. } => c(TagKind::Gather, None, None, Some(*root)),
             Op::Barrier => c(TagKind::Barrier, None, None, None),

@@ -131,6 +131,10 @@ pub(crate) fn op_info(op: &Op, timeout: std::time::Duration, async_op: Option<bo
         Op::AllGather { input, outputs } => {
             (i.in_bytes, i.out_bytes) = (input.len() as u64, total(outputs));
         }
+        // Capacities: how much moves is known only when the operation runs.
+        Op::AllToAllDynamic(a) => {
+            (i.in_bytes, i.out_bytes) = (a.input.len() as u64, a.output.len() as u64);
+        }
         Op::ReduceScatter {
             inputs,
             output,

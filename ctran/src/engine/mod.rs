@@ -160,6 +160,7 @@ impl Engine {
         let caller = RawStream(issue.stream.unwrap_or(0));
         for &path in select::device_paths(self.nvl.is_some(), self.mixed.is_some()) {
             let request = match (path, &self.nvl, &self.mixed) {
+                (Path::Nvl | Path::Mixed, _, _) if !select::has_link_form(&op) => None,
                 (Path::Nvl, Some(nvl), _) => {
                     let sync_op = !issue.async_op;
                     let stream = gpe.stream();

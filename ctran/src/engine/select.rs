@@ -58,6 +58,12 @@ pub fn device_paths(has_nvl: bool, has_mixed: bool) -> &'static [Path] {
     }
 }
 
+/// Whether the NVLink and mixed paths have a form for `op`. The dynamic all_to_all reads its
+/// counts when it runs, which those paths (planned on the host at issue) cannot do yet.
+pub fn has_link_form(op: &Op) -> bool {
+    !matches!(op, Op::AllToAllDynamic(_))
+}
+
 /// What the progress thread knows of shared memory when it picks a host path: whether every
 /// rank of the communicator is on this host with a shared segment, and whether ranks may read
 /// each other's memory (cross-memory attach).

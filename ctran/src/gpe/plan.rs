@@ -102,6 +102,15 @@ fn map_spans(op: &Op, rank: usize, f: &mut dyn FnMut(Span, Role) -> Span) -> Op 
                 outputs: all(outputs, Role::Out, f),
             }
         }
+        // The output goes both ways: rows past what peers send keep the caller's bytes.
+        Op::AllToAllDynamic(a) => {
+            let mut a = *a;
+            a.input = f(a.input, Role::In);
+            a.input_counts = f(a.input_counts, Role::In);
+            a.output = f(a.output, Role::InOut);
+            a.output_counts = f(a.output_counts, Role::Out);
+            Op::AllToAllDynamic(a)
+        }
         Op::Scatter {
             inputs,
             output,

@@ -37,10 +37,12 @@ pub enum TagKind {
     Barrier = 10,
     /// The communicator's own work (calibration of the cost model).
     Internal = 11,
+    /// device_alltoallv_single (split sizes read when it runs).
+    AllToAllDynamic = 12,
 }
 
 impl TagKind {
-    const ALL: [TagKind; 12] = [
+    const ALL: [TagKind; 13] = [
         TagKind::None,
         TagKind::P2p,
         TagKind::AllReduce,
@@ -53,6 +55,7 @@ impl TagKind {
         TagKind::Gather,
         TagKind::Barrier,
         TagKind::Internal,
+        TagKind::AllToAllDynamic,
     ];
 
     fn name(self) -> &'static str {
@@ -69,6 +72,7 @@ impl TagKind {
             TagKind::Gather => "gather",
             TagKind::Barrier => "barrier",
             TagKind::Internal => "the communicator's own work",
+            TagKind::AllToAllDynamic => "device_alltoallv_single",
         }
     }
 }

@@ -86,6 +86,7 @@ class OpName:
     gather: ClassVar[OpName]
     gather_single: ClassVar[OpName]
     all_gather_p_exec: ClassVar[OpName]
+    device_alltoallv_single: ClassVar[OpName]
     # END GENERATED
     split: ClassVar[OpName]
     new_window: ClassVar[OpName]
@@ -323,6 +324,13 @@ class AllGatherPExecPreHookArgs:
     input: torch.Tensor
     async_op: bool
 
+class DeviceAlltoallvSinglePreHookArgs:
+    input: torch.Tensor
+    output: torch.Tensor
+    input_split_sizes: torch.Tensor
+    output_split_sizes: torch.Tensor
+    async_op: bool
+
 # END GENERATED
 class SplitPreHookArgs:
     ranks: list[int]
@@ -403,6 +411,7 @@ class TorchComm:
     def gather(self, output_tensor_list: Sequence[torch.Tensor], input_tensor: torch.Tensor, root: int, async_op: bool, hints: _Hints = None, timeout: _Timeout = None) -> TorchWork: ...
     def gather_single(self, output: torch.Tensor, input: torch.Tensor, root: int, async_op: bool, hints: _Hints = None, timeout: _Timeout = None) -> TorchWork: ...
     def all_gather_p_exec(self, handle: AllGatherPHandle, input: torch.Tensor, async_op: bool, hints: _Hints = None, timeout: _Timeout = None) -> TorchWork: ...
+    def device_alltoallv_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: torch.Tensor, input_split_sizes: torch.Tensor, async_op: bool, hints: _Hints = None, timeout: _Timeout = None) -> TorchWork: ...
     # END GENERATED
     # management
     def split(self, ranks: Sequence[int], name: str, hints: _Hints = None, timeout: _Timeout = None) -> Optional[TorchComm]: ...

@@ -3,4 +3,5 @@
 
 pub mod bruck;
 pub mod direct;
+pub mod dynamic;
 pub mod pairwise;

@@ -324,3 +324,42 @@ pub(crate) fn lopsided(what: &str) -> Result<()> {
     }
     Ok(())
 }
+
+/// device_alltoallv_single whose counts are wrong where only the operation can see them (they
+/// are read when it runs): `overflow`, rank 0's output holds one row while every peer sends it
+/// four; `negative`, rank 0 sends a count of -1. Every rank must fail, naming the cause on rank
+/// 0, never hang or write past rank 0's output.
+pub(crate) fn dynamic_counts(what: &str) -> Result<()> {
+    let comm = comm_from_env("dynamic")?;
+    let me = comm.get_rank();
+    let n = comm.get_size();
+    let sync = OpOptions::sync();
+    let rows = |r: usize| if me == 0 && r == 0 && what == "overflow" { 1 } else { 4 * n };
+    // A guard row after rank 0's one-row output: must keep its value.
+    let out_and_guard = Tensor::from_vec(vec![-7.0f32; rows(me) + 1]);
+    let out = out_and_guard.narrow(0, rows(me)).with_rows(rows(me));
+    let input = Tensor::from_vec(vec![me as f32; 4 * n]).with_rows(4 * n);
+    let mut send = vec![4i64; n];
+    if me == 0 && what == "negative" {
+        send[1] = -1;
+    }
+    let send = Tensor::from_vec(send);
+    let recv = Tensor::from_vec(vec![0i64; n]);
+    let start = Instant::now();
+    let result = comm
+        .device_alltoallv_single(&out, &input, &recv, &send, &sync)
+        .and_then(|w| w.wait());
+    drop(out);
+    let guard = out_and_guard.to_vec::<f32>()?[rows(me)];
+    if guard != -7.0 {
+        bail!("rank {me}: the row after the output was overwritten ({guard})");
+    }
+    match result {
+        Ok(_) => bail!("rank {me}: device_alltoallv_single with bad counts ({what}) succeeded"),
+        Err(e) => println!(
+            "DYNAMIC rank {me} after {} ms: {e}",
+            start.elapsed().as_millis()
+        ),
+    }
+    Ok(())
+}

@@ -57,6 +57,12 @@ enum Scenario {
     Rdma,
     /// Bad input fails with errors naming the argument and leaves the communicator usable.
     Errors,
+    /// device_alltoallv_single with counts that overflow rank 0's output or are negative.
+    DynamicCounts {
+        /// overflow or negative.
+        #[arg(long)]
+        what: String,
+    },
     /// Rank 0 disagrees with the others about the reduce op, the dtype, the root, the
     /// collective or the order of collectives.
     Disagree {
@@ -159,6 +165,7 @@ fn main() {
         Scenario::Errors => ("errors", bad_input::errors()),
         Scenario::Mismatch { op, size } => ("mismatch", bad_input::mismatch(&op, &size)),
         Scenario::Disagree { what } => ("disagree", bad_input::disagree(&what)),
+        Scenario::DynamicCounts { what } => ("dynamic-counts", bad_input::dynamic_counts(&what)),
         Scenario::TwoThreads => ("two-threads", bad_input::two_threads()),
         Scenario::P2pOrder => ("p2p-order", p2p::p2p_order()),
         Scenario::Lopsided { what } => ("lopsided", bad_input::lopsided(&what)),

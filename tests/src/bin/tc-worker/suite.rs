@@ -374,6 +374,49 @@ impl Suite {
                     off += l;
                 }
             }
+            // device_alltoallv_single: the same blocks, counts in tensors, the output larger than
+            // what arrives (its tail must keep its bytes).
+            let total: usize = out_splits.iter().sum();
+            let spare = 3;
+            let out = tensor(dtype, &vec![0xA5; (total + spare) * es], false);
+            let counts = |v: &[usize]| Tensor::from_vec(v.iter().map(|&c| c as i64).collect());
+            let (send_counts, recv_counts) = (counts(&in_splits), counts(&vec![usize::MAX >> 1; n]));
+            if self.done(
+                &format!("device_alltoallv_single {tag}"),
+                self.comm.device_alltoallv_single(
+                    &out,
+                    &inp,
+                    &recv_counts,
+                    &send_counts,
+                    &self.opts_for("device_alltoallv_single", async_op),
+                ),
+            ) {
+                let got = bytes_of(&out);
+                let got_counts = recv_counts.to_vec::<i64>().expect("i64 counts");
+                self.checks += 1;
+                if got_counts != out_splits.iter().map(|&c| c as i64).collect::<Vec<_>>() {
+                    self.failures.push(format!(
+                        "device_alltoallv_single {tag}: received counts {got_counts:?}, sent {out_splits:?}"
+                    ));
+                }
+                let mut off = 0;
+                for j in 0..n {
+                    let l = len(j, me) * es;
+                    self.checks += 1;
+                    if !same(&got[off..off + l], j * n + me, len(j, me)) {
+                        self.failures.push(format!(
+                            "device_alltoallv_single {tag}: block from {j} wrong"
+                        ));
+                    }
+                    off += l;
+                }
+                self.checks += 1;
+                if got[off..].iter().any(|&b| b != 0xA5) {
+                    self.failures.push(format!(
+                        "device_alltoallv_single {tag}: rows past the received ones changed"
+                    ));
+                }
+            }
             // all_to_all (lists)
             let ins: Vec<Tensor> = (0..n)
                 .map(|j| tensor(dtype, &vals(me * n + j, count), false))
