@@ -23,6 +23,7 @@ pub mod call;
 pub mod check;
 pub mod comm;
 pub mod error;
+pub mod moe;
 mod ops;
 pub mod options;
 pub mod persistent;

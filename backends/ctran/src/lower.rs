@@ -1,8 +1,8 @@
 //! Calls of the TorchComm API as operations of the engine: tensors become spans, and their
 //! owners what the engine holds until the operation finished.
 
-use ctran::comm::KeepAlive;
 use ctran::algos::all_to_all::dynamic::DynamicAllToAll;
+use ctran::comm::KeepAlive;
 use ctran::{Op, P2p, Span};
 use torchcomms::{Call, Error, P2POp, Result, Tensor};
 

@@ -44,11 +44,7 @@ fn read_counts(span: Span, n: usize, arg: &str) -> Result<Vec<u64>> {
         .enumerate()
         .map(|(peer, v)| {
             u64::try_from(v).map_err(|_| {
-                Error::invalid(
-                    format!("{arg}[{peer}]"),
-                    "a row count of at least 0",
-                    v,
-                )
+                Error::invalid(format!("{arg}[{peer}]"), "a row count of at least 0", v)
             })
         })
         .collect()
@@ -58,11 +54,11 @@ fn read_counts(span: Span, n: usize, arg: &str) -> Result<Vec<u64>> {
 /// not fit.
 fn blocks(buf: Span, counts: &[u64], row_bytes: usize, arg: &str, what: &str) -> Result<Vec<Span>> {
     let rows: u128 = counts.iter().map(|&c| u128::from(c)).sum();
-    let capacity = if row_bytes == 0 {
-        u128::MAX
-    } else {
-        (buf.len() / row_bytes) as u128
-    };
+    // Rows of no bytes always fit.
+    let capacity = buf
+        .len()
+        .checked_div(row_bytes)
+        .map_or(u128::MAX, |c| c as u128);
     if rows > capacity {
         return Err(Error::invalid(
             arg,

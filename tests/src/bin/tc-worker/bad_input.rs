@@ -334,7 +334,13 @@ pub(crate) fn dynamic_counts(what: &str) -> Result<()> {
     let me = comm.get_rank();
     let n = comm.get_size();
     let sync = OpOptions::sync();
-    let rows = |r: usize| if me == 0 && r == 0 && what == "overflow" { 1 } else { 4 * n };
+    let rows = |r: usize| {
+        if me == 0 && r == 0 && what == "overflow" {
+            1
+        } else {
+            4 * n
+        }
+    };
     // A guard row after rank 0's one-row output: must keep its value.
     let out_and_guard = Tensor::from_vec(vec![-7.0f32; rows(me) + 1]);
     let out = out_and_guard.narrow(0, rows(me)).with_rows(rows(me));

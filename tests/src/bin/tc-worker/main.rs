@@ -3,6 +3,7 @@
 
 mod bad_input;
 mod faults;
+mod moe;
 mod p2p;
 mod rdma;
 mod suite;
@@ -57,6 +58,18 @@ enum Scenario {
     Rdma,
     /// Bad input fails with errors naming the argument and leaves the communicator usable.
     Errors,
+    /// Rounds of MoE dispatch and combine, checked bit for bit.
+    Moe {
+        /// high_throughput or low_latency.
+        #[arg(long, default_value = "high_throughput")]
+        mode: String,
+        /// Dispatch in FP8.
+        #[arg(long)]
+        fp8: bool,
+        /// random, or one (every token to expert 0).
+        #[arg(long, default_value = "random")]
+        routing: String,
+    },
     /// device_alltoallv_single with counts that overflow rank 0's output or are negative.
     DynamicCounts {
         /// overflow or negative.
@@ -165,6 +178,7 @@ fn main() {
         Scenario::Errors => ("errors", bad_input::errors()),
         Scenario::Mismatch { op, size } => ("mismatch", bad_input::mismatch(&op, &size)),
         Scenario::Disagree { what } => ("disagree", bad_input::disagree(&what)),
+        Scenario::Moe { mode, fp8, routing } => ("moe", moe::moe(&mode, fp8, &routing)),
         Scenario::DynamicCounts { what } => ("dynamic-counts", bad_input::dynamic_counts(&what)),
         Scenario::TwoThreads => ("two-threads", bad_input::two_threads()),
         Scenario::P2pOrder => ("p2p-order", p2p::p2p_order()),

@@ -380,7 +380,8 @@ impl Suite {
             let spare = 3;
             let out = tensor(dtype, &vec![0xA5; (total + spare) * es], false);
             let counts = |v: &[usize]| Tensor::from_vec(v.iter().map(|&c| c as i64).collect());
-            let (send_counts, recv_counts) = (counts(&in_splits), counts(&vec![usize::MAX >> 1; n]));
+            let (send_counts, recv_counts) =
+                (counts(&in_splits), counts(&vec![usize::MAX >> 1; n]));
             if self.done(
                 &format!("device_alltoallv_single {tag}"),
                 self.comm.device_alltoallv_single(
