@@ -26,6 +26,7 @@ mod error;
 mod extent;
 mod fake;
 mod hooks;
+mod moe;
 mod ops;
 mod persistent;
 mod rdma;
@@ -128,6 +129,8 @@ fn _comms(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<work::PyTorchWork>()?;
     m.add_class::<comm::PyTorchComm>()?;
     m.add_class::<persistent::PyAllGatherP>()?;
+    m.add_class::<moe::PyMoeBuffer>()?;
+    m.add_class::<moe::PyMoeHandle>()?;
     m.add_class::<create::PyTorchCommBackend>()?;
     m.add_class::<window::PyTorchCommWindow>()?;
     m.add_class::<window::PyWindowAttr>()?;

@@ -222,6 +222,31 @@ class AllGatherPHandle:
     @property
     def uses_window(self) -> bool: ...
 
+class _MoeHandle:
+    @property
+    def num_tokens(self) -> int: ...
+    def row_sources(self) -> list[tuple[int, int, int]]: ...
+
+class _MoeBuffer:
+    @staticmethod
+    def buffer_specs(
+        num_experts: int, hidden: int, max_tokens_per_rank: int, top_k: int, mode: str, size: int
+    ) -> list[tuple[str, str, int]]: ...
+    def __init__(
+        self,
+        comm: TorchComm,
+        num_experts: int,
+        hidden: int,
+        max_tokens_per_rank: int,
+        top_k: int,
+        mode: str,
+        buffers: Sequence[torch.Tensor],
+    ) -> None: ...
+    def dispatch(
+        self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, use_fp8: bool
+    ) -> tuple[list[int], _MoeHandle]: ...
+    def combine(self, expert_out: torch.Tensor, handle: _MoeHandle, out: torch.Tensor) -> None: ...
+
 class TorchCommBackend:
     def __init__(self, *args: Any, **kwargs: Any) -> None: ...
 
