@@ -64,14 +64,12 @@ pub(crate) struct Qp {
     pub(crate) faults: VecDeque<(u64, WcStatus)>,
 }
 
+/// A completion queue: first in, first out, like a hardware CQ (the order across QPs comes
+/// from the order the writes ran in).
 #[derive(Default)]
 pub(crate) struct Cq {
     pub(crate) alive: bool,
-    /// Arrival order, when not reordering.
     pub(crate) fifo: VecDeque<Completion>,
-    /// Per-QP order (reordering picks among QPs).
-    pub(crate) per_qp: Vec<(u32, VecDeque<Completion>)>,
-    pub(crate) queued: usize,
 }
 
 pub(crate) struct Fabric {
@@ -92,6 +90,13 @@ pub(crate) struct Fabric {
 }
 
 pub(crate) const QP_BASE: u32 = 0x100;
+
+/// What running the head of a send queue did.
+enum Step {
+    Ran,
+    Blocked,
+    Empty,
+}
 
 impl Fabric {
     pub(crate) fn new(cfg: SoftConfig) -> Fabric {
@@ -122,15 +127,7 @@ impl Fabric {
         if !cq.alive {
             return;
         }
-        cq.queued += 1;
-        if self.cfg.reorder {
-            match cq.per_qp.iter_mut().find(|(n, _)| *n == c.qp_num) {
-                Some((_, q)) => q.push_back(c),
-                None => cq.per_qp.push((c.qp_num, VecDeque::from([c]))),
-            }
-        } else {
-            cq.fifo.push_back(c);
-        }
+        cq.fifo.push_back(c);
     }
 
     fn send_completion(&mut self, qp_num: u32, cq: usize, wr: &WriteRequest, status: WcStatus) {
@@ -186,46 +183,59 @@ impl Fabric {
         }
     }
 
-    /// Runs the queued writes: every active QP in a (seeded) random order when reordering,
-    /// each QP's queue in order until it blocks on a missing receive.
+    /// Runs the queued writes. In order, QP after QP; when reordering, one write at a time
+    /// from a (seeded) random QP, so writes of different QPs interleave and complete in an
+    /// order unrelated to posting (each QP's own order is kept, as RC guarantees).
     pub(crate) fn progress(&mut self) {
-        if self.active.is_empty() {
-            return;
-        }
         let mut active = std::mem::take(&mut self.active);
-        if self.cfg.reorder {
-            for i in (1..active.len()).rev() {
-                let j = self.rng.below(i + 1);
-                active.swap(i, j);
+        let mut blocked = Vec::new();
+        while !active.is_empty() {
+            let i = if self.cfg.reorder {
+                self.rng.below(active.len())
+            } else {
+                0
+            };
+            let num = active[i];
+            let step = if self.cfg.reorder {
+                self.run_one(num)
+            } else {
+                loop {
+                    match self.run_one(num) {
+                        Step::Ran => {}
+                        other => break other,
+                    }
+                }
+            };
+            match step {
+                Step::Ran => {}
+                Step::Empty => {
+                    active.swap_remove(i);
+                }
+                Step::Blocked => blocked.push(active.swap_remove(i)),
             }
         }
-        let mut still = Vec::new();
-        for num in active {
-            if !self.run_qp(num) {
-                still.push(num);
+        // Writers waiting for a receive stay active (as do QPs posted to meanwhile).
+        for n in blocked {
+            if !self.active.contains(&n) {
+                self.active.push(n);
             }
         }
-        // Writes posted while running (none today) or blocked ones stay active.
-        for n in std::mem::take(&mut self.active) {
-            if !still.contains(&n) {
-                still.push(n);
-            }
-        }
-        self.active = still;
     }
 
-    /// Runs QP `num`'s queue; returns whether it is empty now.
-    fn run_qp(&mut self, num: u32) -> bool {
-        loop {
-            let Some(qp) = self.qp(num) else { return true };
+    /// Runs the write at the head of QP `num`'s queue.
+    fn run_one(&mut self, num: u32) -> Step {
+        {
+            let Some(qp) = self.qp(num) else {
+                return Step::Empty;
+            };
             let Some(wr) = qp.sq.front().copied() else {
-                return true;
+                return Step::Empty;
             };
             let (device, cq, peer, state) = (qp.device, qp.cq, qp.peer, qp.state);
             if state == QpState::Error {
                 qp.sq.pop_front();
                 self.send_completion(num, cq, &wr, WcStatus::WrFlush);
-                continue;
+                return Step::Ran;
             }
             if let Some(f) = qp.faults.front_mut() {
                 if f.0 == 0 {
@@ -234,13 +244,13 @@ impl Fabric {
                     qp.sq.pop_front();
                     self.send_completion(num, cq, &wr, status);
                     self.fail_qp(num);
-                    continue;
+                    return Step::Ran;
                 }
             }
             let len = u64::from(wr.len);
             if len > 0 && !self.check(wr.lkey, device, wr.local_addr, len) {
                 self.fail_write(num, cq, &wr, WcStatus::LocalProtection);
-                continue;
+                return Step::Ran;
             }
             // The peer must exist, be connected back to us and be able to answer.
             let peer_ok = peer.and_then(|p| {
@@ -250,32 +260,35 @@ impl Fabric {
             });
             let Some((p, pdev, pcq)) = peer_ok else {
                 self.fail_write(num, cq, &wr, WcStatus::RetryExceeded);
-                continue;
+                return Step::Ran;
             };
             if len > 0 && !self.check(wr.rkey, pdev, wr.remote_addr, len) {
                 self.fail_write(num, cq, &wr, WcStatus::RemoteAccess);
-                continue;
+                return Step::Ran;
             }
             let recv = if wr.imm.is_some() {
-                let Some(pq) = self.qp(p) else { return true };
+                let Some(pq) = self.qp(p) else {
+                    return Step::Empty;
+                };
                 match pq.rq.pop_front() {
                     Some(r) => Some(r),
-                    None => return false, // receiver not ready: retry later
+                    None => return Step::Blocked, // receiver not ready: retry later
                 }
             } else {
                 None
             };
             if let Some(qp) = self.qp(num) {
                 qp.sq.pop_front();
-            }
-            if let Some(f) = self.qp(num).and_then(|q| q.faults.front_mut()) {
-                f.0 -= 1;
+                if let Some(f) = qp.faults.front_mut() {
+                    f.0 -= 1;
+                }
             }
             if len > 0 && self.cfg.copy_data {
                 self.copy(&wr);
             }
             self.writes += 1;
             self.bytes += len;
+            // The responder's completion is written before the requester sees the ACK.
             if let (Some(recv), Some(imm)) = (recv, wr.imm) {
                 self.push_completion(
                     pcq,
@@ -291,6 +304,7 @@ impl Fabric {
             }
             self.send_completion(num, cq, &wr, WcStatus::Success);
         }
+        Step::Ran
     }
 
     fn fail_write(&mut self, num: u32, cq: usize, wr: &WriteRequest, status: WcStatus) {
@@ -323,42 +337,15 @@ impl Fabric {
         self.mrs.insert(wr.rkey, dst);
     }
 
-    /// Takes up to `max` completions of CQ `cq`: in arrival order, or (reordering) each
-    /// from a random QP's queue, keeping every QP's own order; with partial delivery a random
-    /// number of those available.
+    /// Takes up to `max` completions of CQ `cq`, in order; with partial delivery a random
+    /// number of those available (possibly none, as a CQ polled before the NIC wrote).
     pub(crate) fn take(&mut self, cq: usize, out: &mut Vec<Completion>, max: usize) -> usize {
-        let avail = self.cqs.get(cq).map_or(0, |c| c.queued);
+        let avail = self.cqs.get(cq).map_or(0, |c| c.fifo.len());
         let mut n = avail.min(max);
         if self.cfg.partial && n > 0 {
             n = self.rng.below(n + 1);
         }
-        let reorder = self.cfg.reorder;
-        for _ in 0..n {
-            let pick = if reorder {
-                let len = self.cqs[cq].per_qp.len();
-                Some(self.rng.below(len))
-            } else {
-                None
-            };
-            let c = &mut self.cqs[cq];
-            let got = match pick {
-                None => c.fifo.pop_front(),
-                Some(i) => {
-                    let got = c.per_qp[i].1.pop_front();
-                    if c.per_qp[i].1.is_empty() {
-                        c.per_qp.swap_remove(i);
-                    }
-                    got
-                }
-            };
-            match got {
-                Some(x) => {
-                    c.queued -= 1;
-                    out.push(x);
-                }
-                None => break,
-            }
-        }
+        out.extend(self.cqs[cq].fifo.drain(..n));
         n
     }
 }

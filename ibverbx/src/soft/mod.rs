@@ -4,8 +4,9 @@
 //! write out of bounds), a write with immediate consumes a posted receive and completes it
 //! with the immediate data, a failure moves the QP to the error state and flushes everything
 //! outstanding on it, and a destroyed peer makes the sender's writes fail with "retry
-//! exceeded". Faults are injected on demand ([`SoftFabric::inject`]); completions can be
-//! delivered reordered across QPs and partially, both from a seeded generator, so a failing
+//! exceeded". Faults are injected on demand ([`SoftFabric::inject`]); writes of different QPs
+//! can run interleaved in a random order (so completions arrive reordered across QPs) and
+//! polls can return part of what is available, both from a seeded generator, so a failing
 //! test replays exactly.
 //!
 //! Everything happens under one lock when a completion queue is polled; nothing runs in the
@@ -27,8 +28,9 @@ use fabric::{Cq, Fabric, Mr, Qp, QpState, QP_BASE};
 pub struct SoftConfig {
     /// Seed of reordering and partial delivery.
     pub seed: u64,
-    /// Run QPs and deliver completions in a random order across QPs (each QP's own order is
-    /// kept, as RC guarantees).
+    /// Run the QPs' writes interleaved in a random order, so completions (at both ends)
+    /// arrive reordered across QPs; each QP's own order is kept, as RC guarantees, and a
+    /// completion queue stays first in, first out, like a hardware one.
     pub reorder: bool,
     /// Deliver a random number of the available completions per poll (possibly none).
     pub partial: bool,

@@ -19,6 +19,7 @@ const MSG_MASK: u64 = (1 << 38) - 1;
 pub(crate) const MAX_CHUNKS: u64 = 1 << CHUNK_BITS;
 /// Largest chunk (a work request's length is 32-bit).
 const MAX_CHUNK_BYTES: u64 = 1 << 30;
+const NO_SEQ: u64 = u64::MAX;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum NotifyState {
@@ -66,6 +67,16 @@ pub(crate) struct Conn<P: Provider> {
     next_qp: usize,
     outstanding: Vec<u32>,
     seq: SeqSender,
+    // Sequence window: numbers in flight, absolute (never wrapping). A number is posted only
+    // while it is less than half the sequence space ahead of the oldest one not yet completed
+    // at the sender, so the receiver never sees one that far ahead of its next expected.
+    seq_next: u64,
+    seq_oldest: u64,
+    seq_done: VecDeque<bool>,
+    seq_half: u64,
+    // Per QP, in posting order (RC completes in that order): the absolute sequence number of
+    // each outstanding write, or `NO_SEQ`.
+    qp_seqs: Vec<VecDeque<u64>>,
     broken: Option<Failure>,
     tracker: SeqTracker,
     notified: u64,
@@ -95,6 +106,11 @@ impl<P: Provider> Conn<P> {
             next_qp: 0,
             outstanding: vec![0; n],
             seq: SeqSender::new(cfg.seq_bits),
+            seq_next: 0,
+            seq_oldest: 0,
+            seq_done: VecDeque::new(),
+            seq_half: 1 << (cfg.seq_bits - 1),
+            qp_seqs: vec![VecDeque::new(); n],
             broken: None,
             tracker: SeqTracker::new(cfg.seq_bits),
             notified: 0,
@@ -192,6 +208,38 @@ impl<P: Provider> Conn<P> {
         self.report(out);
     }
 
+    /// Whether another sequence number may be posted (see `seq_next`).
+    fn seq_room(&self) -> bool {
+        self.seq_next - self.seq_oldest < self.seq_half
+    }
+
+    /// Takes the next sequence number for a write on QP `q`.
+    fn take_seq(&mut self, q: usize, notify: bool) -> u32 {
+        self.qp_seqs[q].push_back(self.seq_next);
+        self.seq_done.push_back(false);
+        self.seq_next += 1;
+        self.seq.next_imm(notify)
+    }
+
+    /// A write of QP `q` finished (in RC order): retire its sequence number.
+    fn retire(&mut self, q: usize, from_back: bool) {
+        let s = if from_back {
+            self.qp_seqs[q].pop_back()
+        } else {
+            self.qp_seqs[q].pop_front()
+        };
+        let Some(s) = s.filter(|&s| s != NO_SEQ) else {
+            return;
+        };
+        if let Some(slot) = self.seq_done.get_mut((s - self.seq_oldest) as usize) {
+            *slot = true;
+        }
+        while self.seq_done.front() == Some(&true) {
+            self.seq_done.pop_front();
+            self.seq_oldest += 1;
+        }
+    }
+
     fn free_qp(&mut self) -> Option<usize> {
         let n = self.qps.len();
         let cap = self.cfg.max_msgs_per_qp;
@@ -210,6 +258,9 @@ impl<P: Provider> Conn<P> {
                 if m.posted >= m.nchunks {
                     break;
                 }
+                if dqplb && !self.seq_room() {
+                    break 'puts;
+                }
                 let Some(q) = self.free_qp() else {
                     break 'puts;
                 };
@@ -226,11 +277,16 @@ impl<P: Provider> Conn<P> {
                     len: len as u32,
                     remote_addr: m.put.remote.addr + m.put.remote_offset + off,
                     rkey: m.put.remote.rkey,
-                    imm: if dqplb {
-                        Some(self.seq.next_imm(notify))
-                    } else {
-                        None
-                    },
+                    imm: None,
+                };
+                let wr = if dqplb {
+                    WriteRequest {
+                        imm: Some(self.take_seq(q, notify)),
+                        ..wr
+                    }
+                } else {
+                    self.qp_seqs[q].push_back(NO_SEQ);
+                    wr
                 };
                 self.batches[q].push(wr);
                 self.outstanding[q] += 1;
@@ -246,7 +302,10 @@ impl<P: Provider> Conn<P> {
             match m.notify {
                 NotifyState::NotNeeded | NotifyState::Posted | NotifyState::Done => {}
                 NotifyState::Waiting => {
-                    if m.done < m.nchunks || self.outstanding[0] >= self.cfg.max_msgs_per_qp {
+                    if m.done < m.nchunks
+                        || self.outstanding[0] >= self.cfg.max_msgs_per_qp
+                        || !self.seq_room()
+                    {
                         break;
                     }
                     let wr = WriteRequest {
@@ -256,7 +315,11 @@ impl<P: Provider> Conn<P> {
                         len: 0,
                         remote_addr: m.put.remote.addr,
                         rkey: m.put.remote.rkey,
-                        imm: Some(self.seq.next_imm(true)),
+                        imm: None,
+                    };
+                    let wr = WriteRequest {
+                        imm: Some(self.take_seq(0, true)),
+                        ..wr
                     };
                     self.batches[0].push(wr);
                     self.outstanding[0] += 1;
@@ -275,8 +338,9 @@ impl<P: Provider> Conn<P> {
             let batch = std::mem::take(&mut self.batches[q]);
             if let Err(e) = self.qps[q].post_writes(&batch) {
                 let qp_num = self.qps[q].qp_num();
-                for wr in &batch {
+                for wr in batch.iter().rev() {
                     self.outstanding[q] -= 1;
+                    self.retire(q, true);
                     let detail = format!("posting on QP {q} (qp_num {qp_num:#x}) failed: {e}");
                     self.account(wr.wr_id, WcStatus::General, &detail);
                 }
@@ -393,6 +457,7 @@ impl<P: Provider> Conn<P> {
             return;
         }
         self.outstanding[q] = self.outstanding[q].saturating_sub(1);
+        self.retire(q, false);
         let detail = format!("on QP {q} (qp_num {:#x})", c.qp_num);
         self.account(c.wr_id, c.status, &detail);
         if !c.status.is_ok() {
