@@ -65,7 +65,11 @@ pub fn load(paths: &[String]) -> Result<Symbols, LoadError> {
         // loading it is what every verbs user does.
         match unsafe { libloading::Library::new(path) } {
             Ok(lib) => return resolve(path, lib),
-            Err(e) => tried.push(format!("{path}: {e}")),
+            Err(e) => {
+                // libloading keeps dlerror()'s text in the source.
+                let detail = std::error::Error::source(&e).map(|s| format!(" ({s})"));
+                tried.push(format!("{path}: {e}{}", detail.unwrap_or_default()));
+            }
         }
     }
     Err(LoadError::NotFound {
