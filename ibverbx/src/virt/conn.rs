@@ -458,9 +458,11 @@ impl<P: Provider> Conn<P> {
         }
         self.outstanding[q] = self.outstanding[q].saturating_sub(1);
         self.retire(q, false);
-        let detail = format!("on QP {q} (qp_num {:#x})", c.qp_num);
-        self.account(c.wr_id, c.status, &detail);
-        if !c.status.is_ok() {
+        if c.status.is_ok() {
+            self.account(c.wr_id, c.status, "");
+        } else {
+            let detail = format!("on QP {q} (qp_num {:#x})", c.qp_num);
+            self.account(c.wr_id, c.status, &detail);
             let id = self.msg_id_of(c.wr_id);
             let first = self
                 .msg_mut(id)

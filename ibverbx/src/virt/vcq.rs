@@ -2,6 +2,7 @@
 //! and routes each completion to its connection).
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
@@ -94,11 +95,32 @@ impl<P: Provider> VirtualQp<P> {
 
 type Route<P> = (Weak<Shared<P>>, usize);
 
+/// QP numbers are small distinct integers: a multiplicative hash is enough, and SipHash would
+/// be a good part of the per-completion cost.
+#[derive(Default)]
+struct QpNumHasher(u64);
+
+impl Hasher for QpNumHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8 | u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.0 = u64::from(n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+type Routes<P> = HashMap<u32, Route<P>, BuildHasherDefault<QpNumHasher>>;
+
 /// Polls a physical completion queue and turns its completions into per-put events of the
 /// virtual QPs made with it. Use it from one thread (it takes `&mut self`).
 pub struct VirtualCq<P: Provider> {
     cq: P::Cq,
-    routes: HashMap<u32, Route<P>>,
+    routes: Routes<P>,
     conns: Vec<Weak<Shared<P>>>,
     scratch: Vec<Completion>,
     next_id: u32,
@@ -119,7 +141,7 @@ impl<P: Provider> VirtualCq<P> {
     pub fn new(cq: P::Cq) -> VirtualCq<P> {
         VirtualCq {
             cq,
-            routes: HashMap::new(),
+            routes: Routes::default(),
             conns: Vec::new(),
             scratch: Vec::with_capacity(64),
             next_id: 0,
