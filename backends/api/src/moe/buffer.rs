@@ -273,24 +273,18 @@ impl MoeBuffer {
         let local = self.cfg.local_experts(self.size);
         let send = self.buf("send").span();
         let xs = x.span();
-        let mut row = vec![0u8; hidden * 2];
+        // FP8: each token quantized once, however many ranks it goes to.
+        let quantized = fp8.then(|| quantize_rows(xs, tokens, hidden));
         let mut at = 0;
         for (r, tokens_to_r) in to.iter().enumerate() {
             for &t in tokens_to_r {
                 let t = t as usize;
-                let src = xs.sub(t * hidden * 2, hidden * 2);
-                if fp8 {
-                    src.copy_to_slice(&mut row);
-                    let vals: Vec<f32> = row
-                        .chunks_exact(2)
-                        .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32())
-                        .collect();
-                    let scale = token_scale(vals.iter().copied());
-                    let q: Vec<u8> = vals.iter().map(|&v| f32_to_e4m3(v / scale)).collect();
-                    put(send, at, &q);
-                    put(send, at + rec.scale_at(), &scale.to_le_bytes());
+                if let Some((q, scales)) = &quantized {
+                    put(send, at, &q[t * hidden..(t + 1) * hidden]);
+                    put(send, at + rec.scale_at(), &scales[t].to_le_bytes());
                 } else {
-                    send.sub(at, rec.payload).copy_from(&src);
+                    send.sub(at, rec.payload)
+                        .copy_from(&xs.sub(t * hidden * 2, hidden * 2));
                 }
                 put(send, at + rec.token_at(), &(t as u32).to_le_bytes());
                 for k in 0..top_k {
@@ -537,6 +531,26 @@ impl MoeBuffer {
         }
         Ok(())
     }
+}
+
+/// Every token of `x` (`[tokens, hidden]` BF16) in FP8 e4m3, and its scale.
+fn quantize_rows(x: Span, tokens: usize, hidden: usize) -> (Vec<u8>, Vec<f32>) {
+    let mut raw = vec![0u8; tokens * hidden * 2];
+    x.sub(0, raw.len()).copy_to_slice(&mut raw);
+    let mut q = vec![0u8; tokens * hidden];
+    let mut scales = Vec::with_capacity(tokens);
+    let mut vals = vec![0f32; hidden];
+    for (t, row) in raw.chunks_exact(hidden * 2).enumerate() {
+        for (v, b) in vals.iter_mut().zip(row.chunks_exact(2)) {
+            *v = bf16::from_le_bytes([b[0], b[1]]).to_f32();
+        }
+        let scale = token_scale(vals.iter().copied());
+        for (o, &v) in q[t * hidden..(t + 1) * hidden].iter_mut().zip(&vals) {
+            *o = f32_to_e4m3(v / scale);
+        }
+        scales.push(scale);
+    }
+    (q, scales)
 }
 
 /// A contiguous host tensor of `dtype`.
