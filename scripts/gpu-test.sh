@@ -196,6 +196,14 @@ for cfg in "nccl" "ctran" "ctran CTRAN_NVL_ALGO=low_latency" "ctran CTRAN_NVL_AL
     tail -n 3 "$OUT/correctness-$tag.log"
 done
 
+# NVLink send/recv whose last ring chunk is short, back to back over every dtype: a block used
+# to write its part of a slot cut from the chunk's length, over bytes of a shorter chunk that
+# another block's receiver had not read yet.
+echo "-- ctran send_recv, short last chunks back to back"
+"${STEP[@]}" "$PERF" -n "$NGPU" --device cuda --backend ctran --op send_recv -d all -b 28697814 -e 64M -f 2 \
+    -w 1 -i 3 -c 1 --json "$OUT/correctness-ctran-p2p-tails.json" >"$OUT/correctness-ctran-p2p-tails.log" 2>&1 || status=1
+tail -n 3 "$OUT/correctness-ctran-p2p-tails.log"
+
 # The verdict, naming what did not run.
 verdict() {
     local v=FAILED part

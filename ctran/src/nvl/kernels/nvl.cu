@@ -158,6 +158,19 @@ __device__ __forceinline__ void block_range(u64 len, u64* lo, u64* hi) {
     *hi = h < len ? h : len;
 }
 
+// This block's bytes of a p2p ring slot of S bytes holding a chunk of clen: block b owns
+// [b * part, (b + 1) * part) of every slot, part cut from S, not from clen. Each block's ready
+// and consumed flags guard only its own part, and blocks run ahead of each other; were parts
+// cut from the chunk's length, a block writing a full chunk into a slot would overwrite bytes
+// of a shorter chunk (an operation's last) that another block's receiver had not read yet.
+__device__ __forceinline__ void slot_range(u64 S, u64 clen, u64* lo, u64* hi) {
+    u64 part = (S + gridDim.x - 1) / gridDim.x;
+    part = (part + 15) & ~15ull;
+    u64 l = part * blockIdx.x, h = l + part;
+    *lo = l < clen ? l : clen;
+    *hi = h < clen ? h : clen;
+}
+
 // Copies [lo, hi) of src to dst with the whole block, 16 bytes at a time where both allow.
 __device__ void copy_range(u8* dst, const u8* src, u64 lo, u64 hi) {
     if (lo >= hi) return;
@@ -534,7 +547,7 @@ extern "C" __global__ void __launch_bounds__(512) tc_nvl_p2p(const __grid_consta
             u64 c = done[i];
             u64 clen = op.len - c * S < S ? op.len - c * S : S;
             u64 lo, hi;
-            block_range(clen, &lo, &hi);
+            slot_range(S, clen, &lo, &hi);
             if (op.is_send) {
                 u64 seq = sseq[op.peer];
                 u64* slot = (u64*)(p.ring + ((u64)op.peer * p.slots + seq % p.slots) * S);
