@@ -62,19 +62,7 @@ impl MemoryRegion {
         let syms = pd.inner.ctx.inner.syms;
         // SAFETY: live PD; the caller vouches for the memory.
         let raw = unsafe { (syms.reg_mr)(pd.inner.raw, addr.cast::<c_void>(), len, access) };
-        if raw.is_null() {
-            return Err(Error::RegMr {
-                call: "ibv_reg_mr",
-                device: pd.inner.ctx.inner.name.clone(),
-                len,
-                source: errno(),
-            });
-        }
-        Ok(MemoryRegion {
-            raw,
-            pd: pd.clone(),
-            buf: None,
-        })
+        Self::registered(pd, raw, "ibv_reg_mr", len)
     }
 
     /// Registers `len` bytes at `offset` of a dma-buf (e.g. GPU memory exported by
@@ -101,9 +89,19 @@ impl MemoryRegion {
         };
         // SAFETY: live PD; the caller vouches for the dma-buf.
         let raw = unsafe { reg(pd.inner.raw, offset, len, iova, fd, access) };
+        Self::registered(pd, raw, "ibv_reg_dmabuf_mr", len)
+    }
+
+    /// The region a registration call returned, or its failure (errno) when it returned NULL.
+    fn registered(
+        pd: &ProtectionDomain,
+        raw: *mut sys::ibv_mr,
+        call: &'static str,
+        len: usize,
+    ) -> Result<MemoryRegion> {
         if raw.is_null() {
             return Err(Error::RegMr {
-                call: "ibv_reg_dmabuf_mr",
+                call,
                 device: pd.inner.ctx.inner.name.clone(),
                 len,
                 source: errno(),
