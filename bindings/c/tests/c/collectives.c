@@ -230,6 +230,28 @@ static void all_to_all_tests(tc_comm_t *comm, int r, int n) {
             EXPECT(got == p * 1000 + r * 10 + i, "all_to_all_v_single [%d][%d] = %lld", p, i,
                    (long long)got);
         }
+
+    /* device_alltoallv_single: the same blocks, counts in int64 buffers read when it runs;
+       the output holds every rank's largest block (room to spare) and the received counts
+       come back in recv_counts. */
+    static int64_t dout[MAXR * MAXR];
+    int64_t send_counts[MAXR], recv_counts[MAXR];
+    for (int q = 0; q < n; q++) {
+        send_counts[q] = q + 1;
+        recv_counts[q] = -1;
+    }
+    CHECK(tc_device_alltoallv_single(comm, T(dout, (size_t)n * n, TC_INT64), T(vin, off, TC_INT64),
+                                     T(recv_counts, (size_t)n, TC_INT64),
+                                     T(send_counts, (size_t)n, TC_INT64), NULL, NULL, NULL));
+    for (int p = 0; p < n; p++) {
+        EXPECT(recv_counts[p] == r + 1, "device_alltoallv_single count from %d = %lld", p,
+               (long long)recv_counts[p]);
+        for (int i = 0; i <= r; i++) {
+            int64_t got = dout[p * (r + 1) + i];
+            EXPECT(got == p * 1000 + r * 10 + i, "device_alltoallv_single [%d][%d] = %lld", p, i,
+                   (long long)got);
+        }
+    }
 }
 
 static void p2p_tests(tc_comm_t *comm, int r, int n) {
