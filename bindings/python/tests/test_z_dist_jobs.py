@@ -10,25 +10,14 @@ take the pytest session with them); the other ranks skip, saying so. They run on
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import socket
-import subprocess
-import sys
 from typing import Any
 
 import pytest
 
 from conftest import RANK
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from jobs import clean_env, collect, free_port, results, spawn
 
 
 def launch(
@@ -44,46 +33,24 @@ def launch(
         pytest.skip(
             "torch.distributed jobs are launched by rank 0 only (they start their own processes)"
         )
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(
-            ("TORCHELASTIC_", "TORCHCOMM_RANK", "TORCHCOMM_SIZE", "GROUP_", "ROLE_")
-        )
-    }
-    env.update(
+    env = clean_env(
+        ("TORCHELASTIC_", "TORCHCOMM_RANK", "TORCHCOMM_SIZE", "GROUP_", "ROLE_"),
         MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(_free_port()),
+        MASTER_PORT=str(free_port()),
         WORLD_SIZE=str(size),
         LOCAL_WORLD_SIZE=str(size),
         OMP_NUM_THREADS="1",
     )
-    procs = []
-    for r in range(size):
-        e = dict(env, RANK=str(r), LOCAL_RANK=str(r))
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, os.path.join(HERE, "dist_job.py"), scenario],
-                env=e,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
+    procs = [
+        spawn("dist_job.py", [scenario], dict(env, RANK=str(r), LOCAL_RANK=str(r)))
+        for r in range(size)
+    ]
     out = []
-    for p in procs:
-        try:
-            text, _ = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-        decode = json.JSONDecoder().raw_decode
+    for rc, text, _ in collect(procs, timeout):
         merged: dict[str, Any] = {}
-        for ln in text.splitlines():
-            if ln.startswith("RESULT "):
-                merged.update(decode(ln[len("RESULT ") :])[0])
-        out.append((p.returncode, text, merged))
+        for r in results(text):
+            merged.update(r)
+        out.append((rc, text, merged))
     return out
 
 

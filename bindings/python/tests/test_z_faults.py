@@ -7,26 +7,15 @@ Set ``TORCHCOMMS_TEST_FAULTS=0`` to skip them (scripts/test-python.sh runs them 
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import socket
-import subprocess
-import sys
-import time
 from typing import Any
 
 import pytest
 
 from conftest import RANK
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from jobs import clean_env, collect, free_port, spawn
+from jobs import results as result_lines
 
 
 def launch(
@@ -37,39 +26,19 @@ def launch(
         pytest.skip("fault jobs disabled by TORCHCOMMS_TEST_FAULTS=0 (scripts/test-python.sh runs them once)")
     if RANK != 0:
         pytest.skip("fault jobs are launched by rank 0 only (they start their own processes)")
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("TORCHELASTIC_", "RANK", "LOCAL_", "GROUP_", "ROLE_", "WORLD_SIZE"))
-    }
-    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), TORCHCOMM_SIZE=str(size))
-    procs = []
-    for r in range(size):
-        e = dict(env, TORCHCOMM_RANK=str(r))
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, os.path.join(HERE, "fault_job.py"), scenario, *args],
-                env=e,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
-    out = []
-    ended.clear()
-    for p in procs:
-        try:
-            text, _ = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-        # raw_decode: the engine's log (stderr, same pipe) may land on the same line.
-        decode = json.JSONDecoder().raw_decode
-        results = [decode(ln[len("RESULT "):])[0] for ln in text.splitlines() if ln.startswith("RESULT ")]
-        out.append((p.returncode, text, results))
-        ended.append(time.time())
-    return out
+    env = clean_env(
+        ("TORCHELASTIC_", "RANK", "LOCAL_", "GROUP_", "ROLE_", "WORLD_SIZE"),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(free_port()),
+        TORCHCOMM_SIZE=str(size),
+    )
+    procs = [
+        spawn("fault_job.py", [scenario, *args], dict(env, TORCHCOMM_RANK=str(r)))
+        for r in range(size)
+    ]
+    done = collect(procs, timeout)
+    ended[:] = [t for _, _, t in done]
+    return [(rc, text, result_lines(text)) for rc, text, _ in done]
 
 
 # When launch() saw each rank's process end (an upper bound of its exit time).

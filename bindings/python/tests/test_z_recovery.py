@@ -12,7 +12,6 @@ import json
 import os
 import random
 import subprocess
-import sys
 import tempfile
 from datetime import timedelta
 from typing import Any
@@ -21,33 +20,16 @@ import pytest
 import torch
 from torch.distributed import TCPStore
 
+from jobs import clean_env, collect, spawn
+
 RANK = int(os.environ.get("RANK", "0"))
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 JOB = os.path.join(HERE, "recovery_job.py")
 
 
-def _env(**extra: str) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("TORCHELASTIC_", "RANK", "LOCAL_", "GROUP_", "ROLE_", "WORLD_SIZE", "MASTER_"))
-    }
-    env.update(extra)
-    return env
-
-
 def _run(procs: list[subprocess.Popen], timeout: float) -> list[tuple[int, str]]:
-    out = []
-    for p in procs:
-        try:
-            text, _ = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-        out.append((p.returncode, text))
-    return out
+    return [(rc, text) for rc, text, _ in collect(procs, timeout)]
 
 
 def _read(prefix: str, who: str) -> dict[str, Any]:
@@ -76,19 +58,13 @@ def run_recovery(cuda: bool) -> list[float]:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "r")
 
-        def spawn(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-            return subprocess.Popen(
-                [sys.executable, JOB, *flag, *args],
-                env=env or _env(),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
+        def launch(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+            return spawn(JOB, [*flag, *args], env or clean_env())
 
-        train = [spawn("train", str(r), "4", port, out, str(kill_rank), str(kill_step), str(grow_step)) for r in range(4)]
+        train = [launch("train", str(r), "4", port, out, str(kill_rank), str(kill_step), str(grow_step)) for r in range(4)]
         # The newcomer takes the GPU the killed rank freed, so on 4 GPUs every communicator has
         # one process per GPU (NVLink).
-        joiner = spawn("join", port, out, str(kill_rank))
+        joiner = launch("join", port, out, str(kill_rank))
         results = _run(train + [joiner], timeout=150)
         where = f"kill rank {kill_rank} at step {kill_step}, grow at step {grow_step}"
         for r, (code, text) in enumerate(results[:4]):
@@ -116,9 +92,9 @@ def run_recovery(cuda: bool) -> list[float]:
         start = f"{out}.start{kill_step}.{survivors[0]}"
         ref_server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
         ref = [
-            spawn(
+            launch(
                 "resume", str(r), "3", str(ref_server.port), out, str(kill_step), str(grow_step), start,
-                env=_env(TORCHCOMM_RANK=str(r), TORCHCOMM_SIZE="3"),
+                env=clean_env(TORCHCOMM_RANK=str(r), TORCHCOMM_SIZE="3"),
             )
             for r in range(3)
         ]
