@@ -422,3 +422,36 @@ def test_large_all_reduce_of_different_sizes_fails_on_every_rank(comm: Any) -> N
 def test_wrong_device_is_a_clear_error(comm: Any) -> None:
     with pytest.raises(ValueError, match="device"):
         comm.all_reduce(torch.ones(4), ReduceOp.SUM, async_op=False)
+
+
+def test_device_alltoallv_single_counts_on_the_device(comm: Any) -> None:
+    """Split sizes in CUDA int64 tensors, read in stream order (upstream's NCCLX
+    DeviceAllToAllvSingleTest cases: uniform, variable, 2-D rows); received counts written
+    back; rows past what arrived keep their values. The vendor nccl backend has no form of it
+    (NCCL has no device-count all_to_all) and says so."""
+    if BACKEND != "ctran":
+        with pytest.raises(NotImplementedError):
+            comm.device_alltoallv_single(
+                torch.zeros(WORLD, device=DEV),
+                torch.zeros(WORLD, device=DEV),
+                torch.ones(WORLD, dtype=torch.int64, device=DEV),
+                torch.ones(WORLD, dtype=torch.int64, device=DEV),
+                False,
+            )
+        return
+    cols = 4
+    send_rows = 3 + RANK * 5
+    recv_rows = [3 + j * 5 for j in range(WORLD)]
+    inp = torch.full((send_rows * WORLD, cols), float(RANK), device=DEV)
+    out = torch.full((sum(recv_rows) + 7, cols), -1.0, device=DEV)
+    # The counts are computed on the device by earlier work on the stream.
+    send = torch.zeros(WORLD, dtype=torch.int64, device=DEV) + send_rows
+    recv = torch.zeros(WORLD, dtype=torch.int64, device=DEV)
+    comm.device_alltoallv_single(out, inp, recv, send, False)
+    torch.cuda.synchronize(DEV)
+    assert recv.cpu().tolist() == recv_rows
+    at = 0
+    for j, n in enumerate(recv_rows):
+        assert torch.all(out[at : at + n] == j).item(), f"rows from {j}"
+        at += n
+    assert torch.all(out[at:] == -1.0).item()
