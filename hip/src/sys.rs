@@ -201,8 +201,9 @@ pub fn candidates(override_path: Option<&str>, names: &[&str]) -> Vec<PathBuf> {
     out
 }
 
-/// Opens the first candidate that loads.
-fn open(
+/// Opens the first candidate of [`candidates`] that loads: how every ROCm library is found
+/// (the HIP runtime, hiprtc, and RCCL for the `rccl` backend).
+pub fn open(
     label: &str,
     override_path: Option<&str>,
     names: &[&str],
@@ -217,7 +218,13 @@ fn open(
                 tracing::debug!(label, path = %c.display(), "loaded");
                 return Ok((c.clone(), lib));
             }
-            Err(e) => reason = e.to_string(),
+            // libloading's message is "dlopen failed"; dlerror's text is its source.
+            Err(e) => {
+                reason = match std::error::Error::source(&e) {
+                    Some(src) => src.to_string(),
+                    None => e.to_string(),
+                }
+            }
         }
     }
     Err(HipError::LibraryNotFound {
