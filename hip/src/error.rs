@@ -50,6 +50,16 @@ pub enum HipError {
         /// hiprtc's program log, or the failed call.
         log: String,
     },
+    /// A copy would run past the end of a device buffer.
+    #[error("{op} of {bytes} bytes on a device buffer of {len} bytes")]
+    OutOfBounds {
+        /// `write` or `read`.
+        op: &'static str,
+        /// Bytes asked for.
+        bytes: usize,
+        /// The buffer's size.
+        len: usize,
+    },
     /// A kernel source or option held an interior NUL byte.
     #[error("{what} contains a NUL byte")]
     Nul {

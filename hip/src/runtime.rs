@@ -104,7 +104,7 @@ impl DeviceBuffer {
     }
     /// Copies `src` into the buffer from offset 0 (synchronously).
     pub fn write(&self, src: &[u8]) -> Result<()> {
-        assert!(src.len() <= self.len, "write past the buffer");
+        self.check_len("write", src.len())?;
         let hip = sys::hip()?;
         // SAFETY: the destination holds at least `src.len()` bytes (checked above) and `src`
         // is a live host slice.
@@ -119,7 +119,7 @@ impl DeviceBuffer {
     }
     /// Copies the first `dst.len()` bytes out (synchronously).
     pub fn read(&self, dst: &mut [u8]) -> Result<()> {
-        assert!(dst.len() <= self.len, "read past the buffer");
+        self.check_len("read", dst.len())?;
         let hip = sys::hip()?;
         // SAFETY: the source holds at least `dst.len()` bytes and `dst` is a live host slice.
         check(hip, "hipMemcpy", unsafe {
@@ -130,6 +130,16 @@ impl DeviceBuffer {
                 sys::HIP_MEMCPY_DEVICE_TO_HOST,
             )
         })
+    }
+    fn check_len(&self, op: &'static str, bytes: usize) -> Result<()> {
+        if bytes > self.len {
+            return Err(HipError::OutOfBounds {
+                op,
+                bytes,
+                len: self.len,
+            });
+        }
+        Ok(())
     }
     /// Bytes held.
     pub fn len(&self) -> usize {

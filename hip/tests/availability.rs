@@ -58,3 +58,26 @@ fn override_path_is_tried_first() {
         &std::path::PathBuf::from("libamdhip64.so")
     );
 }
+
+#[test]
+fn override_folder_holds_the_library() {
+    let dir = std::env::temp_dir().join(format!("tc-hip-override-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("libamdhip64.so.6"), b"not a library").unwrap();
+    let c = torchcomms_hip::sys::candidates(
+        Some(dir.to_str().unwrap()),
+        &["libamdhip64.so", "libamdhip64.so.6"],
+    );
+    // Only the names the folder holds, first.
+    assert_eq!(c[0], dir.join("libamdhip64.so.6"));
+    assert!(!c.contains(&dir.join("libamdhip64.so")));
+    // A file that is not a library fails as a value naming ROCm, not a crash.
+    let e = torchcomms_hip::sys::open(
+        "libamdhip64",
+        Some(dir.join("libamdhip64.so.6").to_str().unwrap()),
+        &[],
+    )
+    .unwrap_err();
+    assert!(e.to_string().starts_with("ROCm not found"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
