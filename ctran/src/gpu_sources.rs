@@ -2,7 +2,8 @@
 //! `torchcomms-prebuild-kernels` compiles ahead of time, so the names and bytes match the ones
 //! the engine asks for at run time.
 
-/// (name, source) of every kernel source, as the engine passes them to NVRTC.
+/// (name, source) of every kernel source, as the engine passes them to NVRTC (each starts with
+/// `gpu_compat.cuh`, so the same text also compiles for AMD GPUs: ctran/tests/hip_compile.rs).
 pub fn gpu_sources() -> Vec<(&'static str, &'static str)> {
     vec![
         (
@@ -11,7 +12,7 @@ pub fn gpu_sources() -> Vec<(&'static str, &'static str)> {
         ),
         (
             crate::gpe::kernels::GPE_SOURCE_NAME,
-            crate::gpe::kernels::GPE_SOURCE,
+            crate::gpe::kernels::gpe_source(),
         ),
         (
             crate::nvl::kernels::NVL_SOURCE_NAME,
@@ -19,7 +20,7 @@ pub fn gpu_sources() -> Vec<(&'static str, &'static str)> {
         ),
         (
             crate::nvl::window::WINDOW_SOURCE_NAME,
-            crate::nvl::window::WINDOW_SOURCE,
+            crate::nvl::window::window_source(),
         ),
     ]
 }

@@ -61,6 +61,7 @@ fn every_variable_the_code_reads_is_declared() {
     for d in [
         "core/src",
         "cuda/src",
+        "hip/src",
         "ctran/src",
         "backends",
         "perf/src",
@@ -126,6 +127,7 @@ fn only_launcher_and_system_inputs_are_read_directly() {
     for d in [
         "core/src",
         "cuda/src",
+        "hip/src",
         "ctran/src",
         "backends",
         "perf/src",
@@ -156,6 +158,8 @@ fn only_launcher_and_system_inputs_are_read_directly() {
         "CUDA_HOME",
         "CUDA_PATH",
         "CUDA_ROOT",
+        "ROCM_PATH",
+        "HIP_PATH",
         "VIRTUAL_ENV",
         "CONDA_PREFIX",
         "PYTHONPATH",
@@ -175,6 +179,7 @@ fn only_launcher_and_system_inputs_are_read_directly() {
         // The job key, a secret that is not a cvar (see above).
         "core/src/bootstrap/auth.rs",
         "cuda/src/libs.rs",
+        "hip/src/sys.rs",
         // Upstream's TORCHCOMMS_BACKEND_LIB_PATH_<BACKEND>, only named in an error message.
         "bindings/python/src/create.rs",
         // `_comms._cvar(name)`: the cvars loader, for the Python package's knobs.

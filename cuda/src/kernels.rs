@@ -15,15 +15,31 @@ use super::error::{CudaError, Result};
 use super::nvrtc;
 use torchcomms_core::{DataType, ReduceOp};
 
+/// What differs between CUDA and HIP (inline PTX under CUDA, clang builtins under HIP): the
+/// first part of every kernel source of the project, so one source compiles with NVRTC for
+/// NVIDIA GPUs and with hipcc/hiprtc for AMD GPUs (docs/amd.md).
+pub const COMPAT_CUH: &str = include_str!("kernels/gpu_compat.cuh");
+
 /// Helpers every kernel source of the project starts with (element loads and stores, the
 /// reduction functors); other crates' kernels prepend it too, so all share one definition.
 pub const COMMON_CUH: &str = include_str!("kernels/common.cuh");
 
 /// Source of the reduction kernels.
 pub const REDUCE_SOURCE: &str = concat!(
+    include_str!("kernels/gpu_compat.cuh"),
     include_str!("kernels/common.cuh"),
     include_str!("kernels/reduce.cu")
 );
+
+/// A kernel source as the compilers see it: [`COMPAT_CUH`], then `parts`, joined once into
+/// `cell` (sources of other crates cannot `concat!` a constant of this one).
+pub fn with_compat(cell: &'static OnceLock<String>, parts: &[&str]) -> &'static str {
+    cell.get_or_init(|| {
+        std::iter::once(COMPAT_CUH)
+            .chain(parts.iter().copied())
+            .collect()
+    })
+}
 /// Its name in logs and cache files.
 pub const REDUCE_SOURCE_NAME: &str = "cuda/src/kernels/reduce.cu";
 

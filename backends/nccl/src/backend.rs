@@ -14,7 +14,7 @@ use torchcomms_cuda::{Context, DeviceBuffer, Event, RawStream};
 use crate::comm::{AbortChannel, Shared};
 use crate::enqueue::{invalid, ptr, Enq};
 use crate::error::NcclError;
-use crate::sys::{self, ncclComm_t, ncclUniqueId, Nccl};
+use crate::sys::{self, ncclComm_t, ncclUniqueId, Nccl, Vendor};
 use crate::work::{KeepAlive, NcclWork, Pending, Watchdog};
 
 /// A communicator of the `nccl` backend.
@@ -48,17 +48,32 @@ impl NcclBackend {
     /// Creates the communicator (a collective over all ranks): rank and size from the options
     /// or the launcher, the NCCL unique id from rank 0 through the store.
     pub fn create(args: &InitArgs) -> Result<Box<dyn Backend>> {
-        Ok(Box::new(Self::create_inner(args)?))
+        Ok(Box::new(Self::create_inner(args, Vendor::Nccl)?))
     }
 
-    fn create_inner(args: &InitArgs) -> Result<NcclBackend, NcclError> {
+    /// The `rccl` backend: the same code on AMD's RCCL. ROCm builds of PyTorch show AMD GPUs as
+    /// `cuda` devices, so the device is `cuda:N` here too.
+    pub fn create_rccl(args: &InitArgs) -> Result<Box<dyn Backend>> {
+        Ok(Box::new(Self::create_inner(args, Vendor::Rccl)?))
+    }
+
+    fn create_inner(args: &InitArgs, vendor: Vendor) -> Result<NcclBackend, NcclError> {
         let Device::Cuda(ordinal) = args.device else {
+            let on = match vendor {
+                Vendor::Nccl => "the nccl backend runs on CUDA devices",
+                Vendor::Rccl => {
+                    "the rccl backend runs on AMD GPUs, `cuda` devices to ROCm's PyTorch"
+                }
+            };
             return Err(NcclError::NotSupported(format!(
-                "device {} (the nccl backend runs on CUDA devices: device=cuda:N)",
+                "device {} ({on}: device=cuda:N)",
                 args.device
             )));
         };
-        let nccl = sys::nccl()?;
+        let nccl = sys::library(vendor)?;
+        if vendor == Vendor::Rccl {
+            return Err(rccl_stream_layer_missing(nccl, ordinal));
+        }
         let o = &args.options;
         let (rank, size) = match (o.rank, o.size) {
             (Some(r), Some(s)) => (r, s),
@@ -455,6 +470,22 @@ impl NcclBackend {
     /// True when the communicator's stream was created with the greatest priority.
     pub fn high_priority_stream(&self) -> bool {
         self.shared.high_priority
+    }
+}
+
+/// Why an `rccl` communicator cannot be made past loading RCCL: no AMD GPU (or no HIP runtime),
+/// else the part not built yet. The backend's streams, events and scratch memory go through
+/// CUDA (`torchcomms_cuda`); on AMD they must go through HIP (`torchcomms_hip`), which is not
+/// wired in yet (docs/amd.md). Saying so beats handing CUDA handles to RCCL.
+fn rccl_stream_layer_missing(rccl: &Nccl, ordinal: u32) -> NcclError {
+    match torchcomms_hip::availability() {
+        Err(e) => NcclError::Hip(Box::new(e)),
+        Ok(n) => NcclError::NotSupported(format!(
+            "rccl: {} ({}) and {n} AMD GPUs found (device cuda:{ordinal}), but the backend's \
+             streams and events do not run on HIP yet (docs/amd.md)",
+            rccl.path.display(),
+            rccl.version_string()
+        )),
     }
 }
 

@@ -12,6 +12,12 @@ pub enum NcclError {
     /// The NCCL library could not be found or loaded.
     #[error("NCCL is not available: {0} (set NCCL_LIB_PATH to libnccl.so.2 or its folder)")]
     Load(#[source] Box<CudaError>),
+    /// The RCCL library (ROCm) could not be found or loaded (the `rccl` backend).
+    #[error("RCCL is not available: {0} (install ROCm's RCCL, or set RCCL_LIB_PATH to librccl.so.1 or its folder)")]
+    RcclLoad(#[source] Box<torchcomms_hip::HipError>),
+    /// The `rccl` backend found no usable AMD GPU: ROCm's HIP runtime is missing, or sees none.
+    #[error("rccl backend: {0}")]
+    Hip(#[source] Box<torchcomms_hip::HipError>),
     /// A required symbol is missing from the library.
     #[error("{path} lacks {name}: {reason}")]
     Symbol {
@@ -102,9 +108,11 @@ impl NcclError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             NcclError::Timeout { .. } => ErrorKind::Timeout,
-            NcclError::Load(_) | NcclError::Symbol { .. } | NcclError::NotSupported(_) => {
-                ErrorKind::NotSupported
-            }
+            NcclError::Load(_)
+            | NcclError::RcclLoad(_)
+            | NcclError::Hip(_)
+            | NcclError::Symbol { .. }
+            | NcclError::NotSupported(_) => ErrorKind::NotSupported,
             NcclError::InvalidArgument { .. } => ErrorKind::InvalidArgument,
             NcclError::Bootstrap { source, .. } if source.is_timeout() => ErrorKind::Timeout,
             _ => ErrorKind::Communication,
@@ -114,8 +122,12 @@ impl NcclError {
 
 impl From<NcclError> for torchcomms::Error {
     fn from(e: NcclError) -> Self {
+        let backend = match e {
+            NcclError::RcclLoad(_) | NcclError::Hip(_) => "rccl",
+            _ => "nccl",
+        };
         torchcomms::Error::Backend {
-            backend: "nccl".into(),
+            backend: backend.into(),
             kind: e.kind(),
             message: e.to_string(),
         }

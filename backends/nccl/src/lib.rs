@@ -24,6 +24,14 @@
 //! only for the bitwise reductions NCCL lacks (see [`torchcomms_cuda`]). Nothing is needed at build
 //! time: without them, creating a communicator fails with an error that says what was searched.
 //!
+//! ## `rccl`: AMD GPUs
+//! The same crate registers `rccl`: RCCL (ROCm) exports NCCL's API under the same names, so the
+//! symbol table and the backend are shared; `librccl.so.1` is looked for through `RCCL_LIB_PATH`,
+//! `LD_LIBRARY_PATH`, `$ROCM_PATH/lib`, `/opt/rocm/lib` and the system loader. Today it loads
+//! RCCL and checks for an AMD GPU (`torchcomms_hip`), failing with "RCCL is not available" or
+//! "no AMD GPU"; past that it refuses, because the streams and events below still go through
+//! CUDA (docs/amd.md says what is missing and that none of it ran on AMD hardware).
+//!
 //! ## Semantics (ProcessGroupNCCL's)
 //! Each communicator has its own stream (high priority with
 //! `CommOptions::high_priority_stream`). An operation waits for the caller's stream
@@ -53,12 +61,22 @@ mod work;
 
 pub use backend::NcclBackend;
 pub use error::NcclError;
-pub use sys::is_available;
+pub use sys::{is_available, Vendor};
 
 use torchcomms::BackendRegistration;
 
 inventory::submit! {
     BackendRegistration { name: "nccl", create: NcclBackend::create }
+}
+
+// AMD's RCCL exports NCCL's API: the same backend, loading librccl (docs/amd.md).
+inventory::submit! {
+    BackendRegistration { name: "rccl", create: NcclBackend::create_rccl }
+}
+
+/// The RCCL library's version, or why it cannot be loaded (`rccl` backend).
+pub fn rccl_version() -> Result<String, NcclError> {
+    sys::library(Vendor::Rccl).map(|n| n.version_string())
 }
 
 /// The NCCL library's version (`2.28.9`), or why it cannot be loaded.

@@ -167,22 +167,65 @@ pub(crate) struct Nccl {
     _lib: libloading::Library,
 }
 
+/// Which library the backend drives. RCCL is AMD's port of NCCL and exports NCCL's API under
+/// the same names and types, so one table of symbols and one backend serve both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Vendor {
+    /// NVIDIA's NCCL (`libnccl.so.2`), backend `nccl`.
+    Nccl,
+    /// AMD's RCCL (`librccl.so.1`, ROCm), backend `rccl`.
+    Rccl,
+}
+
+impl Vendor {
+    /// The backend's registered name.
+    pub fn backend_name(self) -> &'static str {
+        match self {
+            Vendor::Nccl => "nccl",
+            Vendor::Rccl => "rccl",
+        }
+    }
+}
+
 /// Loads NCCL once: `NCCL_LIB_PATH` (a file or folder), then the usual folders (see
 /// [`torchcomms_cuda::libs`]), then the system loader.
 pub(crate) fn nccl() -> Result<&'static Nccl, NcclError> {
-    static NCCL: OnceLock<Result<Nccl, NcclError>> = OnceLock::new();
-    NCCL.get_or_init(load).as_ref().map_err(Clone::clone)
+    library(Vendor::Nccl)
 }
 
-fn load() -> Result<Nccl, NcclError> {
-    let opened = libs::open(
-        "libnccl (NCCL)",
-        Some("NCCL_LIB_PATH"),
-        &["libnccl.so.2", "libnccl.so"],
-    )
-    .map_err(|e| NcclError::Load(Box::new(e)))?;
-    let lib = opened.lib;
-    let path = opened.path;
+/// Loads `vendor`'s library once; a failure is kept and returned to every later caller. RCCL is
+/// looked for as every ROCm library is (`RCCL_LIB_PATH`, then [`torchcomms_hip::sys::open`]'s
+/// folders: `LD_LIBRARY_PATH`, `$ROCM_PATH/lib`, `/opt/rocm/lib`, the system loader).
+pub(crate) fn library(vendor: Vendor) -> Result<&'static Nccl, NcclError> {
+    static NCCL: OnceLock<Result<Nccl, NcclError>> = OnceLock::new();
+    static RCCL: OnceLock<Result<Nccl, NcclError>> = OnceLock::new();
+    let cell = match vendor {
+        Vendor::Nccl => &NCCL,
+        Vendor::Rccl => &RCCL,
+    };
+    cell.get_or_init(|| load(vendor))
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+fn load(vendor: Vendor) -> Result<Nccl, NcclError> {
+    let (path, lib) = match vendor {
+        Vendor::Nccl => {
+            let opened = libs::open(
+                "libnccl (NCCL)",
+                Some("NCCL_LIB_PATH"),
+                &["libnccl.so.2", "libnccl.so"],
+            )
+            .map_err(|e| NcclError::Load(Box::new(e)))?;
+            (opened.path, opened.lib)
+        }
+        Vendor::Rccl => torchcomms_hip::sys::open(
+            "librccl (RCCL)",
+            torchcomms_cvars::current().rccl_lib_path(),
+            &["librccl.so.1", "librccl.so"],
+        )
+        .map_err(|e| NcclError::RcclLoad(Box::new(e)))?,
+    };
     macro_rules! sym {
         ($name:literal) => {{
             // SAFETY: the type written at the use site is the symbol's C prototype from nccl.h.

@@ -47,6 +47,33 @@ fn without_nccl_creation_fails_as_a_value() {
     );
 }
 
+/// `rccl` is registered next to `nccl` and, without RCCL or an AMD GPU (every machine we have),
+/// fails as a value naming RCCL/ROCm, never by touching CUDA.
+#[test]
+fn rccl_without_rocm_or_amd_gpu_fails_naming_it() {
+    assert!(torchcomms::is_backend_registered("rccl"));
+    let e = new_comm("rccl", Device::Cuda(0), "rccl-none", one_rank_options()).unwrap_err();
+    println!("rccl here: {e}");
+    assert_eq!(e.kind(), ErrorKind::NotSupported, "{e}");
+    let text = e.to_string();
+    match torchcomms_nccl::rccl_version() {
+        Err(_) => assert!(
+            text.contains("RCCL is not available") && text.contains("librccl"),
+            "{e}"
+        ),
+        // RCCL present: then no AMD GPU (or no HIP runtime) here, or the missing HIP layer.
+        Ok(_) => assert!(
+            text.contains("no AMD GPU") || text.contains("ROCm not found") || text.contains("HIP"),
+            "{e}"
+        ),
+    }
+    let e = new_comm("rccl", Device::Cpu, "rccl-cpu", one_rank_options()).unwrap_err();
+    assert!(
+        e.to_string().contains("rccl backend runs on AMD GPUs"),
+        "{e}"
+    );
+}
+
 /// Prints a skip where `cargo test` shows it for a passing test too (past the harness's capture
 /// of `println!`).
 fn skip(test: &str, why: &str) {

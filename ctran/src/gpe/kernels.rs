@@ -8,8 +8,11 @@ use crate::cuda::error::Result;
 use crate::cuda::kernels::{load_once, PerDevice};
 use crate::cuda::{Context, Function, Module, RawStream};
 
-/// Source of the flag kernels.
-pub const GPE_SOURCE: &str = include_str!("kernels/gpe.cu");
+/// Source of the flag kernels: the CUDA/HIP compatibility header, then `kernels/gpe.cu`.
+pub fn gpe_source() -> &'static str {
+    static SOURCE: OnceLock<String> = OnceLock::new();
+    crate::cuda::kernels::with_compat(&SOURCE, &[include_str!("kernels/gpe.cu")])
+}
 /// Its name in logs and cache files.
 pub const GPE_SOURCE_NAME: &str = "ctran/src/gpe/kernels/gpe.cu";
 
@@ -26,7 +29,7 @@ impl GpeKernels {
     /// The kernels of device `ctx`, compiled (or read from the cache) and loaded at first use.
     pub fn get(ctx: &Arc<Context>) -> Result<Arc<GpeKernels>> {
         static LOADED: PerDevice<GpeKernels> = OnceLock::new();
-        load_once(&LOADED, ctx, GPE_SOURCE_NAME, GPE_SOURCE, |module, _| {
+        load_once(&LOADED, ctx, GPE_SOURCE_NAME, gpe_source(), |module, _| {
             Ok(GpeKernels {
                 ctx: Arc::clone(ctx),
                 post: module.function("gpe_post")?,

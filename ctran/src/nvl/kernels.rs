@@ -9,16 +9,17 @@ use crate::cuda::kernels::{load_once, PerDevice};
 use crate::cuda::{Context, DeviceRepr, Function, Module, RawStream};
 use crate::DataType;
 
-/// Source of the NVLink kernels: the project's common helpers, then `kernels/nvl.cu`.
+/// Source of the NVLink kernels: the CUDA/HIP compatibility header, the project's common
+/// helpers, then `kernels/nvl.cu`.
 pub fn nvl_source() -> &'static str {
     static SOURCE: OnceLock<String> = OnceLock::new();
-    SOURCE.get_or_init(|| {
-        [
+    crate::cuda::kernels::with_compat(
+        &SOURCE,
+        &[
             crate::cuda::kernels::COMMON_CUH,
             include_str!("kernels/nvl.cu"),
-        ]
-        .concat()
-    })
+        ],
+    )
 }
 /// Its name in logs and cache files.
 pub const NVL_SOURCE_NAME: &str = "ctran/src/nvl/kernels/nvl.cu";

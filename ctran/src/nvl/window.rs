@@ -22,7 +22,11 @@ use crate::cuda::{
 use crate::error::{Error, Result};
 use crate::gpe::{DeviceStatus, GpeRequest, OpState};
 
-pub(crate) const WINDOW_SOURCE: &str = include_str!("kernels/window.cu");
+/// Source of the window kernels: the CUDA/HIP compatibility header, then `kernels/window.cu`.
+pub(crate) fn window_source() -> &'static str {
+    static SOURCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    crate::cuda::kernels::with_compat(&SOURCE, &[include_str!("kernels/window.cu")])
+}
 pub(crate) const WINDOW_SOURCE_NAME: &str = "ctran/src/nvl/kernels/window.cu";
 
 /// Bytes of a window's signal allocation: the signal slots, then the consumed counters. CUDA
@@ -59,7 +63,7 @@ fn window_kernels(ctx: &Arc<Context>) -> crate::cuda::error::Result<Arc<WindowKe
         &LOADED,
         ctx,
         WINDOW_SOURCE_NAME,
-        WINDOW_SOURCE,
+        window_source(),
         |module, _| {
             Ok(WindowKernels {
                 signal: module.function("tc_win_signal")?,

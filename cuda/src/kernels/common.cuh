@@ -1,5 +1,5 @@
 // Element types shared by the project's CUDA sources (prepended to reduce.cu and nvl.cu at
-// build time, since NVRTC compiles one string and we include no header).
+// build time, after gpu_compat.cuh, since NVRTC compiles one string and we include no header).
 
 typedef unsigned char u8;
 typedef signed char i8;
@@ -13,16 +13,8 @@ typedef unsigned long long u64;
 struct f16 { u16 bits; };
 struct bf16 { u16 bits; };
 
-__device__ __forceinline__ float f16_to_f32(u16 h) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f;
-}
-__device__ __forceinline__ u16 f32_to_f16(float f) {
-    u16 h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return h;
-}
+__device__ __forceinline__ float f16_to_f32(u16 h) { return tc_f16_to_f32(h); }
+__device__ __forceinline__ u16 f32_to_f16(float f) { return tc_f32_to_f16(f); }
 __device__ __forceinline__ float bf16_to_f32(u16 b) {
     return __uint_as_float(((u32)b) << 16);
 }

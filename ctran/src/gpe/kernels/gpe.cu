@@ -21,7 +21,7 @@ extern "C" __global__ void gpe_post(volatile u64* posted, u64 step) {
 extern "C" __global__ void gpe_wait(volatile u64* done, u64 step) {
     unsigned ns = 64;
     while (*done < step) {
-        __nanosleep(ns);
+        tc_nanosleep(ns);
         if (ns < 2048) ns *= 2;
     }
     __threadfence_system();

@@ -92,19 +92,10 @@ struct P2pParams {
 };
 
 // ---- memory order helpers ----
-__device__ __forceinline__ void st_release_sys(u64* p, u64 v) {
-    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-__device__ __forceinline__ u64 ld_acquire_sys(const u64* p) {
-    u64 v;
-    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ u64 globaltimer() {
-    u64 t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
+// (gpu_compat.cuh: PTX under CUDA, clang's atomics and wall clock under HIP)
+__device__ __forceinline__ void st_release_sys(u64* p, u64 v) { tc_st_release_sys(p, v); }
+__device__ __forceinline__ u64 ld_acquire_sys(const u64* p) { return tc_ld_acquire_sys(p); }
+__device__ __forceinline__ u64 globaltimer() { return tc_globaltimer(); }
 
 // Why a wait gave up, after writing it to the status word; 0 while waiting may go on.
 __device__ __noinline__ int check_give_up(const Sync& s, u64 start) {
@@ -424,8 +415,7 @@ struct LlParams {
 };
 
 __device__ __forceinline__ void st_ll(u64 addr, u64 v, u32 flag) {
-    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(addr), "r"((u32)v), "r"(flag),
-                 "r"((u32)(v >> 32)), "r"(flag) : "memory");
+    tc_st_volatile_v4(addr, (u32)v, flag, (u32)(v >> 32), flag);
 }
 
 // Waits until the line at addr carries flag; false (and *failed set) if it gave up.
@@ -433,8 +423,7 @@ __device__ bool ld_ll(const Sync& s, u64 addr, u32 flag, u64* v, volatile int* f
     u64 start = 0;
     for (u32 k = 0;; ++k) {
         u32 d0, f0, d1, f1;
-        asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(d0), "=r"(f0), "=r"(d1), "=r"(f1) : "l"(addr) : "memory");
+        tc_ld_volatile_v4(addr, &d0, &f0, &d1, &f1);
         if (f0 == flag && f1 == flag) {
             *v = (u64)d0 | ((u64)d1 << 32);
             return true;

@@ -9,17 +9,10 @@ typedef unsigned int u32;
 #define WIN_ST_TIMEOUT 1u
 #define WIN_ST_ABORTED 2u
 
-__device__ __forceinline__ u64 win_globaltimer() {
-    u64 t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
+// (gpu_compat.cuh, prepended: PTX under CUDA, clang's atomics and wall clock under HIP)
+__device__ __forceinline__ u64 win_globaltimer() { return tc_globaltimer(); }
 
-__device__ __forceinline__ u64 win_ld_acquire_sys(const u64* p) {
-    u64 v;
-    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
+__device__ __forceinline__ u64 win_ld_acquire_sys(const u64* p) { return tc_ld_acquire_sys(p); }
 
 // Spins until *slot reaches `want`; false (with the status word set) on abort or timeout.
 __device__ bool win_wait_for(const u64* slot, u64 want, u32* status, const u32* abort_flag,
