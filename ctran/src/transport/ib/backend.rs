@@ -1,7 +1,8 @@
 //! What the ib transport needs of an RDMA stack beyond ibverbx's [`Provider`] traits: memory it
 //! can register and copy through, a completion queue, and queue pairs it can connect from the
 //! peer's endpoint bytes. [`SoftBackend`] implements it over ibverbx's in-process fabric (the
-//! only backend that has run: no machine here has an RDMA device).
+//! only backend that has run: no machine here has an RDMA device); [`super::verbs`] over real
+//! verbs.
 //!
 //! The transport copies user data through registered staging memory ([`IbMemory`]) rather
 //! than registering user buffers: the software fabric owns its memory (it cannot register a
@@ -25,11 +26,11 @@ pub trait IbMemory: Send + fmt::Debug {
     /// Copies `dst.len()` bytes at `offset` of the registration into `dst`.
     fn read_into(&self, offset: usize, dst: Span);
     /// Copies `src` into the registration at `offset`.
-    fn write_from(&self, offset: usize, src: Span);
+    fn write_from(&mut self, offset: usize, src: Span);
     /// Reads `buf.len()` bytes at `offset` (control messages).
     fn read(&self, offset: usize, buf: &mut [u8]);
     /// Writes `buf` at `offset` (control messages).
-    fn write(&self, offset: usize, buf: &[u8]);
+    fn write(&mut self, offset: usize, buf: &[u8]);
 }
 
 /// An RDMA device the transport builds its connections on.
@@ -51,7 +52,7 @@ pub trait IbBackend: Send + fmt::Debug + 'static {
         cq: &<Self::P as Provider>::Cq,
     ) -> Result<Self::Unconnected, ibverbx::Error>;
     /// What the peer needs to connect to `qp`.
-    fn endpoint(&self, qp: &Self::Unconnected) -> QpEndpoint;
+    fn endpoint(&self, qp: &Self::Unconnected) -> Result<QpEndpoint, ibverbx::Error>;
     /// Connects `qp` to the peer's queue pair `remote` (ready to send).
     fn connect(
         &self,
@@ -92,7 +93,7 @@ impl IbMemory for SoftMr {
         unsafe { dst.with_mut_slice(|b| SoftMr::read(self, offset, b)) }
     }
 
-    fn write_from(&self, offset: usize, src: Span) {
+    fn write_from(&mut self, offset: usize, src: Span) {
         if src.is_empty() {
             return;
         }
@@ -105,7 +106,7 @@ impl IbMemory for SoftMr {
         SoftMr::read(self, offset, buf)
     }
 
-    fn write(&self, offset: usize, buf: &[u8]) {
+    fn write(&mut self, offset: usize, buf: &[u8]) {
         SoftMr::write(self, offset, buf)
     }
 }
@@ -127,8 +128,8 @@ impl IbBackend for SoftBackend {
         Ok(self.device.create_qp(cq))
     }
 
-    fn endpoint(&self, qp: &SoftQp) -> QpEndpoint {
-        qp.endpoint()
+    fn endpoint(&self, qp: &SoftQp) -> Result<QpEndpoint, ibverbx::Error> {
+        Ok(qp.endpoint())
     }
 
     fn connect(&self, mut qp: SoftQp, remote: &QpEndpoint) -> Result<SoftQp, ibverbx::Error> {

@@ -37,6 +37,7 @@
 pub mod backend;
 mod peer;
 pub mod select;
+pub mod verbs;
 mod wire;
 
 #[cfg(test)]
@@ -50,6 +51,7 @@ use ibverbx::{Event, Put, RemoteKey as IbKey, VirtualCompletion, VirtualCq, Virt
 
 pub use backend::{IbBackend, IbMemory, SoftBackend};
 use peer::{Cts, InFlight, OneSided, Peer, RecvReq, SendReq};
+pub use verbs::VerbsBackend;
 use wire::{Ctl, RING_SLOTS, SLOT};
 
 use crate::span::Span;
@@ -220,7 +222,11 @@ impl<B: IbBackend> IbTransport<B> {
         b.extend_from_slice(&(h.qps.len() as u16).to_le_bytes());
         b.extend_from_slice(&h.recv_ring.remote_key().to_bytes());
         for qp in &h.qps {
-            b.extend_from_slice(&self.backend.endpoint(qp).to_bytes());
+            let ep = self.backend.endpoint(qp);
+            b.extend_from_slice(
+                &ep.map_err(self.verbs("querying an endpoint".into()))?
+                    .to_bytes(),
+            );
         }
         Ok(b)
     }
@@ -425,7 +431,7 @@ impl<B: IbBackend> IbTransport<B> {
 
     /// A registered copy of `data`.
     fn stage(&mut self, peer: usize, data: Span) -> Result<B::Mem, TransportError> {
-        let m = self
+        let mut m = self
             .backend
             .register(data.len())
             .map_err(|e| lost(peer, e))?;

@@ -463,3 +463,59 @@ fn endpoints_of_other_settings_are_refused() {
     assert!(a.connect(1, b"junk").is_err());
     let _ = a.endpoint(1).unwrap();
 }
+
+#[test]
+fn the_verbs_backend_fails_as_a_value_without_a_device() {
+    let cfg = ibverbx::IbConfig::default();
+    let res = VerbsBackend::open("mlx5_0", 1, &cfg, 1);
+    if !ibverbx::availability().is_available() {
+        let e = res.unwrap_err();
+        println!("verbs backend not opened, as expected without a device: {e}");
+    } else if let Ok(b) = res {
+        let t = IbTransport::new(b, 0, 1, IbSettings::from_config(&cfg));
+        assert!(t.is_ok(), "{t:?}");
+    }
+}
+
+#[test]
+fn the_engine_algorithms_run_over_ib_between_3_thread_ranks() {
+    use crate::algos::select::Algo;
+    use crate::algos::staging::Staging;
+    use crate::algos::{run_collective, OpCtx};
+    use crate::comm::Op;
+    use crate::types::{DataType, ReduceOp};
+
+    const N: usize = 3;
+    const LEN: usize = 100_003;
+    let algos = [
+        Algo::AllReduceRing,
+        Algo::AllReduceHalvingDoubling,
+        Algo::AllReduceDirect,
+        Algo::AllReduceTree,
+    ];
+    let (_fabric, ts) = mesh(N, reordering(), VcMode::Dqplb);
+    let value = |rank: usize, k: usize| ((rank + 1) * (k % 97)) as f32;
+    let ran = AtomicUsize::new(0);
+    run(ts, |r, t| {
+        let mut staging = Staging::new(256 << 10);
+        for (seq, algo) in algos.iter().enumerate() {
+            let mut data: Vec<f32> = (0..LEN).map(|k| value(r, k)).collect();
+            let buf = span(bytemuck::cast_slice_mut(&mut data));
+            let op = Op::AllReduce {
+                buf,
+                dtype: DataType::F32,
+                op: ReduceOp::Sum,
+            };
+            let seq = seq as u64 + 1;
+            let mut cx = OpCtx::new(r, N, "all_reduce", seq, DEADLINE, t, &mut staging)
+                .with_tag(op.tag(seq));
+            run_collective(&mut cx, &op, Some(*algo)).unwrap_or_else(|e| panic!("{algo}: {e}"));
+            for (k, x) in data.iter().enumerate() {
+                let want: f32 = (0..N).map(|q| value(q, k)).sum();
+                assert_eq!(*x, want, "{algo}: rank {r}, element {k}");
+            }
+            ran.fetch_add(1, Ordering::SeqCst);
+        }
+    });
+    assert_eq!(ran.load(Ordering::SeqCst), N * algos.len());
+}
