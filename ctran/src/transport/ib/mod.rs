@@ -13,7 +13,10 @@
 //! clear-to-send (`Cts`: receive id, [`OpTag`], length, address, rkey). The sender matches
 //! clear-to-sends with its sends first in, first out and checks agreement: another tag fails
 //! both sides with [`TransportError::Disagree`], another length with
-//! [`TransportError::SizeMismatch`] (the sender tells the receiver in a `Nack`); then it copies
+//! [`TransportError::SizeMismatch`] (the sender tells the receiver in a `Nack`). A rank that
+//! gets a clear-to-send of another collective with the number of its own fails at once and
+//! sends a `Nack` too, so ranks that disagree without a byte to send each other (different
+//! roots) fail both. On agreement the sender copies
 //! the data into a staging buffer of its own and RDMA-writes it into the receiver's. Once that
 //! write completed (so the data is placed), a `Data` message tells the receiver, which copies
 //! the data out and finishes the receive. [`Delivery::Eager`] sends finish when their write
@@ -134,6 +137,8 @@ pub struct IbTransport<B: IbBackend> {
     done: HashSet<u64>,
     failed: HashMap<u64, TransportError>,
     aborted: bool,
+    /// The collective this rank runs (compared with the peers' clear-to-sends).
+    current: OpTag,
     regions: RegionTable,
     region_mems: HashMap<u32, B::Mem>,
     events: Vec<VirtualCompletion>,
@@ -178,6 +183,7 @@ impl<B: IbBackend> IbTransport<B> {
             done: HashSet::new(),
             failed: HashMap::new(),
             aborted: false,
+            current: OpTag::default(),
             regions: RegionTable::new(size),
             region_mems: HashMap::new(),
             events: Vec::new(),
@@ -545,6 +551,21 @@ impl<B: IbBackend> IbTransport<B> {
                 addr,
                 rkey,
             } => {
+                // A peer waiting in another collective of the same number disagrees, even if
+                // this rank never sends to it (different roots, a barrier against a reduce).
+                let cur = self.current;
+                if tag.seq != 0 && tag.seq == cur.seq && tag.word != cur.word {
+                    let e = TransportError::Disagree {
+                        peer,
+                        expected: cur,
+                        got: tag,
+                    };
+                    self.fail_peer(peer, e);
+                    if let Some(p) = self.peers[peer].as_mut() {
+                        p.queue(Ctl::Nack { rid, tag: cur, len }, None);
+                    }
+                    return;
+                }
                 if let Ok(p) = self.peer_mut(peer) {
                     let key = IbKey { addr, len, rkey };
                     p.ctss.push_back(Cts { rid, tag, len, key });
@@ -681,6 +702,12 @@ impl<B: IbBackend> IbTransport<B> {
         moved
     }
 
+    fn note_current(&mut self, tag: OpTag) {
+        if tag.seq != 0 {
+            self.current = tag;
+        }
+    }
+
     /// Whether any request is posted and unfinished.
     pub fn has_pending(&self) -> bool {
         !self.pending.is_empty()
@@ -704,6 +731,7 @@ impl<B: IbBackend> Transport for IbTransport<B> {
         delivery: Delivery,
     ) -> Result<ReqId, TransportError> {
         self.peer_mut(peer)?;
+        self.note_current(tag);
         let id = self.new_id(peer);
         self.peer_mut(peer)?.sends.push_back(SendReq {
             id,
@@ -729,12 +757,12 @@ impl<B: IbBackend> Transport for IbTransport<B> {
     }
 
     fn begin_collective(&mut self, tag: OpTag) {
-        // Agreement is checked on every message (the sender compares tags before writing).
-        let _ = tag;
+        self.note_current(tag);
     }
 
     fn post_recv(&mut self, peer: usize, data: Span, tag: OpTag) -> Result<ReqId, TransportError> {
         self.peer_mut(peer)?;
+        self.note_current(tag);
         let staging = if data.is_empty() {
             None
         } else {

@@ -519,3 +519,24 @@ fn the_engine_algorithms_run_over_ib_between_3_thread_ranks() {
     });
     assert_eq!(ran.load(Ordering::SeqCst), N * algos.len());
 }
+
+#[test]
+fn ranks_waiting_in_different_collectives_both_fail() {
+    // Neither rank sends: each waits to receive, in another collective of the same number.
+    let (_fabric, ts) = mesh(2, SoftConfig::default(), VcMode::Dqplb);
+    run(ts, |r, t| {
+        let tag = if r == 0 {
+            all_reduce_tag(5)
+        } else {
+            OpTag::collective(TagKind::Broadcast, 5, None, None, Some(1))
+        };
+        t.begin_collective(tag);
+        let mut buf = vec![0u8; 16];
+        let q = t.post_recv(1 - r, span(&mut buf), tag).unwrap();
+        let e = wait_all(t, &[q]).remove(0).unwrap_err();
+        assert!(
+            matches!(e, TransportError::Disagree { expected, .. } if expected == tag),
+            "rank {r}: {e}"
+        );
+    });
+}
