@@ -39,6 +39,7 @@
 
 pub mod backend;
 mod peer;
+mod pool;
 pub mod select;
 pub mod verbs;
 mod wire;
@@ -54,6 +55,7 @@ use ibverbx::{Event, Put, RemoteKey as IbKey, VirtualCompletion, VirtualCq, Virt
 
 pub use backend::{IbBackend, IbMemory, SoftBackend};
 use peer::{Cts, InFlight, OneSided, Peer, RecvReq, SendReq};
+use pool::Pool;
 pub use verbs::VerbsBackend;
 use wire::{Ctl, RING_SLOTS, SLOT};
 
@@ -65,6 +67,8 @@ use crate::transport::{
 
 /// How long a peer that work waits on may stay silent before it gets a keep-alive write.
 const KEEPALIVE: Duration = Duration::from_millis(50);
+/// Free staging buffers kept for reuse, in bytes.
+const POOL_BYTES: usize = 64 << 20;
 
 /// Why setting the transport up failed.
 #[derive(Debug, thiserror::Error)]
@@ -80,6 +84,17 @@ pub enum IbError {
         /// The call's error.
         #[source]
         source: ibverbx::Error,
+    },
+    /// The store did not carry an endpoint.
+    #[error("ib transport, rank {rank}: endpoint exchange with peer {peer}: {source}")]
+    Store {
+        /// This rank.
+        rank: usize,
+        /// The peer.
+        peer: usize,
+        /// The store's error.
+        #[source]
+        source: crate::error::Error,
     },
     /// The peer's endpoint bytes do not fit this rank's settings.
     #[error("ib transport, rank {rank}: endpoint of peer {peer}: {reason}")]
@@ -141,6 +156,7 @@ pub struct IbTransport<B: IbBackend> {
     current: OpTag,
     regions: RegionTable,
     region_mems: HashMap<u32, B::Mem>,
+    pool: Pool<B::Mem>,
     events: Vec<VirtualCompletion>,
 }
 
@@ -186,6 +202,7 @@ impl<B: IbBackend> IbTransport<B> {
             current: OpTag::default(),
             regions: RegionTable::new(size),
             region_mems: HashMap::new(),
+            pool: Pool::new(POOL_BYTES),
             events: Vec::new(),
         })
     }
@@ -279,6 +296,32 @@ impl<B: IbBackend> IbTransport<B> {
         let vqp = vqp.map_err(self.verbs(format!("virtual QP to peer {peer}")))?;
         self.conn_peer.insert(vqp.id(), peer);
         self.peers[peer] = Some(Peer::new(vqp, half.send_ring, half.recv_ring, ring));
+        Ok(())
+    }
+
+    /// Connects every peer through `store`: publishes this rank's endpoint for each peer under
+    /// `{prefix}/ib/{rank}/{peer}`, then reads each peer's for this rank, waiting up to
+    /// `timeout` for it. The endpoints are not authenticated (see docs/ib.md).
+    pub fn connect_through_store(
+        &mut self,
+        store: &dyn crate::bootstrap::Store,
+        prefix: &str,
+        timeout: Duration,
+    ) -> Result<(), IbError> {
+        let rank = self.rank;
+        let others: Vec<usize> = (0..self.peers.len()).filter(|&p| p != rank).collect();
+        for &peer in &others {
+            let ep = self.endpoint(peer)?;
+            store
+                .set(&format!("{prefix}/ib/{rank}/{peer}"), &ep)
+                .map_err(|source| IbError::Store { rank, peer, source })?;
+        }
+        for &peer in &others {
+            let ep = store
+                .get(&format!("{prefix}/ib/{peer}/{rank}"), timeout)
+                .map_err(|source| IbError::Store { rank, peer, source })?;
+            self.connect(peer, &ep)?;
+        }
         Ok(())
     }
 
@@ -429,7 +472,7 @@ impl<B: IbBackend> IbTransport<B> {
                 req: s.id,
                 rid: c.rid,
                 delivery: s.delivery,
-                _staging: staging,
+                staging,
             },
         );
         Ok(())
@@ -437,10 +480,9 @@ impl<B: IbBackend> IbTransport<B> {
 
     /// A registered copy of `data`.
     fn stage(&mut self, peer: usize, data: Span) -> Result<B::Mem, TransportError> {
-        let mut m = self
-            .backend
-            .register(data.len())
-            .map_err(|e| lost(peer, e))?;
+        let backend = &self.backend;
+        let m = self.pool.take(data.len(), |n| backend.register(n));
+        let mut m = m.map_err(|e| lost(peer, e))?;
         m.write_from(0, data);
         Ok(m)
     }
@@ -502,9 +544,16 @@ impl<B: IbBackend> IbTransport<B> {
                 match w {
                     Some(InFlight::Control { req: Some(req) }) => self.finish(req),
                     Some(InFlight::SendData {
-                        req, rid, delivery, ..
-                    }) => self.send_written(peer, req, rid, delivery),
-                    Some(InFlight::OneSided { req, .. }) => {
+                        req,
+                        rid,
+                        delivery,
+                        staging,
+                    }) => {
+                        self.pool.give(staging);
+                        self.send_written(peer, req, rid, delivery);
+                    }
+                    Some(InFlight::OneSided { req, staging }) => {
+                        self.pool.give(staging);
                         self.finish(req);
                         if let Ok(p) = self.peer_mut(peer) {
                             for o in &mut p.onesided {
@@ -578,11 +627,12 @@ impl<B: IbBackend> IbTransport<B> {
                     self.fail_peer(peer, protocol(format!("data for unknown receive {rid}")));
                     return;
                 };
-                if let Some(m) = &r.staging {
-                    m.read_into(0, r.data);
-                }
                 if ack {
                     p.queue(Ctl::Ack { rid }, None);
+                }
+                if let Some(m) = r.staging {
+                    m.read_into(0, r.data);
+                    self.pool.give(m);
                 }
                 self.finish(rid);
             }
@@ -766,7 +816,8 @@ impl<B: IbBackend> Transport for IbTransport<B> {
         let staging = if data.is_empty() {
             None
         } else {
-            let m = self.backend.register(data.len());
+            let backend = &self.backend;
+            let m = self.pool.take(data.len(), |n| backend.register(n));
             Some(m.map_err(|e| lost(peer, e))?)
         };
         let key = staging.as_ref().map_or(
@@ -932,13 +983,7 @@ impl<B: IbBackend> Transport for IbTransport<B> {
             .map_err(|e| lost(peer, e))?;
         let id = self.new_id(peer);
         let p = self.peer_mut(peer)?;
-        p.writes.insert(
-            wr,
-            InFlight::OneSided {
-                req: id,
-                _staging: staging,
-            },
-        );
+        p.writes.insert(wr, InFlight::OneSided { req: id, staging });
         p.onesided.push_back(OneSided::Put {
             wr,
             ctl: Ctl::Put {

@@ -48,10 +48,10 @@ pub(crate) enum InFlight<M> {
         req: u64,
         rid: u64,
         delivery: Delivery,
-        _staging: M,
+        staging: M,
     },
     /// One-sided put `req` (its entry in [`Peer::onesided`] says what follows).
-    OneSided { req: u64, _staging: M },
+    OneSided { req: u64, staging: M },
 }
 
 /// One-sided operations to a peer, in posting order: a signal's control message goes out only

@@ -540,3 +540,36 @@ fn ranks_waiting_in_different_collectives_both_fail() {
         );
     });
 }
+
+#[test]
+fn endpoints_travel_through_the_store() {
+    use crate::bootstrap::HashStore;
+    const N: usize = 4;
+    let fabric = SoftFabric::new(reordering());
+    let store = HashStore::new();
+    let ts: Vec<Ib> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..N)
+            .map(|r| {
+                let (fabric, store) = (&fabric, &store);
+                s.spawn(move || {
+                    let b = SoftBackend::new(fabric.device(&format!("rank{r}")));
+                    let mut t = IbTransport::new(b, r, N, settings(VcMode::Spray)).unwrap();
+                    t.connect_through_store(store, "comm0", DEADLINE).unwrap();
+                    t
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    // A ring of messages proves every connection is the right one.
+    run(ts, |r, t| {
+        let mut out = pattern(r, (r + 1) % N, 0, 5000);
+        let mut inp = vec![0u8; 5000];
+        let s = t.post_send((r + 1) % N, span(&mut out), OpTag::P2P, Delivery::Accepted);
+        let q = t
+            .post_recv((r + N - 1) % N, span(&mut inp), OpTag::P2P)
+            .unwrap();
+        ok_all(t, &[s.unwrap(), q]);
+        assert_eq!(inp, pattern((r + N - 1) % N, r, 0, 5000));
+    });
+}
