@@ -38,9 +38,11 @@
 //! [`Transport::abort`] tells every peer (an `Abort` message) and fails everything pending.
 
 pub mod backend;
+mod onesided;
 mod peer;
 mod pool;
 pub mod select;
+mod setup;
 pub mod verbs;
 mod wire;
 
@@ -50,14 +52,15 @@ mod tests;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use ibverbx::verbs::QpEndpoint;
-use ibverbx::{Event, Put, RemoteKey as IbKey, VirtualCompletion, VirtualCq, VirtualQp, VqpConfig};
+use ibverbx::{Event, Put, RemoteKey as IbKey, VirtualCompletion, VirtualCq};
 
 pub use backend::{IbBackend, IbMemory, SoftBackend};
 use peer::{Cts, InFlight, OneSided, Peer, RecvReq, SendReq};
 use pool::Pool;
+use setup::Half;
+pub use setup::{IbError, IbSettings};
 pub use verbs::VerbsBackend;
-use wire::{Ctl, RING_SLOTS, SLOT};
+use wire::Ctl;
 
 use crate::span::Span;
 use crate::transport::region::RegionTable;
@@ -69,73 +72,6 @@ use crate::transport::{
 const KEEPALIVE: Duration = Duration::from_millis(50);
 /// Free staging buffers kept for reuse, in bytes.
 const POOL_BYTES: usize = 64 << 20;
-
-/// Why setting the transport up failed.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum IbError {
-    /// A verbs (or software fabric) call failed.
-    #[error("ib transport, rank {rank}: {op}: {source}")]
-    Verbs {
-        /// This rank.
-        rank: usize,
-        /// What was being done.
-        op: String,
-        /// The call's error.
-        #[source]
-        source: ibverbx::Error,
-    },
-    /// The store did not carry an endpoint.
-    #[error("ib transport, rank {rank}: endpoint exchange with peer {peer}: {source}")]
-    Store {
-        /// This rank.
-        rank: usize,
-        /// The peer.
-        peer: usize,
-        /// The store's error.
-        #[source]
-        source: crate::error::Error,
-    },
-    /// The peer's endpoint bytes do not fit this rank's settings.
-    #[error("ib transport, rank {rank}: endpoint of peer {peer}: {reason}")]
-    BadEndpoint {
-        /// This rank.
-        rank: usize,
-        /// The peer.
-        peer: usize,
-        /// What is wrong.
-        reason: String,
-    },
-}
-
-/// Settings of the ib transport (from [`ibverbx::IbConfig`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct IbSettings {
-    /// Physical QPs per peer.
-    pub qps_per_connection: usize,
-    /// Chunking, mode and outstanding limit of each virtual QP.
-    pub vqp: VqpConfig,
-}
-
-impl IbSettings {
-    /// The settings `cfg` (read from cvars) gives.
-    pub fn from_config(cfg: &ibverbx::IbConfig) -> IbSettings {
-        IbSettings {
-            qps_per_connection: cfg.qps_per_connection.max(1),
-            vqp: cfg.vqp,
-        }
-    }
-}
-
-const MAGIC: &[u8; 4] = b"CTIB";
-const HEADER: usize = 8 + IbKey::BYTES;
-
-/// This rank's side of a connection before the peer's endpoint arrived.
-struct Half<B: IbBackend> {
-    qps: Vec<B::Unconnected>,
-    send_ring: B::Mem,
-    recv_ring: B::Mem,
-}
 
 /// [`Transport`] over RDMA (see the module documentation for the protocol).
 pub struct IbTransport<B: IbBackend> {
@@ -172,159 +108,6 @@ impl<B: IbBackend> std::fmt::Debug for IbTransport<B> {
 }
 
 impl<B: IbBackend> IbTransport<B> {
-    /// A transport for `rank` of `size` ranks on `backend`; connect each peer with
-    /// [`IbTransport::endpoint`] and [`IbTransport::connect`].
-    pub fn new(
-        backend: B,
-        rank: usize,
-        size: usize,
-        settings: IbSettings,
-    ) -> Result<IbTransport<B>, IbError> {
-        let cq = backend.create_cq().map_err(|source| IbError::Verbs {
-            rank,
-            op: "creating the completion queue".into(),
-            source,
-        })?;
-        Ok(IbTransport {
-            backend,
-            rank,
-            settings,
-            vcq: VirtualCq::new(cq),
-            halves: HashMap::new(),
-            peers: (0..size).map(|_| None).collect(),
-            conn_peer: HashMap::new(),
-            next_id: 1,
-            next_wr: 1,
-            pending: HashMap::new(),
-            done: HashSet::new(),
-            failed: HashMap::new(),
-            aborted: false,
-            current: OpTag::default(),
-            regions: RegionTable::new(size),
-            region_mems: HashMap::new(),
-            pool: Pool::new(POOL_BYTES),
-            events: Vec::new(),
-        })
-    }
-
-    fn verbs(&self, op: String) -> impl FnOnce(ibverbx::Error) -> IbError + 'static {
-        let rank = self.rank;
-        move |source| IbError::Verbs { rank, op, source }
-    }
-
-    /// The bytes `peer` needs to connect to this rank (its queue pairs and control ring): to
-    /// pass through the communicator's store or an existing connection. Creates this side of
-    /// the connection on first call.
-    pub fn endpoint(&mut self, peer: usize) -> Result<Vec<u8>, IbError> {
-        if !self.halves.contains_key(&peer) {
-            let n = self.settings.qps_per_connection;
-            let mut qps = Vec::with_capacity(n);
-            for _ in 0..n {
-                let qp = self.backend.create_qp(self.vcq.physical());
-                qps.push(qp.map_err(self.verbs(format!("creating a QP for peer {peer}")))?);
-            }
-            let ring = RING_SLOTS as usize * SLOT;
-            let send_ring = self.backend.register(ring);
-            let send_ring = send_ring.map_err(self.verbs("registering a ring".into()))?;
-            let recv_ring = self.backend.register(ring);
-            let recv_ring = recv_ring.map_err(self.verbs("registering a ring".into()))?;
-            self.halves.insert(
-                peer,
-                Half {
-                    qps,
-                    send_ring,
-                    recv_ring,
-                },
-            );
-        }
-        let h = &self.halves[&peer];
-        let mut b = Vec::with_capacity(HEADER + h.qps.len() * QpEndpoint::BYTES);
-        b.extend_from_slice(MAGIC);
-        b.push(self.settings.vqp.mode as u8);
-        b.push(0);
-        b.extend_from_slice(&(h.qps.len() as u16).to_le_bytes());
-        b.extend_from_slice(&h.recv_ring.remote_key().to_bytes());
-        for qp in &h.qps {
-            let ep = self.backend.endpoint(qp);
-            b.extend_from_slice(
-                &ep.map_err(self.verbs("querying an endpoint".into()))?
-                    .to_bytes(),
-            );
-        }
-        Ok(b)
-    }
-
-    /// Connects to `peer` from the bytes its [`IbTransport::endpoint`] gave for this rank.
-    pub fn connect(&mut self, peer: usize, remote: &[u8]) -> Result<(), IbError> {
-        let bad = |reason: String| IbError::BadEndpoint {
-            rank: self.rank,
-            peer,
-            reason,
-        };
-        if peer >= self.peers.len() || peer == self.rank {
-            return Err(bad(format!(
-                "no peer {peer} among {} ranks",
-                self.peers.len()
-            )));
-        }
-        if remote.len() < HEADER || &remote[..4] != MAGIC {
-            return Err(bad("not an ib transport endpoint".into()));
-        }
-        if remote[4] != self.settings.vqp.mode as u8 {
-            return Err(bad("the peer uses another virtual QP mode".into()));
-        }
-        let n = usize::from(u16::from_le_bytes([remote[6], remote[7]]));
-        if n != self.settings.qps_per_connection {
-            return Err(bad(format!(
-                "the peer uses {n} QPs per connection, this rank {}",
-                self.settings.qps_per_connection
-            )));
-        }
-        let ring = IbKey::from_bytes(&remote[8..HEADER]).map_err(|e| bad(e.to_string()))?;
-        let eps = QpEndpoint::decode_many(&remote[HEADER..]).map_err(|e| bad(e.to_string()))?;
-        if eps.len() != n || ring.len < RING_SLOTS * SLOT as u64 {
-            return Err(bad("endpoint count or ring size".into()));
-        }
-        self.endpoint(peer)?;
-        let half = self.halves.remove(&peer).expect("made above");
-        let mut qps = Vec::with_capacity(n);
-        for (qp, ep) in half.qps.into_iter().zip(&eps) {
-            let qp = self.backend.connect(qp, ep);
-            qps.push(qp.map_err(self.verbs(format!("connecting to peer {peer}")))?);
-        }
-        let vqp = VirtualQp::new(&mut self.vcq, qps, self.settings.vqp);
-        let vqp = vqp.map_err(self.verbs(format!("virtual QP to peer {peer}")))?;
-        self.conn_peer.insert(vqp.id(), peer);
-        self.peers[peer] = Some(Peer::new(vqp, half.send_ring, half.recv_ring, ring));
-        Ok(())
-    }
-
-    /// Connects every peer through `store`: publishes this rank's endpoint for each peer under
-    /// `{prefix}/ib/{rank}/{peer}`, then reads each peer's for this rank, waiting up to
-    /// `timeout` for it. The endpoints are not authenticated (see docs/ib.md).
-    pub fn connect_through_store(
-        &mut self,
-        store: &dyn crate::bootstrap::Store,
-        prefix: &str,
-        timeout: Duration,
-    ) -> Result<(), IbError> {
-        let rank = self.rank;
-        let others: Vec<usize> = (0..self.peers.len()).filter(|&p| p != rank).collect();
-        for &peer in &others {
-            let ep = self.endpoint(peer)?;
-            store
-                .set(&format!("{prefix}/ib/{rank}/{peer}"), &ep)
-                .map_err(|source| IbError::Store { rank, peer, source })?;
-        }
-        for &peer in &others {
-            let ep = store
-                .get(&format!("{prefix}/ib/{peer}/{rank}"), timeout)
-                .map_err(|source| IbError::Store { rank, peer, source })?;
-            self.connect(peer, &ep)?;
-        }
-        Ok(())
-    }
-
     /// This rank.
     pub fn rank(&self) -> usize {
         self.rank
@@ -506,26 +289,6 @@ impl<B: IbBackend> IbTransport<B> {
         }
     }
 
-    /// Sends the control messages of one-sided operations whose turn came.
-    fn drain_onesided(&mut self, peer: usize) {
-        let Ok(p) = self.peer_mut(peer) else { return };
-        loop {
-            match p.onesided.front() {
-                Some(OneSided::Put { done: true, .. }) => {
-                    if let Some(OneSided::Put { ctl, .. }) = p.onesided.pop_front() {
-                        p.queue(ctl, None);
-                    }
-                }
-                Some(OneSided::Signal { .. }) => {
-                    if let Some(OneSided::Signal { req, ctl }) = p.onesided.pop_front() {
-                        p.queue(ctl, Some(req));
-                    }
-                }
-                _ => return,
-            }
-        }
-    }
-
     /// Acts on one event of the completion queue. Returns whether a request may have moved.
     fn on_event(&mut self, ev: VirtualCompletion) {
         let Some(&peer) = self.conn_peer.get(&ev.conn) else {
@@ -667,42 +430,12 @@ impl<B: IbBackend> IbTransport<B> {
                 region,
                 offset,
                 len,
-            } => match self.regions.check_put(region, offset, len) {
-                Ok(span) => {
-                    if let Some(m) = self.region_mems.get(&((region >> 32) as u32)) {
-                        m.read_into(offset as usize, span);
-                    }
-                }
-                Err(why) => self.refuse(peer, format!("refused a put from peer {peer}: {why}")),
-            },
-            Ctl::Signal { region, fence, add } => {
-                let kind = if fence {
-                    SignalKind::Fence
-                } else {
-                    SignalKind::Signal
-                };
-                if let Err(why) = self.regions.apply_signal(region, peer, kind, add) {
-                    self.refuse(peer, format!("refused a signal from peer {peer}: {why}"));
-                }
-            }
+            } => self.on_put(peer, region, offset, len),
+            Ctl::Signal { region, fence, add } => self.on_signal(peer, region, fence, add),
             Ctl::Abort { reason } => {
                 let reason = format!("the peer gave up: {reason}");
                 self.fail_peer(peer, TransportError::PeerLost { peer, reason });
             }
-        }
-    }
-
-    /// Tells the peer why its one-sided operation was refused and breaks the way to it.
-    fn refuse(&mut self, peer: usize, reason: String) {
-        self.fail_peer(
-            peer,
-            TransportError::PeerLost {
-                peer,
-                reason: reason.clone(),
-            },
-        );
-        if let Some(p) = self.peers[peer].as_mut() {
-            p.queue(Ctl::Abort { reason }, None);
         }
     }
 
@@ -922,29 +655,11 @@ impl<B: IbBackend> Transport for IbTransport<B> {
         span: Span,
         comm: u64,
     ) -> Result<(RegionId, RemoteKey), TransportError> {
-        let mem = self.backend.register(span.len()).map_err(|e| {
-            TransportError::Unsupported(format!("registering a region of {} B: {e}", span.len()))
-        })?;
-        let (id, generation) = self.regions.register(span);
-        let ib = mem.remote_key();
-        self.region_mems.insert(id.0, mem);
-        let key = RemoteKey {
-            comm,
-            rank: self.rank as u32,
-            id: id.0,
-            generation,
-            pid: std::process::id(),
-            base: ib.addr,
-            len: span.len() as u64,
-            rkey: ib.rkey,
-        };
-        Ok((id, key))
+        self.register(span, comm)
     }
 
     fn deregister_region(&mut self, id: RegionId) -> bool {
-        // Dropping the registration invalidates its rkey: the fabric refuses later writes.
-        self.region_mems.remove(&id.0);
-        self.regions.remove(id)
+        self.deregister(id)
     }
 
     fn post_put(
@@ -954,46 +669,7 @@ impl<B: IbBackend> Transport for IbTransport<B> {
         dst: &RemoteKey,
         offset: u64,
     ) -> Result<Option<ReqId>, TransportError> {
-        let len = src.len() as u64;
-        dst.check_fits(offset, len)
-            .map_err(|reason| TransportError::PeerLost { peer, reason })?;
-        self.peer_mut(peer)?;
-        if src.is_empty() {
-            return Ok(None);
-        }
-        let staging = self.stage(peer, src)?;
-        let wr = self.next_wr;
-        self.next_wr += 1;
-        let put = Put {
-            wr_id: wr,
-            local: staging.local_key(),
-            local_offset: 0,
-            remote: IbKey {
-                addr: dst.base,
-                len: dst.len,
-                rkey: dst.rkey,
-            },
-            remote_offset: offset,
-            len,
-            notify: false,
-        };
-        self.peer_mut(peer)?
-            .vqp
-            .put(&put)
-            .map_err(|e| lost(peer, e))?;
-        let id = self.new_id(peer);
-        let p = self.peer_mut(peer)?;
-        p.writes.insert(wr, InFlight::OneSided { req: id, staging });
-        p.onesided.push_back(OneSided::Put {
-            wr,
-            ctl: Ctl::Put {
-                region: dst.region_word(),
-                offset,
-                len,
-            },
-            done: false,
-        });
-        Ok(Some(ReqId(id)))
+        self.put(peer, src, dst, offset)
     }
 
     fn post_signal(
@@ -1003,18 +679,7 @@ impl<B: IbBackend> Transport for IbTransport<B> {
         kind: SignalKind,
         add: u64,
     ) -> Result<ReqId, TransportError> {
-        self.peer_mut(peer)?;
-        let id = self.new_id(peer);
-        let ctl = Ctl::Signal {
-            region: dst.region_word(),
-            fence: kind == SignalKind::Fence,
-            add,
-        };
-        self.peer_mut(peer)?
-            .onesided
-            .push_back(OneSided::Signal { req: id, ctl });
-        self.drain_onesided(peer);
-        Ok(ReqId(id))
+        self.signal(peer, dst, kind, add)
     }
 
     fn region_counters(&self, id: RegionId, peer: usize) -> Option<(u64, u64)> {
