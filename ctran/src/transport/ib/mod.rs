@@ -195,6 +195,11 @@ impl<B: IbBackend> IbTransport<B> {
             }
             let s = p.sends.pop_front().expect("non-empty");
             let c = p.ctss.pop_front().expect("non-empty");
+            if !self.pending.contains_key(&s.id) {
+                // Failed by a disagreement with another peer: its memory may be gone, never
+                // read it. The communicator aborts next, which tells this peer.
+                continue;
+            }
             let len = s.data.len() as u64;
             if s.tag != c.tag || len != c.len {
                 let e = if s.tag != c.tag {
@@ -385,16 +390,21 @@ impl<B: IbBackend> IbTransport<B> {
                 }
             }
             Ctl::Data { rid, ack } => {
+                // A receive failed meanwhile (a disagreement with another peer) may have lost
+                // its memory: its data is dropped, not copied.
+                let live = self.pending.contains_key(&rid);
                 let Ok(p) = self.peer_mut(peer) else { return };
                 let Some(r) = p.recvs.remove(&rid) else {
                     self.fail_peer(peer, protocol(format!("data for unknown receive {rid}")));
                     return;
                 };
-                if ack {
+                if ack && live {
                     p.queue(Ctl::Ack { rid }, None);
                 }
                 if let Some(m) = r.staging {
-                    m.read_into(0, r.data);
+                    if live {
+                        m.read_into(0, r.data);
+                    }
                     self.pool.give(m);
                 }
                 self.finish(rid);
@@ -524,6 +534,17 @@ impl<B: IbBackend> Transport for IbTransport<B> {
         });
         self.match_sends(peer);
         Ok(ReqId(id))
+    }
+
+    fn owes_output(&self) -> bool {
+        // Control messages wait for ring credits, and writes in the virtual QPs for slots that
+        // completions free: both need the owner to keep progressing.
+        !self.aborted
+            && self
+                .peers
+                .iter()
+                .flatten()
+                .any(|p| p.broken.is_none() && p.owes_output())
     }
 
     fn unconfirmed(&mut self) -> Result<bool, TransportError> {

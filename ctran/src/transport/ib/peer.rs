@@ -144,6 +144,11 @@ impl<B: IbBackend> Peer<B> {
             && self.out.is_empty())
     }
 
+    /// Whether control messages or writes still wait to go out or complete.
+    pub(crate) fn owes_output(&self) -> bool {
+        !self.out.is_empty() || !self.writes.is_empty()
+    }
+
     /// Writes queued control messages while the peer's ring has room. `next_wr` numbers the
     /// writes. Returns whether one went out.
     pub(crate) fn flush(&mut self, next_wr: &mut u64) -> Result<bool, ibverbx::Error> {

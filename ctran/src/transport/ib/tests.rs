@@ -573,3 +573,43 @@ fn endpoints_travel_through_the_store() {
         assert_eq!(inp, pattern((r + N - 1) % N, r, 0, 5000));
     });
 }
+
+#[test]
+fn receives_failed_by_another_peers_disagreement_are_never_written() {
+    use std::sync::atomic::AtomicBool;
+    let (_fabric, ts) = mesh(3, SoftConfig::default(), VcMode::Dqplb);
+    let failed = AtomicBool::new(false);
+    run(ts, |r, t| match r {
+        0 => {
+            let mut from1 = vec![0u8; 32];
+            let mut from2 = vec![0u8; 32];
+            let q1 = t.post_recv(1, span(&mut from1), all_reduce_tag(1)).unwrap();
+            let q2 = t.post_recv(2, span(&mut from2), all_reduce_tag(1)).unwrap();
+            let res = wait_all(t, &[q1, q2]);
+            assert!(res
+                .iter()
+                .all(|x| matches!(x, Err(TransportError::Disagree { peer: 1, .. }))));
+            failed.store(true, Ordering::SeqCst);
+            let until = Instant::now() + Duration::from_millis(100);
+            while Instant::now() < until {
+                let _ = t.progress(until, false);
+            }
+            assert_eq!(from2, vec![0u8; 32], "a failed receive was written");
+        }
+        1 => {
+            let mut out = vec![1u8; 32];
+            let q = t.post_send(0, span(&mut out), all_reduce_tag(2), Delivery::Eager);
+            assert!(wait_all(t, &[q.unwrap()]).remove(0).is_err());
+        }
+        _ => {
+            let start = Instant::now();
+            while !failed.load(Ordering::SeqCst) {
+                assert!(start.elapsed() < DEADLINE, "rank 0 never failed");
+                let _ = t.progress(Instant::now() + Duration::from_millis(1), false);
+            }
+            let mut out = vec![2u8; 32];
+            let q = t.post_send(0, span(&mut out), all_reduce_tag(1), Delivery::Eager);
+            ok_all(t, &[q.unwrap()]);
+        }
+    });
+}
