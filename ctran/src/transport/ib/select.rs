@@ -1,6 +1,7 @@
 //! Whether peers on other hosts go through ib, as a pure function of what was found (so it is
-//! tested without a device). The communicator does not call this yet: no machine this has run
-//! on has an RDMA device, so every job keeps its socket and shm routes (see docs/ib.md).
+//! tested without a device). A communicator whose `CTRAN_BACKENDS` names `ib` only logs the
+//! choice and keeps its socket and shm routes: no machine this has run on has an RDMA device,
+//! so routing through ib has never been tried between processes (see docs/ib.md).
 
 use ibverbx::HcaSpec;
 
@@ -30,6 +31,42 @@ impl IbProbe {
             None => IbProbe::Ports(ports),
         }
     }
+}
+
+/// Lists the active ports of this machine's RDMA devices (loads libibverbs). A device that
+/// cannot be opened or queried is skipped with a debug log.
+pub fn probe() -> IbProbe {
+    use ibverbx::verbs::{Context, DeviceList};
+    let a = ibverbx::availability();
+    if let Some(why) = a.reason() {
+        return IbProbe::Unavailable(why);
+    }
+    let list = match DeviceList::get() {
+        Ok(l) => l,
+        Err(e) => return IbProbe::Unavailable(e.to_string()),
+    };
+    let mut ports = Vec::new();
+    for dev in list.iter() {
+        let name = dev.name();
+        let found = Context::open(&dev).and_then(|ctx| {
+            let n = ctx.query_device()?.phys_port_cnt;
+            let mut active = Vec::new();
+            for port in 1..=n {
+                if ctx.query_port(port)?.active {
+                    active.push(port);
+                }
+            }
+            Ok(active)
+        });
+        match found {
+            Ok(active) => ports.extend(active.into_iter().map(|port| DevicePort {
+                device: name.clone(),
+                port,
+            })),
+            Err(e) => tracing::debug!("ib: skipping device {name}: {e}"),
+        }
+    }
+    IbProbe::Ports(ports)
 }
 
 /// Whether ib is used for remote peers, and why not.
@@ -148,6 +185,17 @@ mod tests {
         let not = IbChoice::NotUsed("no RDMA device".into());
         assert_eq!(route(&not, false), PeerRoute::Default);
         assert_eq!(route(&not, true), PeerRoute::Default);
+    }
+
+    #[test]
+    fn probing_this_machine_fails_as_a_value_or_lists_ports() {
+        match probe() {
+            IbProbe::Unavailable(why) => {
+                assert!(!ibverbx::availability().is_available());
+                println!("ib: not used: {why}");
+            }
+            IbProbe::Ports(p) => println!("ib: active ports {p:?}"),
+        }
     }
 
     #[test]
