@@ -3,8 +3,8 @@
 //! the only one this has run on).
 //!
 //! Per peer there is one [`ibverbx::VirtualQp`] (its physical QPs, mode and chunking from the
-//! ibverbx settings) and two control rings of [`wire::RING_SLOTS`] 64-byte slots, one per
-//! direction, registered by their reader. A control message is an RDMA write with a
+//! ibverbx settings; set up in `setup.rs`) and two control rings of 64 slots of 64 bytes, one
+//! per direction, registered by their reader. A control message is an RDMA write with a
 //! notification into the peer's ring; notifications come in posting order, so the peer reads
 //! its ring in order ([`wire`]). Every message carries how many of the peer's messages were
 //! consumed (credits); a writer never overruns the ring.
@@ -16,14 +16,14 @@
 //! [`TransportError::SizeMismatch`] (the sender tells the receiver in a `Nack`). A rank that
 //! gets a clear-to-send of another collective with the number of its own fails at once and
 //! sends a `Nack` too, so ranks that disagree without a byte to send each other (different
-//! roots) fail both. On agreement the sender copies
-//! the data into a staging buffer of its own and RDMA-writes it into the receiver's. Once that
-//! write completed (so the data is placed), a `Data` message tells the receiver, which copies
-//! the data out and finishes the receive. [`Delivery::Eager`] sends finish when their write
+//! roots) fail both. On agreement the sender copies the data into a staging buffer of its own
+//! and RDMA-writes it into the receiver's. Once that write completed (so the data is placed), a
+//! `Data` message tells the receiver, which copies the data out and finishes the receive.
+//! Staging buffers are reused (`pool.rs`). [`Delivery::Eager`] sends finish when their write
 //! completed; [`Delivery::Confirmed`] ones too, with the receiver's `Ack` awaited through
 //! [`Transport::unconfirmed`]; [`Delivery::Accepted`] ones finish on the `Ack`.
 //!
-//! **One-sided.** [`Transport::register_region`] registers a shadow registration of the
+//! **One-sided** (`onesided.rs`). [`Transport::register_region`] registers a shadow registration of the
 //! region's size; its key carries the registration's address and rkey. A put copies the source
 //! into staging and RDMA-writes it into the target's registration (bounds checked against the
 //! key here; the fabric checks the registration again). Once the write completed a `Put`
@@ -170,7 +170,7 @@ impl<B: IbBackend> IbTransport<B> {
             tracing::warn!(rank = self.rank, peer, "ib transport: {e}");
             p.broken = Some(e.clone());
         }
-        p.drain_requests();
+        p.clear_requests();
         let everyone = matches!(
             e,
             TransportError::Disagree { .. } | TransportError::SizeMismatch { .. }
@@ -653,7 +653,7 @@ impl<B: IbBackend> Transport for IbTransport<B> {
         }
         for peer in 0..self.peers.len() {
             if let Some(p) = self.peers[peer].as_mut() {
-                p.drain_requests();
+                p.clear_requests();
                 p.queue(
                     Ctl::Abort {
                         reason: reason.to_string(),

@@ -231,18 +231,14 @@ impl<B: IbBackend> Peer<B> {
         }
     }
 
-    /// Takes every request id this peer holds (to fail them), leaving its queues empty.
-    pub(crate) fn drain_requests(&mut self) -> Vec<u64> {
-        let mut ids: Vec<u64> = self.sends.drain(..).map(|s| s.id).collect();
-        ids.extend(self.recvs.drain().map(|(rid, _)| rid));
-        ids.extend(self.acks.iter().map(|(_, (id, _))| *id));
-        for o in self.onesided.drain(..) {
-            if let OneSided::Signal { req, .. } = o {
-                ids.push(req);
-            }
-        }
-        ids.extend(self.out.drain(..).filter_map(|(_, r)| r));
+    /// Forgets every request this peer holds (the transport fails them): their memory is
+    /// never touched again. Awaited acknowledgements stay, so that
+    /// [`crate::transport::Transport::unconfirmed`] reports the failure.
+    pub(crate) fn clear_requests(&mut self) {
+        self.sends.clear();
+        self.recvs.clear();
+        self.onesided.clear();
+        self.out.clear();
         self.ctss.clear();
-        ids
     }
 }

@@ -613,3 +613,43 @@ fn receives_failed_by_another_peers_disagreement_are_never_written() {
         }
     });
 }
+
+#[test]
+fn a_confirmed_send_whose_receiver_is_lost_is_reported_by_unconfirmed() {
+    let (_fabric, mut ts) = mesh(2, SoftConfig::default(), VcMode::Dqplb);
+    let mut t1 = ts.pop().unwrap();
+    let mut t0 = ts.pop().unwrap();
+    let mut out = vec![9u8; 100];
+    let mut inp = vec![0u8; 100];
+    let s = t0
+        .post_send(1, span(&mut out), all_reduce_tag(1), Delivery::Confirmed)
+        .unwrap();
+    let r = t1.post_recv(0, span(&mut inp), all_reduce_tag(1)).unwrap();
+    // Rank 1 progresses until its clear-to-send went out, then vanishes before acknowledging.
+    let start = Instant::now();
+    loop {
+        assert!(start.elapsed() < DEADLINE);
+        let _ = t1.progress(Instant::now() + Duration::from_millis(1), false);
+        let _ = t0.progress(Instant::now() + Duration::from_millis(1), false);
+        if t0.test(s) == Ok(true) {
+            break;
+        }
+    }
+    let _ = r;
+    drop(t1);
+    assert!(t0.unconfirmed().unwrap() || t0.unconfirmed().is_err());
+    let start = Instant::now();
+    let e = loop {
+        assert!(
+            start.elapsed() < DEADLINE,
+            "the lost receiver was never noticed"
+        );
+        let _ = t0.progress(Instant::now() + Duration::from_millis(1), false);
+        match t0.unconfirmed() {
+            Ok(true) => {}
+            Ok(false) => panic!("the send was never acknowledged, yet nothing waits"),
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(e, TransportError::PeerLost { peer: 1, .. }), "{e}");
+}
