@@ -281,7 +281,12 @@ fn a_disagreement_fails_both_sides() {
 
 #[test]
 fn puts_and_signals_land_in_order_and_are_checked() {
-    let (_fabric, mut ts) = mesh(3, reordering(), VcMode::Dqplb);
+    puts_and_signals(VcMode::Dqplb);
+    puts_and_signals(VcMode::Spray);
+}
+
+fn puts_and_signals(mode: VcMode) {
+    let (_fabric, mut ts) = mesh(3, reordering(), mode);
     const LEN: usize = 300_000;
     let mut region = vec![0u8; LEN];
     let (id, key) = ts[2].register_region(span(&mut region), 9).unwrap();
@@ -652,4 +657,112 @@ fn a_confirmed_send_whose_receiver_is_lost_is_reported_by_unconfirmed() {
         }
     };
     assert!(matches!(e, TransportError::PeerLost { peer: 1, .. }), "{e}");
+}
+
+/// splitmix64, for reproducible random schedules.
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+#[test]
+fn random_schedules_over_random_settings() {
+    for seed in 1..=6u64 {
+        let n = 2 + (seed % 3) as usize;
+        let mode = if seed % 2 == 0 {
+            VcMode::Spray
+        } else {
+            VcMode::Dqplb
+        };
+        let cfg = SoftConfig {
+            seed,
+            reorder: true,
+            partial: seed % 3 != 0,
+            ..SoftConfig::default()
+        };
+        let fabric = SoftFabric::new(cfg);
+        let s = IbSettings {
+            qps_per_connection: 1 + (seed % 4) as usize,
+            vqp: VqpConfig {
+                chunk_bytes: 4096 << (seed % 5),
+                mode,
+                max_msgs_per_qp: if seed % 2 == 0 { 1 } else { 8 },
+                ..VqpConfig::default()
+            },
+        };
+        let mut ts: Vec<Ib> = (0..n)
+            .map(|r| {
+                let b = SoftBackend::new(fabric.device(&format!("rank{r}")));
+                IbTransport::new(b, r, n, s).unwrap()
+            })
+            .collect();
+        for a in 0..n {
+            for b in a + 1..n {
+                let (ea, eb) = (ts[a].endpoint(b).unwrap(), ts[b].endpoint(a).unwrap());
+                ts[a].connect(b, &eb).unwrap();
+                ts[b].connect(a, &ea).unwrap();
+            }
+        }
+        // Messages src -> dst: both ends derive the same list of sizes.
+        let sizes = |src: usize, dst: usize| -> Vec<usize> {
+            let h = mix(seed ^ ((src as u64) << 8) ^ ((dst as u64) << 16));
+            let count = 20 + (h % 60) as usize;
+            (0..count)
+                .map(|i| match mix(h + i as u64) % 10 {
+                    0 => 0,
+                    1..=6 => (mix(h ^ i as u64) % 300) as usize,
+                    7 | 8 => (mix(h ^ i as u64) % 70_000) as usize,
+                    _ => (mix(h ^ i as u64) % 600_000) as usize,
+                })
+                .collect()
+        };
+        run(ts, |r, t| {
+            let mut ops = Vec::new(); // (peer, index, is_send)
+            for peer in (0..n).filter(|&p| p != r) {
+                ops.extend((0..sizes(r, peer).len()).map(|i| (peer, i, true)));
+                ops.extend((0..sizes(peer, r).len()).map(|i| (peer, i, false)));
+            }
+            // Interleave at random, keeping each (peer, direction) in order: sort by a random
+            // key that grows with the index.
+            ops.sort_by_key(|&(p, i, s)| {
+                let k = mix(seed ^ (r as u64) << 40 ^ (p as u64) << 32 ^ u64::from(s) << 31);
+                (i as u64 * 1000 + k % 3000, p, s)
+            });
+            let mut bufs: Vec<(usize, usize, bool, Vec<u8>)> = Vec::new();
+            let mut reqs = Vec::new();
+            for &(peer, i, send) in &ops {
+                let (src, dst) = if send { (r, peer) } else { (peer, r) };
+                let len = sizes(src, dst)[i];
+                let mut b = if send {
+                    pattern(src, dst, i, len)
+                } else {
+                    vec![0u8; len]
+                };
+                let q = if send {
+                    let d = DELIVERIES[(mix(seed + i as u64) % 3) as usize];
+                    t.post_send(peer, span(&mut b), OpTag::P2P, d)
+                } else {
+                    t.post_recv(peer, span(&mut b), OpTag::P2P)
+                };
+                reqs.push(q.unwrap());
+                bufs.push((peer, i, send, b));
+                // Progress now and then while posting.
+                if mix(seed ^ reqs.len() as u64) % 7 == 0 {
+                    let _ = t.progress(Instant::now(), false);
+                }
+            }
+            ok_all(t, &reqs);
+            for (peer, i, send, b) in &bufs {
+                if !send {
+                    assert!(
+                        *b == pattern(*peer, r, *i, b.len()),
+                        "seed {seed}: rank {r}, message {i} from {peer} ({} B)",
+                        b.len()
+                    );
+                }
+            }
+        });
+    }
 }
