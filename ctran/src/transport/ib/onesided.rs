@@ -144,7 +144,7 @@ impl<B: IbBackend> IbTransport<B> {
                     m.read_into(offset as usize, span);
                 }
             }
-            Err(why) => self.refuse(peer, format!("refused a put from peer {peer}: {why}")),
+            Err(why) => self.refuse(peer, "put", region, why),
         }
     }
 
@@ -156,20 +156,27 @@ impl<B: IbBackend> IbTransport<B> {
             SignalKind::Signal
         };
         if let Err(why) = self.regions.apply_signal(region, peer, kind, add) {
-            self.refuse(peer, format!("refused a signal from peer {peer}: {why}"));
+            self.refuse(peer, "signal", region, why);
         }
     }
 
-    /// Tells the peer why its one-sided operation was refused and breaks the way to it.
-    fn refuse(&mut self, peer: usize, reason: String) {
-        self.fail_peer(
-            peer,
-            TransportError::PeerLost {
-                peer,
-                reason: reason.clone(),
-            },
-        );
+    /// Tells the peer why its one-sided operation was refused and breaks the way to it. The
+    /// peer gets a short reason (an abort message holds 47 bytes); the full one is logged and
+    /// fails this rank's requests to that peer.
+    fn refuse(&mut self, peer: usize, what: &str, region: u64, why: String) {
+        let short = if why.contains("stale") {
+            "stale generation"
+        } else if why.contains("not registered") {
+            "not registered"
+        } else if why.contains("exceeds") {
+            "out of bounds"
+        } else {
+            "refused"
+        };
+        let reason = format!("refused {what} to region {}: {why}", region >> 32);
+        self.fail_peer(peer, TransportError::PeerLost { peer, reason });
         if let Some(p) = self.peers[peer].as_mut() {
+            let reason = format!("{what} to region {}: {short}", region >> 32);
             p.queue(Ctl::Abort { reason }, None);
         }
     }

@@ -766,3 +766,45 @@ fn random_schedules_over_random_settings() {
         });
     }
 }
+
+#[test]
+fn the_target_refuses_a_stale_key_the_fabric_let_through() {
+    for what in ["put", "signal"] {
+        let (_fabric, mut ts) = mesh(2, SoftConfig::default(), VcMode::Dqplb);
+        let mut region = vec![0u8; 4096];
+        let (id, key) = ts[1].register_region(span(&mut region), 1).unwrap();
+        // Same registration (the fabric accepts the write), another generation.
+        let stale = RemoteKey {
+            generation: key.generation + 1,
+            ..key
+        };
+        run(ts, |r, t| {
+            if r == 0 {
+                let mut data = vec![5u8; 100];
+                let q = if what == "put" {
+                    t.post_put(1, span(&mut data), &stale, 0).unwrap().unwrap()
+                } else {
+                    t.post_signal(1, &stale, SignalKind::Signal, 1).unwrap()
+                };
+                let _ = wait_all(t, &[q]);
+                let start = Instant::now();
+                let e = loop {
+                    assert!(start.elapsed() < DEADLINE, "{what}: the refusal never came");
+                    if let Err(e) = t.peer_alive(1) {
+                        break e;
+                    }
+                    let _ = t.progress(Instant::now() + Duration::from_millis(1), false);
+                };
+                assert!(e.to_string().contains("stale generation"), "{what}: {e}");
+            } else {
+                let start = Instant::now();
+                while t.peer_alive(0).is_ok() {
+                    assert!(start.elapsed() < DEADLINE, "{what}: never refused");
+                    let _ = t.progress(Instant::now() + Duration::from_millis(1), false);
+                }
+                assert_eq!(t.region_counters(id, 0), Some((0, 0)), "{what}");
+            }
+        });
+        assert_eq!(region, vec![0u8; 4096], "{what}: the region was written");
+    }
+}
