@@ -78,7 +78,7 @@ fn invalid_values_name_the_variable_the_value_and_what_is_allowed() {
         ("TORCHCOMM_TIMEOUT_SECONDS", "0", "> 0"),
         ("TORCHCOMM_TIMEOUT_SECONDS", "-3", "duration"),
         ("TORCHCOMM_ABORT_ON_ERROR", "maybe", "1/true/yes/y"),
-        ("CTRAN_BACKENDS", "socket,ib", "socket, shm"),
+        ("CTRAN_BACKENDS", "socket,rdma", "socket, shm"),
         ("CTRAN_ALLREDUCE_ALGO", "fastest", "ring, halving_doubling"),
         ("CTRAN_SOCKET_IFADDR", "eth0", "IP address"),
         ("CTRAN_COST_BETA_GBPS", "0", "> 0"),

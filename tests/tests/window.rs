@@ -48,6 +48,8 @@ fn window_job(n: usize, backends: &str, protection: &str) {
 fn windows_on_2_ranks() {
     window_job(2, "socket", "none");
     window_job(2, "socket,shm", "none");
+    // Naming ib changes nothing yet: communicators keep socket (and shm) routes.
+    window_job(2, "socket,shm,ib", "none");
 }
 
 #[test]

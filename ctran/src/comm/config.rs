@@ -40,6 +40,9 @@ pub struct CommConfig {
     pub use_shm: bool,
     /// Use the NVLink transport for GPU buffers when every rank's GPU reaches every other's.
     pub use_nvl: bool,
+    /// `CTRAN_BACKENDS` names `ib`: the choice is logged ("ib: not used: ..."), but
+    /// communicators do not route through ib yet (docs/ib.md).
+    pub want_ib: bool,
     /// The NVLink transport's settings.
     pub nvl: crate::nvl::NvlConfig,
     /// Shared-memory transport settings.
@@ -127,6 +130,7 @@ impl CommConfig {
             },
             use_shm: cv.ctran_backends().contains(&"shm"),
             use_nvl: cv.ctran_backends().contains(&"nvl"),
+            want_ib: cv.ctran_backends().contains(&"ib"),
             nvl: crate::nvl::NvlConfig {
                 staged_max_bytes: cv.ctran_nvl_staged_max_bytes(),
                 ll_max_bytes: cv.ctran_nvl_ll_max_bytes(),

@@ -159,6 +159,13 @@ fn transports(
         let peers = local.iter().copied().filter(|&r| r != config.rank);
         socket.set_buffers(peers, LOCAL_BUF_BYTES);
     }
+    if config.want_ib {
+        if hosts.iter().any(|&h| h != hosts[config.rank]) {
+            log_ib_choice();
+        } else {
+            tracing::debug!("ib: not needed: every rank is on this host");
+        }
+    }
     let shm = if config.use_shm && local.len() > 1 {
         let name = segment_name(secret, me, local[0]);
         // A local peer that dies during set-up closes its connection: fail in moments.
@@ -191,6 +198,29 @@ fn transports(
         host_cores: cores,
         waker,
     })
+}
+
+/// Says whether ib would carry the remote peers' traffic and why not. It does not yet, even
+/// when a device is found: the ib transport has run only over the software fabric.
+fn log_ib_choice() {
+    use crate::transport::ib::select;
+    let hca = match ibverbx::IbConfig::from_env() {
+        Ok(c) => c.hca,
+        Err(e) => {
+            tracing::warn!("ib: not used: {e}");
+            return;
+        }
+    };
+    let choice = select::choose(&["ib"], &select::probe(), &hca);
+    select::log_choice(&choice);
+    if let select::IbChoice::Use(p) = choice {
+        tracing::warn!(
+            "ib: {}:{} found, but communicators do not route through ib yet: remote peers use \
+             socket",
+            p.device,
+            p.port
+        );
+    }
 }
 
 /// Socket buffers between ranks of one host that each have a core (`CTRAN_SOCKET_BUF_BYTES`

@@ -9,6 +9,7 @@
 //! Posting never blocks; [`Transport::progress`] moves bytes for every posted request at once,
 //! so algorithms can keep sends and receives to many peers in flight.
 
+pub mod ib;
 pub mod mapper;
 pub mod region;
 pub mod shm;

@@ -3,7 +3,8 @@
 //!
 //! A [`RemoteKey`] travels between ranks as [`RemoteKey::LEN`] bytes (through an all_gather).
 //! It names the communicator, the owner's rank, the region's id and generation, its base address
-//! and length, and the owner's pid (for cross-memory attach). A target never trusts a key it
+//! and length, the owner's pid (for cross-memory attach) and, over RDMA, the rkey of the memory
+//! registration peers write through. A target never trusts a key it
 //! receives back in a frame: it looks the region up by id, compares the generation, and checks
 //! that the write fits before touching memory ([`RegionTable::check_put`]).
 
@@ -33,11 +34,15 @@ pub struct RemoteKey {
     pub base: u64,
     /// Length in bytes.
     pub len: u64,
+    /// The RDMA remote key of the registration at `base` (the ib transport; 0 elsewhere).
+    pub rkey: u32,
 }
 
 impl RemoteKey {
     /// Bytes of a serialised key.
-    pub const LEN: usize = 40;
+    pub const LEN: usize = 44;
+    /// Bytes of a key written before the rkey was added (read as rkey 0).
+    pub const LEN_WITHOUT_RKEY: usize = 40;
 
     /// The key as bytes (little-endian fields).
     pub fn to_bytes(&self) -> [u8; Self::LEN] {
@@ -49,12 +54,14 @@ impl RemoteKey {
         b[20..24].copy_from_slice(&self.pid.to_le_bytes());
         b[24..32].copy_from_slice(&self.base.to_le_bytes());
         b[32..40].copy_from_slice(&self.len.to_le_bytes());
+        b[40..44].copy_from_slice(&self.rkey.to_le_bytes());
         b
     }
 
-    /// A key from the bytes [`RemoteKey::to_bytes`] wrote; `None` when the length is wrong.
+    /// A key from the bytes [`RemoteKey::to_bytes`] wrote (or the 40 bytes of a key without
+    /// rkey); `None` when the length is wrong.
     pub fn from_bytes(b: &[u8]) -> Option<RemoteKey> {
-        if b.len() != Self::LEN {
+        if b.len() != Self::LEN && b.len() != Self::LEN_WITHOUT_RKEY {
             return None;
         }
         let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
@@ -67,6 +74,7 @@ impl RemoteKey {
             pid: u32_at(20),
             base: u64_at(24),
             len: u64_at(32),
+            rkey: if b.len() == Self::LEN { u32_at(40) } else { 0 },
         })
     }
 
@@ -237,8 +245,11 @@ mod tests {
             pid: 1234,
             base: 0xdead_beef_0000,
             len: 4096,
+            rkey: 0x1234,
         };
         assert_eq!(RemoteKey::from_bytes(&k.to_bytes()), Some(k));
+        let old = RemoteKey::from_bytes(&k.to_bytes()[..RemoteKey::LEN_WITHOUT_RKEY]).unwrap();
+        assert_eq!(old, RemoteKey { rkey: 0, ..k });
         assert_eq!(RemoteKey::from_bytes(&[0; 3]), None);
     }
 

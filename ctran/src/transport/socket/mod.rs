@@ -335,6 +335,7 @@ impl SocketTransport {
             pid: std::process::id(),
             base: span.addr() as u64,
             len: span.len() as u64,
+            rkey: 0,
         };
         (id, key)
     }
