@@ -47,6 +47,12 @@ def _valid_args() -> dict[str, dict[str, Any]]:
             output=T(), input=T(), output_split_sizes=[1] * WORLD, input_split_sizes=[1] * WORLD
         ),
         "all_to_all": dict(output_tensor_list=lst(), input_tensor_list=lst()),
+        "device_alltoallv_single": dict(
+            output=T(),
+            input=T(),
+            output_split_sizes=torch.ones(WORLD, dtype=torch.int64),
+            input_split_sizes=torch.ones(WORLD, dtype=torch.int64),
+        ),
         "barrier": dict(),
         "scatter": dict(output_tensor=T(), input_tensor_list=lst(), root=0),
         "gather": dict(output_tensor_list=lst(), input_tensor=T(), root=0),
@@ -59,8 +65,15 @@ SPLIT_ARGS = {"output_split_sizes", "input_split_sizes"}
 LIST_ARGS = {"tensor_list", "input_list", "output_tensor_list", "input_tensor_list"}
 
 
-def _bad_values(arg: str) -> list[tuple[Any, type]]:
-    """Bad values for an argument, each with the type it must raise."""
+def _bad_values(arg: str, op: str = "") -> list[tuple[Any, type]]:
+    """Bad values for an argument of ``op``, each with the type it must raise."""
+    if op == "device_alltoallv_single" and arg in SPLIT_ARGS:
+        # Counts in int64 tensors, one per rank.
+        return _bad_values("tensor") + [
+            (torch.ones(WORLD, dtype=torch.int32), VALUE),
+            (torch.ones(WORLD + 1, dtype=torch.int64), VALUE),
+            ([1] * WORLD, TYPE),
+        ]
     if arg in RANK_ARGS:
         return [(b, VALUE) for b in BIG + [WORLD, -1]] + [("0", TYPE), (1.0, TYPE), (None, TYPE)]
     if arg in SPLIT_ARGS:
@@ -121,7 +134,7 @@ def _cases() -> list[tuple[str, str, Any, type]]:
         for arg in args:
             if op in ("scatter", "gather") and arg in LIST_ARGS:
                 continue  # off the root the list is ignored: covered in test_rooted_lists
-            for bad, typ in _bad_values(arg):
+            for bad, typ in _bad_values(arg, op):
                 out.append((op, arg, bad, typ))
         for arg, bad, typ in COMMON:
             out.append((op, arg, bad, typ))
