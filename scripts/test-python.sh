@@ -51,7 +51,7 @@ for n in 1 2 3 4; do
         bindings/python/tests/run_tests.py "$@"
 done
 
-for example in allreduce ddp fsdp; do
+for example in allreduce ddp fsdp moe; do
     echo "== example: torchrun --nproc_per_node 4 examples/python/$example.py"
     "${torchrun[@]}" --nproc_per_node 4 "examples/python/$example.py"
 done
