@@ -12,6 +12,7 @@
 pub mod ib;
 pub mod mapper;
 pub mod region;
+pub(crate) mod requests;
 pub mod shm;
 pub mod socket;
 pub mod tag;

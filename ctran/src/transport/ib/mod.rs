@@ -49,7 +49,7 @@ mod wire;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use ibverbx::{Event, Put, RemoteKey as IbKey, VirtualCompletion, VirtualCq};
@@ -64,6 +64,7 @@ use wire::Ctl;
 
 use crate::span::Span;
 use crate::transport::region::RegionTable;
+use crate::transport::requests::Requests;
 use crate::transport::{
     Delivery, OpTag, RegionId, RemoteKey, ReqId, SignalKind, Transport, TransportError,
 };
@@ -82,11 +83,8 @@ pub struct IbTransport<B: IbBackend> {
     halves: HashMap<usize, Half<B>>,
     peers: Vec<Option<Peer<B>>>,
     conn_peer: HashMap<u32, usize>,
-    next_id: u64,
     next_wr: u64,
-    pending: HashMap<u64, usize>,
-    done: HashSet<u64>,
-    failed: HashMap<u64, TransportError>,
+    requests: Requests,
     aborted: bool,
     /// The collective this rank runs (compared with the peers' clear-to-sends).
     current: OpTag,
@@ -101,7 +99,7 @@ impl<B: IbBackend> std::fmt::Debug for IbTransport<B> {
         f.debug_struct("IbTransport")
             .field("rank", &self.rank)
             .field("backend", &self.backend)
-            .field("pending", &self.pending.len())
+            .field("pending", &self.requests.pending_count())
             .field("aborted", &self.aborted)
             .finish_non_exhaustive()
     }
@@ -141,22 +139,15 @@ impl<B: IbBackend> IbTransport<B> {
     }
 
     fn new_id(&mut self, peer: usize) -> u64 {
-        let id = self.next_id;
-        self.next_id += 1;
-        self.pending.insert(id, peer);
-        id
+        self.requests.open(peer)
     }
 
     fn finish(&mut self, id: u64) {
-        if self.pending.remove(&id).is_some() {
-            self.done.insert(id);
-        }
+        self.requests.finish(id);
     }
 
     fn fail(&mut self, id: u64, e: TransportError) {
-        if self.pending.remove(&id).is_some() {
-            self.failed.insert(id, e);
-        }
+        self.requests.fail(id, e);
     }
 
     /// Breaks the way to `peer`: every request to it fails with `e`. A disagreement fails every
@@ -175,15 +166,7 @@ impl<B: IbBackend> IbTransport<B> {
             e,
             TransportError::Disagree { .. } | TransportError::SizeMismatch { .. }
         );
-        let ids: Vec<u64> = self
-            .pending
-            .iter()
-            .filter(|&(_, &q)| everyone || q == peer)
-            .map(|(&id, _)| id)
-            .collect();
-        for id in ids {
-            self.fail(id, e.clone());
-        }
+        self.requests.fail_where(|q| everyone || q == peer, &e);
     }
 
     /// Pairs the peer's clear-to-sends with this rank's sends, first in, first out.
@@ -195,7 +178,7 @@ impl<B: IbBackend> IbTransport<B> {
             }
             let s = p.sends.pop_front().expect("non-empty");
             let c = p.ctss.pop_front().expect("non-empty");
-            if !self.pending.contains_key(&s.id) {
+            if !self.requests.is_pending(s.id) {
                 // Failed by a disagreement with another peer: its memory may be gone, never
                 // read it. The communicator aborts next, which tells this peer.
                 continue;
@@ -392,7 +375,7 @@ impl<B: IbBackend> IbTransport<B> {
             Ctl::Data { rid, ack } => {
                 // A receive failed meanwhile (a disagreement with another peer) may have lost
                 // its memory: its data is dropped, not copied.
-                let live = self.pending.contains_key(&rid);
+                let live = self.requests.is_pending(rid);
                 let Ok(p) = self.peer_mut(peer) else { return };
                 let Some(r) = p.recvs.remove(&rid) else {
                     self.fail_peer(peer, protocol(format!("data for unknown receive {rid}")));
@@ -503,7 +486,7 @@ impl<B: IbBackend> IbTransport<B> {
 
     /// Whether any request is posted and unfinished.
     pub fn has_pending(&self) -> bool {
-        !self.pending.is_empty()
+        self.requests.any_pending()
     }
 }
 
@@ -599,24 +582,11 @@ impl<B: IbBackend> Transport for IbTransport<B> {
     }
 
     fn test(&mut self, req: ReqId) -> Result<bool, TransportError> {
-        if self.done.remove(&req.0) {
-            return Ok(true);
-        }
-        if let Some(e) = self.failed.remove(&req.0) {
-            return Err(e);
-        }
-        if self.pending.contains_key(&req.0) {
-            if self.aborted {
-                return Err(TransportError::Aborted);
-            }
-            return Ok(false);
-        }
-        debug_assert!(false, "test() of unknown request {req:?}");
-        Ok(true)
+        self.requests.test(req, self.aborted)
     }
 
     fn peer_of(&self, req: ReqId) -> Option<usize> {
-        self.pending.get(&req.0).copied()
+        self.requests.peer_of(req.0)
     }
 
     fn progress(&mut self, until: Instant, watch_wake: bool) -> Result<(), TransportError> {
@@ -666,9 +636,7 @@ impl<B: IbBackend> Transport for IbTransport<B> {
         }
         self.pass();
         self.aborted = true;
-        for (id, _) in std::mem::take(&mut self.pending) {
-            self.failed.insert(id, TransportError::Aborted);
-        }
+        self.requests.fail_where(|_| true, &TransportError::Aborted);
     }
 
     fn register_region(

@@ -1,7 +1,7 @@
 //! Setting a transport up: its settings, its errors, and the connection to each peer from
 //! endpoint bytes (passed directly, or through the communicator's store).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use ibverbx::verbs::QpEndpoint;
@@ -13,6 +13,7 @@ use super::pool::Pool;
 use super::wire::{RING_SLOTS, SLOT};
 use super::{IbTransport, POOL_BYTES};
 use crate::transport::region::RegionTable;
+use crate::transport::requests::Requests;
 use crate::transport::OpTag;
 
 /// Why setting the transport up failed.
@@ -104,11 +105,8 @@ impl<B: IbBackend> IbTransport<B> {
             halves: HashMap::new(),
             peers: (0..size).map(|_| None).collect(),
             conn_peer: HashMap::new(),
-            next_id: 1,
             next_wr: 1,
-            pending: HashMap::new(),
-            done: HashSet::new(),
-            failed: HashMap::new(),
+            requests: Requests::new(1),
             aborted: false,
             current: OpTag::default(),
             regions: RegionTable::new(size),

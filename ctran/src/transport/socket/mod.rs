@@ -13,7 +13,6 @@ pub mod mesh;
 mod protect;
 mod waker;
 
-use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,6 +21,7 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use crate::span::Span;
 use crate::transport::region::{RegionId, RegionTable, RemoteKey, SignalKind};
+use crate::transport::requests::Requests;
 use crate::transport::{Delivery, OpTag, ReqId, Transport, TransportError};
 use conn::Conn;
 pub use mesh::{MeshPlan, SocketConfig};
@@ -38,10 +38,7 @@ const ABORT_FLUSH: Duration = Duration::from_millis(100);
 pub struct SocketTransport {
     rank: usize,
     conns: Vec<Option<Conn>>,
-    next_id: u64,
-    pending: HashMap<u64, usize>,
-    done: HashSet<u64>,
-    failed: HashMap<u64, TransportError>,
+    requests: Requests,
     waker: Arc<Waker>,
     spin: Duration,
     aborted: bool,
@@ -64,10 +61,7 @@ impl SocketTransport {
     ) -> SocketTransport {
         SocketTransport {
             rank,
-            next_id: 1,
-            pending: HashMap::new(),
-            done: HashSet::new(),
-            failed: HashMap::new(),
+            requests: Requests::new(1),
             waker,
             spin,
             aborted: false,
@@ -129,10 +123,7 @@ impl SocketTransport {
     }
 
     fn new_id(&mut self, peer: usize) -> u64 {
-        let id = self.next_id;
-        self.next_id += 1;
-        self.pending.insert(id, peer);
-        id
+        self.requests.open(peer)
     }
 
     /// One non-blocking pass over every connection with work. Returns whether anything moved.
@@ -151,8 +142,7 @@ impl SocketTransport {
             }
         }
         for id in finished.drain(..) {
-            self.pending.remove(&id);
-            self.done.insert(id);
+            self.requests.finish(id);
             moved = true;
         }
         self.finished_scratch = finished;
@@ -172,14 +162,10 @@ impl SocketTransport {
             return;
         };
         for id in conn.fail(e.clone()) {
-            if self.pending.remove(&id).is_some() {
-                self.failed.insert(id, e.clone());
-            }
+            self.requests.fail(id, e.clone());
         }
         if matches!(e, TransportError::Disagree { .. }) {
-            for (id, _) in self.pending.drain() {
-                self.failed.insert(id, e.clone());
-            }
+            self.requests.fail_where(|_| true, &e);
         }
     }
 
@@ -290,9 +276,7 @@ impl SocketTransport {
         self.aborted = true;
         for conn in self.conns.iter_mut().flatten() {
             for id in conn.fail(TransportError::Aborted) {
-                if self.pending.remove(&id).is_some() {
-                    self.failed.insert(id, TransportError::Aborted);
-                }
+                self.requests.fail(id, TransportError::Aborted);
             }
         }
     }
@@ -306,7 +290,7 @@ impl SocketTransport {
     /// Whether any request is posted and unfinished, or a confirmed send awaits its
     /// acknowledgement.
     pub fn has_pending(&self) -> bool {
-        !self.pending.is_empty()
+        self.requests.any_pending()
             || self
                 .conns
                 .iter()
@@ -443,25 +427,11 @@ impl Transport for SocketTransport {
     }
 
     fn test(&mut self, req: ReqId) -> Result<bool, TransportError> {
-        if self.done.remove(&req.0) {
-            return Ok(true);
-        }
-        if let Some(e) = self.failed.remove(&req.0) {
-            return Err(e);
-        }
-        if self.pending.contains_key(&req.0) {
-            if self.aborted {
-                return Err(TransportError::Aborted);
-            }
-            return Ok(false);
-        }
-        // Unknown ids were already reported finished; asking again is an engine bug.
-        debug_assert!(false, "test() of unknown request {req:?}");
-        Ok(true)
+        self.requests.test(req, self.aborted)
     }
 
     fn peer_of(&self, req: ReqId) -> Option<usize> {
-        self.pending.get(&req.0).copied()
+        self.requests.peer_of(req.0)
     }
 
     fn progress(&mut self, until: Instant, watch_wake: bool) -> Result<(), TransportError> {
