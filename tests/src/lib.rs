@@ -6,6 +6,7 @@ use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod faults;
 pub mod values;
 
 /// What one rank did.

@@ -97,6 +97,11 @@ impl CommConfig {
             spin: cv.ctran_shm_spin_us(),
             cma: cv.ctran_shm_cma(),
             cma_min_bytes: cv.ctran_shm_cma_min_bytes(),
+            lanes: match cv.ctran_shm_lanes() {
+                0 => None,
+                n => Some(n as usize),
+            },
+            lanes_min_bytes: cv.ctran_shm_lanes_min_bytes(),
             ..ShmConfig::default()
         };
         let mut algos = AlgoConfig::default();

@@ -452,14 +452,16 @@ impl Executor {
             }
         };
         let mut cx = ShmCtx {
-            shm,
+            lane: &mut shm.first,
+            parts: 1,
+            whole: 0,
             deadline: Instant::now() + task.timeout,
             seq: task.seq,
             alive: &mut alive,
             waiting: &mut waiting,
         };
         // Err: the op's arguments were refused before it ran.
-        let outcome = shm_collectives::run(&mut cx, &task.op, size);
+        let outcome = shm_collectives::run(&mut cx, shm.team.as_ref(), &task.op, size);
         drop(alive);
         if matches!(outcome, Ok(Ok(()))) {
             return Ok(());

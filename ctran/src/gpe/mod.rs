@@ -24,7 +24,7 @@
 //! its steps already done. An op issued while the caller's stream captures is refused.
 
 pub mod kernels;
-mod plan;
+pub(crate) mod plan;
 mod staging;
 
 use std::collections::VecDeque;

@@ -30,9 +30,12 @@ pub(crate) struct Plan {
 
 /// What the host operation does with a buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Role {
+pub(crate) enum Role {
+    /// Only read.
     In,
+    /// Only written.
     Out,
+    /// Read and written.
     InOut,
 }
 
@@ -49,7 +52,7 @@ impl Role {
 const ALIGN: usize = 64;
 
 /// Rebuilds `op` with every buffer passed through `f` (with its role on this rank).
-fn map_spans(op: &Op, rank: usize, f: &mut dyn FnMut(Span, Role) -> Span) -> Op {
+pub(crate) fn map_spans(op: &Op, rank: usize, f: &mut dyn FnMut(Span, Role) -> Span) -> Op {
     fn all(v: &[Span], role: Role, f: &mut dyn FnMut(Span, Role) -> Span) -> Vec<Span> {
         v.iter().map(|s| f(*s, role)).collect()
     }

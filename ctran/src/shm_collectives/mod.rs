@@ -23,15 +23,20 @@ use crate::comm::stable_hash::StableHasher;
 use crate::comm::Op;
 use crate::error::{Error, Result};
 use crate::kernels::Reducer;
+use crate::span::Span;
 use crate::transport::TransportError;
 
 mod ctx;
+mod lane;
 mod moves;
 mod reduce;
+mod team;
 
 pub use ctx::{ShmCtx, Waiting, LONG_WAIT};
+pub use lane::Lane;
 pub use moves::{all_gather, all_to_all, broadcast};
 pub use reduce::{all_reduce, reduce, reduce_scatter};
+pub use team::{laned_operations, Team};
 
 /// Whether `op` has a shared-memory form; all_to_all has one only through cross-memory attach
 /// (`cma`), the other collectives always.
@@ -47,9 +52,71 @@ pub fn runs(op: &Op, cma: bool) -> bool {
     }
 }
 
-/// Runs `op` (one [`runs`] accepts) over shared memory among `nranks` ranks. The outer error:
+/// Runs `op` (one [`runs`] accepts) over shared memory among `nranks` ranks, cut into lanes
+/// when the rank has a `team` of helpers and the operation is large enough. The outer error:
 /// its arguments were refused before anything moved.
-pub fn run(cx: &mut ShmCtx<'_>, op: &Op, nranks: usize) -> Result<Result<(), ShmFail>> {
+pub fn run(
+    cx: &mut ShmCtx<'_>,
+    team: Option<&Team>,
+    op: &Op,
+    nranks: usize,
+) -> Result<Result<(), ShmFail>> {
+    let Some(team) = team else {
+        return run_one(cx, op, nranks);
+    };
+    check_args(op, nranks)?;
+    if let Op::AllToAll { inputs, outputs } = op {
+        return all_to_all_on(cx, team, op, inputs, outputs, nranks);
+    }
+    match team.cuts(op) {
+        Some(whole) => team.run(cx, op, whole, nranks, |cx, part| run_one(cx, part, nranks)),
+        None => run_one(cx, op, nranks),
+    }
+}
+
+/// all_to_all with a team: the ranks' totals, published with the first barrier, decide the
+/// cut; cut, this lane reads the first part of every block from what it published already.
+fn all_to_all_on(
+    cx: &mut ShmCtx<'_>,
+    team: &Team,
+    op: &Op,
+    inputs: &[Span],
+    outputs: &[Span],
+    nranks: usize,
+) -> Result<Result<(), ShmFail>> {
+    let total = match moves::all_to_all_publish(cx, inputs) {
+        Ok(total) => total,
+        Err(fail) => return Ok(Err(fail)),
+    };
+    if !team.cuts_all_to_all(total, nranks) {
+        return Ok(moves::all_to_all_read(cx, inputs, outputs, outputs));
+    }
+    let first = |cx: &mut ShmCtx<'_>, part: &Op| {
+        let Op::AllToAll { outputs: parts, .. } = part else {
+            unreachable!("a part of an all_to_all is an all_to_all")
+        };
+        Ok(moves::all_to_all_read(cx, inputs, outputs, parts))
+    };
+    team.run(cx, op, total, nranks, first)
+}
+
+/// Refuses what [`run_one`] would refuse before anything moved (the element type or reduce op
+/// of a reduction), so that no lane starts an operation another refuses.
+fn check_args(op: &Op, nranks: usize) -> Result<()> {
+    match op {
+        Op::AllReduce { dtype, op, .. }
+        | Op::Reduce { dtype, op, .. }
+        | Op::ReduceScatter { dtype, op, .. } => Reducer::new(*dtype, *op, nranks).map(|_| ()),
+        Op::AllGather { .. } | Op::Broadcast { .. } | Op::AllToAll { .. } => Ok(()),
+        other => Err(Error::NotSupported(format!(
+            "{} as a shared-memory collective",
+            other.name()
+        ))),
+    }
+}
+
+/// Runs `op` on one lane (`cx`'s).
+fn run_one(cx: &mut ShmCtx<'_>, op: &Op, nranks: usize) -> Result<Result<(), ShmFail>> {
     let reducer = |dtype, op| Reducer::new(dtype, op, nranks);
     Ok(match op {
         Op::AllReduce { buf, dtype, op } => all_reduce(cx, *buf, &reducer(*dtype, *op)?),

@@ -56,7 +56,9 @@ pub fn broadcast(cx: &mut ShmCtx<'_>, buf: Span, root: usize) -> Result<(), ShmF
         bytes: buf.len(),
         args: StableHasher::new().u64(root as u64).finish(),
     };
-    if cx.use_cma(buf.len()) {
+    // Lanes of the peer reading the root's pages at once contend as more ranks do (see
+    // `use_cma`): cut into lanes, a broadcast copies through the shared buffers.
+    if cx.parts == 1 && cx.use_cma(buf.len()) {
         cx.publish(d, &[buf]);
         cx.barrier()?;
         cx.check(d, |_| buf.len())?;
@@ -87,16 +89,46 @@ pub fn broadcast(cx: &mut ShmCtx<'_>, buf: Span, root: usize) -> Result<(), ShmF
 /// all_to_all by cross-memory attach (only when it is available): `outputs[j]` receives rank
 /// `j`'s `inputs[me]`, read straight from rank `j`'s memory.
 pub fn all_to_all(cx: &mut ShmCtx<'_>, inputs: &[Span], outputs: &[Span]) -> Result<(), ShmFail> {
-    let me = cx.me();
+    all_to_all_publish(cx, inputs)?;
+    all_to_all_read(cx, inputs, outputs, outputs)
+}
+
+/// The first half of an all_to_all: publishes this rank's blocks and its total, and returns
+/// the bytes all ranks together send (each rank's total may differ), which every rank then
+/// knows alike: enough to agree on cutting the rest into lanes.
+pub(super) fn all_to_all_publish(cx: &mut ShmCtx<'_>, inputs: &[Span]) -> Result<usize, ShmFail> {
     let d = Desc {
         kind: Kind::AllToAll,
-        bytes: 0,
+        bytes: inputs.iter().map(Span::len).sum(),
         args: 0,
     };
     cx.publish(d, inputs);
     cx.barrier()?;
-    cx.check(d, |_| 0)?;
-    outputs[me].copy_from(&inputs[me]);
+    let totals: Vec<usize> = (0..cx.n())
+        .map(|j| {
+            if j == cx.me() {
+                d.bytes
+            } else {
+                cx.peer_bytes(j)
+            }
+        })
+        .collect();
+    cx.check(d, |j| totals[j])?;
+    Ok(totals.iter().sum())
+}
+
+/// The second half: reads the first `parts[j].len()` bytes of every peer's published block for
+/// this rank into `parts[j]` (all of `outputs[j]`, or this lane's share of it), after checking
+/// that the peer's block is as long as `outputs[j]`; then waits until every peer has read this
+/// rank's blocks.
+pub(super) fn all_to_all_read(
+    cx: &mut ShmCtx<'_>,
+    inputs: &[Span],
+    outputs: &[Span],
+    parts: &[Span],
+) -> Result<(), ShmFail> {
+    let me = cx.me();
+    parts[me].copy_from(&inputs[me].sub(0, parts[me].len()));
     for (j, out) in outputs.iter().enumerate().filter(|&(j, _)| j != me) {
         let (_, len) = cx.peer_block(j, me);
         if len != out.len() {
@@ -109,7 +141,7 @@ pub fn all_to_all(cx: &mut ShmCtx<'_>, inputs: &[Span], outputs: &[Span]) -> Res
                 ),
             });
         }
-        cx.read(j, me, 0, *out)?;
+        cx.read(j, me, 0, parts[j])?;
     }
     cx.barrier()
 }

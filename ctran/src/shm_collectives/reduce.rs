@@ -15,7 +15,7 @@ use super::*;
 pub(super) fn scratch(cx: &mut ShmCtx<'_>) -> Span {
     // SAFETY: the buffer belongs to the transport, which the progress thread owns and lends to
     // this collective alone; it is neither resized nor otherwise touched while the span is used.
-    unsafe { Span::from_slice(&mut cx.shm.cma_buf) }
+    unsafe { Span::from_slice(&mut cx.lane.cma_buf) }
 }
 
 /// `dst ⊕= prescale(peer j's block k from offset)`, through the scratch buffer in pieces.
@@ -50,7 +50,7 @@ pub(super) fn reduce_from_peers(
 ) -> Result<(), ShmFail> {
     let (n, me) = (cx.n(), cx.me());
     let es = red.dtype().size_bytes();
-    let piece = (cx.shm.cma_buf.len() / es).max(1) * es;
+    let piece = (cx.lane.cma_buf.len() / es).max(1) * es;
     for (o, l) in chunks(dst.len(), piece) {
         let d = dst.sub(o, l);
         let src = own.sub(o, l);
@@ -75,8 +75,12 @@ pub fn all_reduce(cx: &mut ShmCtx<'_>, buf: Span, red: &Reducer) -> Result<(), S
         args: red_args(red).finish(),
     };
     // Its cross-memory path reads every byte twice (inputs, then results), so it pays off
-    // later than the single-read collectives'.
-    if cx.use_cma(buf.len() / 2) {
+    // later than the single-read collectives'. With one lane it also pays at more than two
+    // ranks (a 2-core host at 4 ranks took 0.77-0.93 of the time through the shared buffers'
+    // path); cut into lanes, the lanes' concurrent reads of one process contend (about the
+    // same time as the shared buffers at 4 and 8 ranks on 16 cores).
+    let direct = cx.n() == 2 || cx.parts == 1;
+    if direct && cx.cma_fits(buf.len() / 2) {
         all_reduce_cma(cx, buf, red, d)
     } else {
         all_reduce_slots(cx, buf, red, d)
@@ -104,8 +108,8 @@ pub(super) fn all_reduce_cma(
     // The tag is the number of the barrier below; announcing "nothing reduced yet" under it
     // before the barrier means no peer can mistake an old value for this operation's, even
     // when the counter's top bits wrapped around since.
-    let tag = ((cx.shm.arrivals + 1) & ((1 << (64 - PROGRESS_BITS)) - 1)) << PROGRESS_BITS;
-    cx.shm
+    let tag = ((cx.lane.arrivals + 1) & ((1 << (64 - PROGRESS_BITS)) - 1)) << PROGRESS_BITS;
+    cx.lane
         .node
         .control(me)
         .progress
@@ -115,12 +119,12 @@ pub(super) fn all_reduce_cma(
     let slices = partition(buf.len() / es, n, es);
     let (so, sl) = slices[me];
     let mine = buf.sub(so, sl);
-    let piece = (cx.shm.cma_buf.len() / es).max(1) * es;
+    let piece = (cx.lane.cma_buf.len() / es).max(1) * es;
     // Bytes of each peer's slice already copied here.
     let mut copied = vec![0usize; n];
     copied[me] = sl;
     let progress = |cx: &ShmCtx<'_>, j: usize| -> usize {
-        let v = cx.shm.node.control(j).progress.load(Ordering::Acquire);
+        let v = cx.lane.node.control(j).progress.load(Ordering::Acquire);
         if v & !((1 << PROGRESS_BITS) - 1) == tag {
             (v & ((1 << PROGRESS_BITS) - 1)) as usize
         } else {
@@ -149,7 +153,7 @@ pub(super) fn all_reduce_cma(
             combine_from_peer(cx, red, dst, j, 0, so + o)?;
         }
         finish(red, dst);
-        let node = &cx.shm.node;
+        let node = &cx.lane.node;
         node.control(me)
             .progress
             .store(tag | (o + l) as u64, Ordering::Release);
@@ -165,7 +169,7 @@ pub(super) fn all_reduce_cma(
                     && ((v & ((1 << PROGRESS_BITS) - 1)) as usize) > copied[j]
             })
         };
-        let node = &cx.shm.node;
+        let node = &cx.lane.node;
         match wait_telling(node, cx.waiting, ready, cx.deadline, cx.alive) {
             Ok(()) => {}
             Err(WaitEnd::Failed(e)) => return Err(ShmFail::Peer(e)),

@@ -18,11 +18,16 @@ pub(crate) struct Sizes {
     pub(crate) fifo_slots: usize,
     /// Payload bytes per FIFO slot.
     pub(crate) fifo_slot_bytes: usize,
-    /// Bytes of one collective buffer (each rank has two).
+    /// Bytes of one collective buffer (each rank has two per lane).
     pub(crate) coll_bytes: usize,
+    /// Lanes of the shared-memory collectives: each has, per rank, its own control line,
+    /// descriptors and collective buffers, so that one thread per lane runs a part of an
+    /// operation without touching the others' state.
+    pub(crate) lanes: usize,
 }
 
-/// Per-rank control line.
+/// Per-rank control line (one per lane; the fields about the process and point-to-point traffic
+/// are used on lane 0 only, apart from `pid`, which every lane holds).
 #[repr(C)]
 #[derive(Debug)]
 pub(crate) struct Control {
@@ -102,14 +107,17 @@ pub(crate) struct Layout {
     desc_bytes: usize,
     coll: usize,
     pub(crate) total: usize,
+    /// The lane whose control lines, descriptors and buffers the accessors below address.
+    lane: usize,
 }
 
 impl Layout {
     pub(crate) fn new(sizes: Sizes) -> Layout {
         let n = sizes.nlocal;
+        let lanes = sizes.lanes.max(1);
         let pairs = n * n.saturating_sub(1);
         let controls = LINE;
-        let fifo_index = controls + n * LINE;
+        let fifo_index = controls + lanes * n * LINE;
         let fifo_data = fifo_index + pairs * std::mem::size_of::<FifoIndex>();
         let slot = SLOT_HEADER + sizes.fifo_slot_bytes;
         let descs = fifo_data + pairs * sizes.fifo_slots * slot;
@@ -117,8 +125,8 @@ impl Layout {
         // buffer per destination).
         let desc_bytes = (std::mem::size_of::<OpDesc>() + n * std::mem::size_of::<Block>())
             .next_multiple_of(LINE);
-        let coll = (descs + n * 2 * desc_bytes).next_multiple_of(4096);
-        let total = coll + n * 2 * sizes.coll_bytes;
+        let coll = (descs + lanes * n * 2 * desc_bytes).next_multiple_of(4096);
+        let total = coll + lanes * n * 2 * sizes.coll_bytes;
         Layout {
             sizes,
             controls,
@@ -128,7 +136,23 @@ impl Layout {
             desc_bytes,
             coll,
             total,
+            lane: 0,
         }
+    }
+
+    /// The same layout, addressing lane `lane`'s control lines, descriptors and buffers.
+    pub(crate) fn for_lane(&self, lane: usize) -> Layout {
+        assert!(
+            lane < self.sizes.lanes.max(1),
+            "lane {lane} of {}",
+            self.sizes.lanes
+        );
+        Layout { lane, ..*self }
+    }
+
+    /// Index of local rank `i`'s copy of a per-rank structure on this lane.
+    fn slot_of(&self, i: usize) -> usize {
+        self.lane * self.sizes.nlocal + i
     }
 
     /// Index of the FIFO from local rank `src` to local rank `dst` (`src != dst`).
@@ -138,7 +162,7 @@ impl Layout {
     }
 
     pub(crate) fn control(&self, i: usize) -> usize {
-        self.controls + i * LINE
+        self.controls + self.slot_of(i) * LINE
     }
 
     pub(crate) fn fifo_index(&self, pair: usize) -> usize {
@@ -152,7 +176,7 @@ impl Layout {
 
     /// Descriptor `b` (0 or 1) of local rank `i`; its blocks follow it.
     pub(crate) fn desc(&self, i: usize, b: usize) -> usize {
-        self.descs + (i * 2 + b) * self.desc_bytes
+        self.descs + (self.slot_of(i) * 2 + b) * self.desc_bytes
     }
 
     /// Block `j` of descriptor `b` of local rank `i`.
@@ -162,7 +186,7 @@ impl Layout {
 
     /// Collective buffer `b` (0 or 1) of local rank `i`.
     pub(crate) fn coll(&self, i: usize, b: usize) -> usize {
-        self.coll + (i * 2 + b) * self.sizes.coll_bytes
+        self.coll + (self.slot_of(i) * 2 + b) * self.sizes.coll_bytes
     }
 }
 

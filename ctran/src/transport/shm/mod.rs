@@ -20,7 +20,8 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::shm_collectives::{Lane, Team};
 use crate::span::Span;
 use crate::transport::{Delivery, OpTag, RemoteKey, ReqId, TransportError, AGREEMENT_CHECK_AFTER};
 pub(crate) use layout::Sizes;
@@ -153,7 +154,16 @@ pub struct ShmConfig {
     pub cma_min_bytes: usize,
     /// Bytes of the cache-resident buffer that peers' data is read into before it is reduced.
     pub cma_chunk_bytes: usize,
+    /// Lanes of the shared-memory collectives, each run by a thread of its own (`None`: the
+    /// host's cores per local rank, at most [`MAX_LANES`]). Every local rank must use the same.
+    pub lanes: Option<usize>,
+    /// Collectives of at least this many bytes are cut into lanes (reductions from a quarter of
+    /// it; an all_to_all when its ranks together send this much per rank).
+    pub lanes_min_bytes: usize,
 }
+
+/// Most lanes a rank runs: past this, one socket's memory is the limit, not the threads.
+pub const MAX_LANES: usize = 8;
 
 impl Default for ShmConfig {
     fn default() -> Self {
@@ -165,6 +175,8 @@ impl Default for ShmConfig {
             cma: true,
             cma_min_bytes: 1 << 20,
             cma_chunk_bytes: 256 << 10,
+            lanes: None,
+            lanes_min_bytes: 2 << 20,
         }
     }
 }
@@ -216,17 +228,10 @@ pub struct ShmTransport {
     done: HashSet<u64>,
     failed: HashMap<u64, TransportError>,
     dead: Vec<Option<TransportError>>,
-    /// Collective buffers used so far (their parity picks the buffer) and barriers passed.
-    pub(crate) coll_rounds: u64,
-    pub(crate) arrivals: u64,
-    /// Which of the two descriptors the current collective published (see `crate::shm_collectives`).
-    pub(crate) published: usize,
-    /// Every local rank can read every other's memory (cross-memory attach), agreed at init.
-    pub(crate) cma: bool,
-    /// Smallest message sent by cross-memory attach.
-    pub(crate) cma_min_bytes: usize,
-    /// Where peers' data is read before it is reduced (cross-memory attach only).
-    pub(crate) cma_buf: Vec<u8>,
+    /// Lane 0 of the shared-memory collectives (the progress thread's).
+    pub(crate) first: Lane,
+    /// The helper threads that run the other lanes, when the host has cores to spare.
+    pub(crate) team: Option<Team>,
     /// The word peers read to probe cross-memory attach; must live as long as the segment.
     _probe: Box<u64>,
 }
@@ -258,11 +263,17 @@ impl ShmTransport {
         } else {
             Duration::from_micros(2)
         });
+        // Helper lanes pay when cores outnumber local ranks.
+        let lanes = cfg
+            .lanes
+            .unwrap_or(cores / nlocal.max(1))
+            .clamp(1, MAX_LANES);
         let sizes = Sizes {
             nlocal,
             fifo_slots: cfg.fifo_slots,
             fifo_slot_bytes: cfg.fifo_slot_bytes,
             coll_bytes: cfg.coll_bytes,
+            lanes,
         };
         let mut node = Node::attach(name, sizes, me, spin, deadline, &mut *alive)?;
         node.global = local_ranks.to_vec();
@@ -272,8 +283,29 @@ impl ShmTransport {
             rank,
             local_ranks = nlocal,
             cross_memory_attach = cma,
+            lanes,
             "shared memory attached"
         );
+        let first_view = node.lane(0);
+        let team = if lanes > 1 {
+            let helpers = (1..lanes)
+                .map(|l| {
+                    Lane::new(
+                        node.lane(l),
+                        cma,
+                        cfg.cma_min_bytes,
+                        cfg.cma_chunk_bytes,
+                        local_ranks.to_vec(),
+                    )
+                })
+                .collect();
+            Some(
+                Team::start(&node, helpers, cfg.lanes_min_bytes, spin)
+                    .map_err(|e| Error::io("starting the shared-memory helper threads", e))?,
+            )
+        } else {
+            None
+        };
         let mut local_of = vec![None; size];
         for (i, &g) in local_ranks.iter().enumerate() {
             local_of[g] = Some(i);
@@ -292,16 +324,14 @@ impl ShmTransport {
             done: HashSet::new(),
             failed: HashMap::new(),
             dead: vec![None; nlocal],
-            coll_rounds: 0,
-            arrivals: 0,
-            published: 0,
-            cma,
-            cma_min_bytes: cfg.cma_min_bytes,
-            cma_buf: if cma {
-                vec![0u8; cfg.cma_chunk_bytes.max(4096)]
-            } else {
-                Vec::new()
-            },
+            first: Lane::new(
+                first_view,
+                cma,
+                cfg.cma_min_bytes,
+                cfg.cma_chunk_bytes,
+                local_ranks.to_vec(),
+            ),
+            team,
             _probe: probe,
         })
     }
@@ -309,7 +339,7 @@ impl ShmTransport {
     /// Whether shared-memory collectives read peers' memory directly (agreed by every local
     /// rank at init).
     pub fn uses_cma(&self) -> bool {
-        self.cma
+        self.first.cma
     }
 
     /// Whether `peer` is reached through this transport.

@@ -2,6 +2,7 @@
 //! the wait loop (spin briefly, then sleep on a futex, checking the deadline and peer liveness).
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::futex;
@@ -38,10 +39,10 @@ pub(crate) struct Slot<'a> {
     pub(crate) payload: Span,
 }
 
-/// This rank's view of the host's shared segment.
+/// This rank's view of the host's shared segment, on one lane (see [`Sizes::lanes`]).
 #[derive(Debug)]
 pub(crate) struct Node {
-    seg: Segment,
+    seg: Arc<Segment>,
     layout: Layout,
     /// This rank's index among the host's ranks.
     pub(crate) me: usize,
@@ -86,7 +87,7 @@ impl Node {
             Segment::open(name, layout.total, deadline, &mut *alive)?
         };
         let mut node = Node {
-            seg,
+            seg: Arc::new(seg),
             layout,
             me,
             spin,
@@ -100,6 +101,8 @@ impl Node {
             },
         };
         if me == 0 {
+            node.header_word(3)
+                .store(sizes.lanes as u64, Ordering::Relaxed);
             node.header_word(0).store(MAGIC, Ordering::Release);
         } else {
             node.wait_for(
@@ -108,10 +111,24 @@ impl Node {
                 &mut *alive,
             )
             .map_err(|e| failed(format!("segment {name} was not initialised"), e))?;
+            let theirs = node.header_word(3).load(Ordering::Relaxed);
+            if theirs != sizes.lanes as u64 {
+                return Err(Error::Bootstrap {
+                    comm: String::new(),
+                    reason: format!(
+                        "local rank 0 runs shared-memory collectives on {theirs} lanes, this \
+                         rank on {}: set CTRAN_SHM_LANES alike on every rank of the host",
+                        sizes.lanes
+                    ),
+                });
+            }
         }
-        node.control(me)
-            .pid
-            .store(std::process::id(), Ordering::Relaxed);
+        for lane in 0..sizes.lanes.max(1) {
+            node.lane(lane)
+                .control(me)
+                .pid
+                .store(std::process::id(), Ordering::Relaxed);
+        }
         node.header_word(1).fetch_add(1, Ordering::AcqRel);
         if me != 0 {
             node.ring(0);
@@ -123,7 +140,9 @@ impl Node {
                 deadline,
                 &mut *alive,
             );
-            node.seg.unlink();
+            Arc::get_mut(&mut node.seg)
+                .expect("no lane view exists during set-up")
+                .unlink();
             result.map_err(|e| {
                 failed(
                     format!("not every local rank attached to shared memory segment {name}"),
@@ -141,6 +160,18 @@ impl Node {
         // types used here (atomics and structs of atomics) are valid for any bit pattern,
         // including the zeroes a fresh segment holds. The mapping lives as long as `self`.
         unsafe { &*self.seg.base().as_ptr().add(offset).cast::<T>() }
+    }
+
+    /// The same segment seen on lane `lane`: its control lines, descriptors and collective
+    /// buffers (the header and the point-to-point FIFOs are shared by every lane).
+    pub(crate) fn lane(&self, lane: usize) -> Node {
+        Node {
+            seg: Arc::clone(&self.seg),
+            layout: self.layout.for_lane(lane),
+            me: self.me,
+            spin: self.spin,
+            global: self.global.clone(),
+        }
     }
 
     fn header_word(&self, i: usize) -> &AtomicU64 {
@@ -171,7 +202,7 @@ impl Node {
     }
 
     /// Shared header word `i` (0: magic, 1: ranks attached, 2: ranks that published their
-    /// cross-memory probe).
+    /// cross-memory probe, 3: lanes).
     pub(crate) fn header(&self, i: usize) -> &AtomicU64 {
         self.header_word(i)
     }
@@ -182,8 +213,9 @@ impl Node {
 
     fn span_at(&self, offset: usize, len: usize) -> Span {
         assert!(offset + len <= self.seg.len());
-        // SAFETY: inside the mapping, which outlives every span handed out (the node owns it and
-        // spans are used only while the node is alive, by the one thread that owns the node).
+        // SAFETY: inside the mapping, which outlives every span handed out (the node holds it and
+        // spans are used only while the node is alive, by the thread that owns this lane's
+        // view; lanes address disjoint buffers).
         unsafe { Span::from_raw(self.seg.base().as_ptr().add(offset), len) }
     }
 

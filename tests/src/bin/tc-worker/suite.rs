@@ -588,5 +588,9 @@ pub(crate) fn suite(large: usize, algo_set: Option<usize>) -> Result<()> {
     // cross-memory attach check these counts.
     let cma = ctran::transport::shm::cma_stats();
     println!("CMA rank {rank}: {} reads, {} bytes", cma.reads, cma.bytes);
+    println!(
+        "LANES rank {rank}: {} operations",
+        ctran::shm_collectives::laned_operations()
+    );
     Ok(())
 }
