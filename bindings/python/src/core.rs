@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError};
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
+use pyo3::types::{PyInt, PyTuple};
 use torchcomms::{Error, ErrorKind, OpOptions, TorchComm, Work};
 
 use crate::args::{hints_arg, int_arg};
@@ -207,6 +207,14 @@ impl CommCore {
     /// Reads a rank argument and checks it like upstream: "`root` must be in range [0, N), but
     /// got X" (also for ints beyond 64 bits; anything but an int is a `CommTypeError`).
     pub(crate) fn rank_arg(&self, op: &str, arg: &str, obj: &Bound<'_, PyAny>) -> PyResult<usize> {
+        // The common case, without formatting the tag errors need.
+        if obj.is_exact_instance_of::<PyInt>() {
+            if let Ok(r) = obj.extract::<u32>() {
+                if (r as usize) < self.size {
+                    return Ok(r as usize);
+                }
+            }
+        }
         let tag = self.tag(op);
         match int_arg(obj, &tag, arg)? {
             Some(r) if r >= 0 && (r as u64) < self.size as u64 => Ok(r as usize),
@@ -231,7 +239,11 @@ impl CommCore {
         hints: Option<&Bound<'_, PyAny>>,
         timeout: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<OpOptions> {
-        let hints = hints_arg(hints, &self.tag(op))?;
+        // The tag is formatted only for an argument that is there (the hot path has none).
+        let hints = match hints.filter(|h| !h.is_none()) {
+            Some(h) => hints_arg(Some(h), &self.tag(op))?,
+            None => None,
+        };
         // Built from a constructor, so fields the API adds later keep their defaults.
         let mut o = if async_op {
             OpOptions::async_op()
@@ -244,11 +256,11 @@ impl CommCore {
         all.extend(hints.unwrap_or_default());
         o.hints = all.into_iter().collect();
         // An operation without a timeout uses the communicator's (`set_timeout` changes it).
-        o.timeout = Some(
-            timeout_arg(timeout, &self.tag(op))?
-                .filter(|t| !t.is_zero())
-                .unwrap_or(settings.timeout),
-        );
+        let own = match timeout.filter(|t| !t.is_none()) {
+            Some(t) => timeout_arg(Some(t), &self.tag(op))?,
+            None => None,
+        };
+        o.timeout = Some(own.filter(|t| !t.is_zero()).unwrap_or(settings.timeout));
         o.stream = self.caller_stream()?;
         Ok(o)
     }

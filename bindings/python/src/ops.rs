@@ -20,32 +20,32 @@ use crate::work::PyTorchWork;
 /// One argument of kind `$kind`: `check` validates what every backend needs checked (ranks,
 /// split sizes), `native` converts it for the API, `pass` hands the converted value on.
 macro_rules! py_arg {
-    (check Rank, $core:ident, $op:ident, $name:expr, $v:ident) => {
+    (check Rank, $core:ident, $op:ident, $tag:ident, $name:expr, $v:ident) => {
         $core.rank_arg($op, $name, $v).map(|_| ())
     };
-    (check Splits, $core:ident, $op:ident, $name:expr, $v:ident) => {
-        splits($v, &$core.tag($op), $name).map(|_| ())
+    (check Splits, $core:ident, $op:ident, $tag:ident, $name:expr, $v:ident) => {
+        splits($v, $tag, $name).map(|_| ())
     };
-    (check $kind:ident, $core:ident, $op:ident, $name:expr, $v:ident) => {
+    (check $kind:ident, $core:ident, $op:ident, $tag:ident, $name:expr, $v:ident) => {
         PyResult::Ok(())
     };
-    (native Tensor, $core:ident, $op:ident, $name:expr, $v:ident) => {
-        to_tensor($v, &$core.tag($op), $name)
+    (native Tensor, $core:ident, $op:ident, $tag:ident, $name:expr, $v:ident) => {
+        to_tensor($v, $tag, $name)
     };
-    (native Tensors, $core:ident, $op:ident, $name:expr, $v:ident) => {
-        to_tensors($v, &$core.tag($op), $name)
+    (native Tensors, $core:ident, $op:ident, $tag:ident, $name:expr, $v:ident) => {
+        to_tensors($v, $tag, $name)
     };
-    (native Rank, $core:ident, $op:ident, $name:expr, $v:ident) => {
+    (native Rank, $core:ident, $op:ident, $tag:ident, $name:expr, $v:ident) => {
         $core.rank_arg($op, $name, $v)
     };
-    (native ReduceOp, $core:ident, $op:ident, $name:expr, $v:ident) => {
-        reduce_op_arg($v, &$core.tag($op))
+    (native ReduceOp, $core:ident, $op:ident, $tag:ident, $name:expr, $v:ident) => {
+        reduce_op_arg($v, $tag)
     };
-    (native Splits, $core:ident, $op:ident, $name:expr, $v:ident) => {
-        splits($v, &$core.tag($op), $name)
+    (native Splits, $core:ident, $op:ident, $tag:ident, $name:expr, $v:ident) => {
+        splits($v, $tag, $name)
     };
-    (native Persistent, $core:ident, $op:ident, $name:expr, $v:ident) => {
-        persistent_arg($v, &$core.tag($op), $name)
+    (native Persistent, $core:ident, $op:ident, $tag:ident, $name:expr, $v:ident) => {
+        persistent_arg($v, $tag, $name)
     };
     (pass Rank, $v:ident) => {
         $v
@@ -77,12 +77,14 @@ macro_rules! py_methods {
                     let core = &self.core();
                     let op = stringify!($name);
                     guard(op, || {
-                        $(py_arg!(check $kind, core, op, stringify!($arg), $arg)?;)*
-                        let async_op = bool_arg(async_op, &core.tag(op), "async_op")?;
+                        // Formatted once: every argument's error names it.
+                        let tag = &core.tag(op);
+                        $(py_arg!(check $kind, core, op, tag, stringify!($arg), $arg)?;)*
+                        let async_op = bool_arg(async_op, tag, "async_op")?;
                         let opts = core.op_options(op, async_op, hints, timeout)?;
                         let native = match core.native() {
                             Some(_) => {
-                                $(let $arg = py_arg!(native $kind, core, op, stringify!($arg), $arg)?;)*
+                                $(let $arg = py_arg!(native $kind, core, op, tag, stringify!($arg), $arg)?;)*
                                 Some(move |comm: &TorchComm| {
                                     comm.$name($(py_arg!(pass $kind, $arg),)* &opts)
                                 })

@@ -31,6 +31,9 @@ struct Torch {
     // `torch._C.TensorBase` accessors.
     dtype: Py<PyAny>,
     device: Py<PyAny>,
+    is_cpu: Py<PyAny>,
+    is_cuda: Py<PyAny>,
+    get_device: Py<PyAny>,
     is_contiguous: Py<PyAny>,
     numel: Py<PyAny>,
     data_ptr: Py<PyAny>,
@@ -80,6 +83,9 @@ fn torch(py: Python<'_>) -> PyResult<&Torch> {
             dtypes,
             dtype: getter("dtype")?,
             device: getter("device")?,
+            is_cpu: getter("is_cpu")?,
+            is_cuda: getter("is_cuda")?,
+            get_device: method("get_device")?,
             is_contiguous: method("is_contiguous")?,
             numel: method("numel")?,
             data_ptr: method("data_ptr")?,
@@ -216,23 +222,27 @@ fn read<'py>(t: &Torch, obj: &Bound<'py, PyAny>, op: &str, arg: &str) -> PyResul
                 dtype_obj.str().map(|s| s.to_string()).unwrap_or_default()
             ))
         })?;
-    let device_obj = t
-        .device
-        .call1(py, (obj,))
-        .map_err(|e| unreadable("device", e))?;
-    let device_obj = device_obj.bind(py);
-    let device = match device_obj.getattr("type")?.extract::<String>()?.as_str() {
-        "cpu" => Device::Cpu,
-        "cuda" => parse_device(device_obj)?,
-        other => {
-            return Err(value_error(format!(
-                "{op}: argument `{arg}` is on device {}, expected a cpu or cuda tensor",
-                device_obj
-                    .str()
-                    .map(|s| s.to_string())
-                    .unwrap_or(other.into())
-            )))
-        }
+    let flag = |f: &Py<PyAny>| f.call1(py, (obj,)).and_then(|v| v.extract::<bool>(py));
+    // Two flags and an index cost a fraction of reading and naming a `torch.device`; the
+    // device object is read only to name one that is neither CPU nor CUDA.
+    let device = if flag(&t.is_cpu).map_err(|e| unreadable("device", e))? {
+        Device::Cpu
+    } else if flag(&t.is_cuda).map_err(|e| unreadable("device", e))? {
+        let index = t
+            .get_device
+            .call1(py, (obj,))
+            .and_then(|v| v.extract::<u32>(py))
+            .map_err(|e| unreadable("device", e))?;
+        Device::Cuda(index)
+    } else {
+        let device_obj = t
+            .device
+            .call1(py, (obj,))
+            .map_err(|e| unreadable("device", e))?;
+        return Err(value_error(format!(
+            "{op}: argument `{arg}` is on device {}, expected a cpu or cuda tensor",
+            device_obj.bind(py).str()?
+        )));
     };
     let int = |f: &Py<PyAny>, what: &str| -> PyResult<u64> {
         f.call1(py, (obj,))
@@ -246,7 +256,8 @@ fn read<'py>(t: &Torch, obj: &Bound<'py, PyAny>, op: &str, arg: &str) -> PyResul
         .map_err(|e| unreadable("layout", e))?;
     let numel = int(&t.numel, "size")?;
     let dim = int(&t.dim, "shape")?;
-    let dim0 = if dim == 0 {
+    // A tensor of at most one dimension has as many rows as elements.
+    let dim0 = if dim <= 1 {
         numel
     } else {
         t.size

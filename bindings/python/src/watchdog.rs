@@ -62,14 +62,18 @@ pub(crate) fn watch(work: &Arc<Work>, comm: &Arc<CommCore>) {
         return;
     }
     let w = watchdog();
-    w.works
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .push(Watched {
-            work: Arc::clone(work),
-            comm: Arc::downgrade(comm),
-        });
-    w.more.notify_one();
+    let mut works = w.works.lock().unwrap_or_else(|p| p.into_inner());
+    // The thread waits on the condition only while the list is empty, and a notification is
+    // a system call whether or not anyone waits: wake it only for the first work.
+    let was_empty = works.is_empty();
+    works.push(Watched {
+        work: Arc::clone(work),
+        comm: Arc::downgrade(comm),
+    });
+    drop(works);
+    if was_empty {
+        w.more.notify_one();
+    }
 }
 
 fn run(w: &'static Watchdog) {
