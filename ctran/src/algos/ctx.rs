@@ -255,6 +255,14 @@ pub(crate) fn transport_error(op: &str, seq: u64, rank: usize, e: TransportError
             peer,
             format!("this rank expected {expected} bytes, the peer sent {got}"),
         ),
+        TransportError::PostedMismatch {
+            peer,
+            sending,
+            posted,
+        } => mismatch(
+            peer,
+            format!("this rank sends {sending} bytes, the peer posted a receive of {posted}"),
+        ),
         TransportError::Disagree {
             peer,
             expected,

@@ -57,6 +57,16 @@ pub enum TransportError {
         /// Bytes the peer sent.
         got: usize,
     },
+    /// The peer posted a receive of another size than this rank's send to it (found by the
+    /// sender, where a transport matches receives before data moves).
+    PostedMismatch {
+        /// The peer.
+        peer: usize,
+        /// Bytes this rank sends.
+        sending: usize,
+        /// Bytes the peer's receive holds.
+        posted: usize,
+    },
     /// The peer runs another operation than this rank (a different collective, sequence
     /// number, element type, reduce op or root).
     Disagree {
@@ -79,6 +89,7 @@ impl TransportError {
         match self {
             TransportError::PeerLost { peer, .. }
             | TransportError::SizeMismatch { peer, .. }
+            | TransportError::PostedMismatch { peer, .. }
             | TransportError::Disagree { peer, .. } => Some(*peer),
             TransportError::Aborted | TransportError::Unsupported(_) => None,
         }
@@ -96,6 +107,15 @@ impl fmt::Display for TransportError {
             } => write!(
                 f,
                 "peer {peer} sent {got} bytes where {expected} bytes were expected"
+            ),
+            TransportError::PostedMismatch {
+                peer,
+                sending,
+                posted,
+            } => write!(
+                f,
+                "peer {peer} posted a receive of {posted} bytes for this rank's send of \
+                 {sending} bytes"
             ),
             TransportError::Disagree {
                 peer,

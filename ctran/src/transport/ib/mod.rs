@@ -164,7 +164,9 @@ impl<B: IbBackend> IbTransport<B> {
         p.clear_requests();
         let everyone = matches!(
             e,
-            TransportError::Disagree { .. } | TransportError::SizeMismatch { .. }
+            TransportError::Disagree { .. }
+                | TransportError::SizeMismatch { .. }
+                | TransportError::PostedMismatch { .. }
         );
         self.requests.fail_where(|q| everyone || q == peer, &e);
     }
@@ -192,10 +194,10 @@ impl<B: IbBackend> IbTransport<B> {
                         got: c.tag,
                     }
                 } else {
-                    TransportError::SizeMismatch {
+                    TransportError::PostedMismatch {
                         peer,
-                        expected: s.data.len(),
-                        got: usize::try_from(c.len).unwrap_or(usize::MAX),
+                        sending: s.data.len(),
+                        posted: usize::try_from(c.len).unwrap_or(usize::MAX),
                     }
                 };
                 self.fail(s.id, e.clone());

@@ -540,6 +540,8 @@ fn check_same_op<const N: usize>(
 fn peer_is_alive(e: &TransportError) -> bool {
     matches!(
         e,
-        TransportError::Disagree { .. } | TransportError::SizeMismatch { .. }
+        TransportError::Disagree { .. }
+            | TransportError::SizeMismatch { .. }
+            | TransportError::PostedMismatch { .. }
     )
 }
