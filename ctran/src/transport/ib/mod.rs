@@ -12,8 +12,9 @@
 //! **Two-sided (rendezvous).** A receive registers a staging buffer of its size and sends a
 //! clear-to-send (`Cts`: receive id, [`OpTag`], length, address, rkey). The sender matches
 //! clear-to-sends with its sends first in, first out and checks agreement: another tag fails
-//! both sides with [`TransportError::Disagree`], another length with
-//! [`TransportError::SizeMismatch`] (the sender tells the receiver in a `Nack`). A rank that
+//! both sides with [`TransportError::Disagree`], another length the sender with
+//! [`TransportError::PostedMismatch`] and the receiver, told in a `Nack`, with
+//! [`TransportError::SizeMismatch`]. A rank that
 //! gets a clear-to-send of another collective with the number of its own fails at once and
 //! sends a `Nack` too, so ranks that disagree without a byte to send each other (different
 //! roots) fail both. On agreement the sender copies the data into a staging buffer of its own
