@@ -184,21 +184,28 @@ impl Team {
         if !matches!(first, Ok(Ok(()))) {
             self.stop_all();
         }
-        self.join(cx);
+        let lost = self.join(cx);
         let mut outcomes = vec![first];
         for o in &sh.outcomes {
             outcomes.push(o.lock().expect("outcome slot").take().unwrap_or(Ok(Ok(()))));
         }
+        // Helpers stopped because a peer failed while lane 0 waited for them: the peer's
+        // failure is the cause.
+        if let Some(e) = lost {
+            outcomes.push(Ok(Err(ShmFail::Peer(e))));
+        }
         merge(outcomes)
     }
 
-    /// Waits until every helper finished its part, stopping them all if a peer fails meanwhile.
-    fn join(&self, cx: &mut ShmCtx<'_>) {
+    /// Waits until every helper finished its part, stopping them all if a peer fails meanwhile
+    /// (that failure is returned).
+    fn join(&self, cx: &mut ShmCtx<'_>) -> Option<TransportError> {
         let sh = &self.shared;
         let started = Instant::now();
         let mut polls = 0u32;
         let mut checked = started;
         let mut told = None;
+        let mut lost = None;
         while sh.pending.load(Ordering::Acquire) != 0 {
             polls += 1;
             let now = Instant::now();
@@ -215,8 +222,11 @@ impl Team {
             }
             if now.duration_since(checked) >= Duration::from_millis(1) {
                 checked = now;
-                if (cx.alive)().is_err() {
-                    self.stop_all();
+                if lost.is_none() {
+                    if let Err(e) = (cx.alive)() {
+                        lost = Some(e);
+                        self.stop_all();
+                    }
                 }
             }
             if polls % 16 == 0 {
@@ -225,6 +235,7 @@ impl Team {
                 thread::yield_now();
             }
         }
+        lost
     }
 
     /// Makes every lane of this rank stop waiting: its waits see the abort flag.
