@@ -120,7 +120,7 @@ impl ShmCtx<'_> {
 
     /// Global rank of local rank `l`.
     pub(super) fn global(&self, l: usize) -> usize {
-        self.lane.global_of[l]
+        self.lane.node.global[l]
     }
 
     /// Whether a message of `bytes` goes by cross-memory attach. Callers pass a size every rank
@@ -281,7 +281,7 @@ impl ShmCtx<'_> {
                 let late = (0..node.nlocal())
                     .find(|&i| node.control(i).arrived.load(Ordering::Acquire) < target);
                 Err(ShmFail::Deadline {
-                    waiting_for: late.map(|l| self.lane.global_of[l]),
+                    waiting_for: late.map(|l| self.global(l)),
                 })
             }
         }

@@ -24,24 +24,16 @@ pub struct Lane {
     pub(crate) published: usize,
     /// Every local rank can read every other's memory (cross-memory attach), agreed at init.
     pub(crate) cma: bool,
-    /// Smallest message (per lane) sent by cross-memory attach.
+    /// Smallest operation (the whole of it, whatever the lanes) sent by cross-memory attach.
     pub(crate) cma_min_bytes: usize,
     /// Where peers' data is read before it is reduced (cross-memory attach only).
     pub(crate) cma_buf: Vec<u8>,
-    /// Global rank of each local index.
-    pub(crate) global_of: Vec<usize>,
 }
 
 impl Lane {
     /// A lane over `node` (already the lane's view), with a read buffer of `cma_chunk_bytes`
     /// when cross-memory attach is on.
-    pub(crate) fn new(
-        node: Node,
-        cma: bool,
-        cma_min_bytes: usize,
-        cma_chunk_bytes: usize,
-        global_of: Vec<usize>,
-    ) -> Lane {
+    pub(crate) fn new(node: Node, cma: bool, cma_min_bytes: usize, cma_chunk_bytes: usize) -> Lane {
         Lane {
             node,
             coll_rounds: 0,
@@ -54,14 +46,13 @@ impl Lane {
             } else {
                 Vec::new()
             },
-            global_of,
         }
     }
 }
 
 /// Bytes of `op` that decide whether it is cut into lanes: a size every rank agrees on (the
 /// first barrier checks it), so every rank decides alike. `None`: an all_to_all, whose totals
-/// may differ per rank; it is cut whenever there are lanes.
+/// may differ per rank (its ranks agree on their sum first, see `Team::cuts_all_to_all`).
 pub(super) fn agreed_bytes(op: &Op) -> Option<usize> {
     match op {
         Op::AllReduce { buf, .. } | Op::Reduce { buf, .. } | Op::Broadcast { buf, .. } => {

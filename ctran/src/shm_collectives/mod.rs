@@ -64,7 +64,8 @@ pub fn run(
     let Some(team) = team else {
         return run_one(cx, op, nranks);
     };
-    check_args(op, nranks)?;
+    // Arguments a lane refuses (a reduction's element type or op) are refused by every lane,
+    // each before it touches the segment, so a refused operation moves nothing on any lane.
     if let Op::AllToAll { inputs, outputs } = op {
         return all_to_all_on(cx, team, op, inputs, outputs, nranks);
     }
@@ -98,21 +99,6 @@ fn all_to_all_on(
         Ok(moves::all_to_all_read(cx, inputs, outputs, parts))
     };
     team.run(cx, op, total, nranks, first)
-}
-
-/// Refuses what [`run_one`] would refuse before anything moved (the element type or reduce op
-/// of a reduction), so that no lane starts an operation another refuses.
-fn check_args(op: &Op, nranks: usize) -> Result<()> {
-    match op {
-        Op::AllReduce { dtype, op, .. }
-        | Op::Reduce { dtype, op, .. }
-        | Op::ReduceScatter { dtype, op, .. } => Reducer::new(*dtype, *op, nranks).map(|_| ()),
-        Op::AllGather { .. } | Op::Broadcast { .. } | Op::AllToAll { .. } => Ok(()),
-        other => Err(Error::NotSupported(format!(
-            "{} as a shared-memory collective",
-            other.name()
-        ))),
-    }
 }
 
 /// Runs `op` on one lane (`cx`'s).

@@ -13,8 +13,9 @@ use super::*;
 
 /// The cache-resident buffer peers' data is read into before it is combined.
 pub(super) fn scratch(cx: &mut ShmCtx<'_>) -> Span {
-    // SAFETY: the buffer belongs to the transport, which the progress thread owns and lends to
-    // this collective alone; it is neither resized nor otherwise touched while the span is used.
+    // SAFETY: the buffer belongs to this lane, which only the thread running the lane uses, and
+    // lends to this collective alone; it is neither resized nor otherwise touched while the
+    // span is used.
     unsafe { Span::from_slice(&mut cx.lane.cma_buf) }
 }
 

@@ -1,6 +1,6 @@
 //! The helper threads of a rank that run lanes 1.. of a shared-memory collective while the
 //! progress thread runs lane 0, on hosts with more cores than local ranks: one thread copies
-//! about a fifth of what a socket's memory moves, so a rank with one thread leaves most of it
+//! about a sixth of what a socket's memory moves, so a rank with one thread leaves most of it
 //! unused.
 //!
 //! A helper spins briefly after each operation, then sleeps until it is handed the next. A lane

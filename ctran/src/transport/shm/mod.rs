@@ -286,25 +286,17 @@ impl ShmTransport {
             lanes,
             "shared memory attached"
         );
-        let first_view = node.lane(0);
-        let team = if lanes > 1 {
-            let helpers = (1..lanes)
-                .map(|l| {
-                    Lane::new(
-                        node.lane(l),
-                        cma,
-                        cfg.cma_min_bytes,
-                        cfg.cma_chunk_bytes,
-                        local_ranks.to_vec(),
-                    )
-                })
-                .collect();
+        let mut lanes_of_rank = (0..lanes)
+            .map(|l| Lane::new(node.lane(l), cma, cfg.cma_min_bytes, cfg.cma_chunk_bytes));
+        let first = lanes_of_rank.next().expect("at least one lane");
+        let helpers: Vec<Lane> = lanes_of_rank.collect();
+        let team = if helpers.is_empty() {
+            None
+        } else {
             Some(
                 Team::start(&node, helpers, cfg.lanes_min_bytes, spin)
                     .map_err(|e| Error::io("starting the shared-memory helper threads", e))?,
             )
-        } else {
-            None
         };
         let mut local_of = vec![None; size];
         for (i, &g) in local_ranks.iter().enumerate() {
@@ -324,13 +316,7 @@ impl ShmTransport {
             done: HashSet::new(),
             failed: HashMap::new(),
             dead: vec![None; nlocal],
-            first: Lane::new(
-                first_view,
-                cma,
-                cfg.cma_min_bytes,
-                cfg.cma_chunk_bytes,
-                local_ranks.to_vec(),
-            ),
+            first,
             team,
             _probe: probe,
         })
