@@ -87,20 +87,35 @@ pub fn assert_survivors_failed(
 /// job's 30 s timeout) with an error naming the mismatch; `case` names the job in failures.
 pub fn assert_every_rank_named_mismatch(outs: &[RankOutput], op: &str, case: &str) {
     crate::assert_all_ok(outs, &format!("{case} mismatch"));
+    assert_every_rank_detected(outs, "MISMATCH", "mismatch", case, |line| {
+        line.contains("mismatch with peer") && line.contains(op)
+    });
+}
+
+/// Every rank printed a `{marker} rank R` line that `names_it` accepts (its error names the
+/// `what`: a mismatch, a disagreement) within 20 s, well inside the job's 30 s timeout, so the
+/// failure was detected, not timed out; `case` names the job in failures.
+pub fn assert_every_rank_detected(
+    outs: &[RankOutput],
+    marker: &str,
+    what: &str,
+    case: &str,
+    names_it: impl Fn(&str) -> bool,
+) {
     for o in outs {
         let line = o
             .stdout
             .lines()
-            .find(|l| l.starts_with(&format!("MISMATCH rank {}", o.rank)))
+            .find(|l| l.starts_with(&format!("{marker} rank {}", o.rank)))
             .unwrap_or_else(|| panic!("{case}: rank {} printed {}", o.rank, o.stdout));
         assert!(
-            line.contains("mismatch with peer") && line.contains(op),
-            "{case}: rank {} did not name the mismatch: {line}",
+            names_it(line),
+            "{case}: rank {} did not name the {what}: {line}",
             o.rank
         );
         assert!(
             o.elapsed < Duration::from_secs(20),
-            "{case}: rank {} took {:?} (a timeout, not a detected mismatch)",
+            "{case}: rank {} took {:?} (a timeout, not a detected {what})",
             o.rank,
             o.elapsed
         );

@@ -323,24 +323,9 @@ fn ranks_that_disagree_fail_every_rank_over_tcp_and_shared_memory() {
             let outs = job.run(&worker());
             let case = format!("{what} over {backends}");
             assert_all_ok(&outs, &case);
-            for o in &outs {
-                let line = o
-                    .stdout
-                    .lines()
-                    .find(|l| l.starts_with(&format!("DISAGREE rank {}", o.rank)))
-                    .unwrap_or_else(|| panic!("{case}: rank {} printed {}", o.rank, o.stdout));
-                assert!(
-                    line.contains("disagree") || line.contains("mismatch"),
-                    "{case}: rank {} did not name the disagreement: {line}",
-                    o.rank
-                );
-                assert!(
-                    o.elapsed < Duration::from_secs(20),
-                    "{case}: rank {} took {:?} (a timeout, not a detected disagreement)",
-                    o.rank,
-                    o.elapsed
-                );
-            }
+            faults::assert_every_rank_detected(&outs, "DISAGREE", "disagreement", &case, |l| {
+                l.contains("disagree") || l.contains("mismatch")
+            });
         }
     }
 }
