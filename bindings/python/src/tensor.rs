@@ -249,11 +249,7 @@ fn read<'py>(t: &Torch, obj: &Bound<'py, PyAny>, op: &str, arg: &str) -> PyResul
             .and_then(|v| v.extract::<u64>(py))
             .map_err(|e| unreadable(what, e))
     };
-    let contiguous = t
-        .is_contiguous
-        .call1(py, (obj,))
-        .and_then(|v| v.extract::<bool>(py))
-        .map_err(|e| unreadable("layout", e))?;
+    let contiguous = flag(&t.is_contiguous).map_err(|e| unreadable("layout", e))?;
     let numel = int(&t.numel, "size")?;
     let dim = int(&t.dim, "shape")?;
     // A tensor of at most one dimension has as many rows as elements.
