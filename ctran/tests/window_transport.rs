@@ -47,9 +47,10 @@ fn drive(
     let end = Instant::now() + Duration::from_secs(10);
     while !done(a, b) {
         assert!(Instant::now() < end, "nothing happened in 10 s");
-        let soon = Instant::now() + Duration::from_millis(1);
-        let _ = Transport::progress(a, soon, false);
-        let _ = Transport::progress(b, soon, false);
+        // Each end gets its own millisecond: one that sleeps in poll must not use up the
+        // other's, or the other never reads what arrived while it idles.
+        let _ = Transport::progress(a, Instant::now() + Duration::from_millis(1), false);
+        let _ = Transport::progress(b, Instant::now() + Duration::from_millis(1), false);
     }
 }
 
@@ -63,7 +64,7 @@ fn puts_and_signals_land_amid_two_sided_traffic() {
     for mode in [Protection::None, Protection::Integrity, Protection::Encrypt] {
         let [mut a, mut b] = pair(mode);
         let mut window = vec![0u8; 3000];
-        let (region, key) = b.register_region(span(&mut window), 42);
+        let (region, key) = b.register_region(span(&mut window), 42, None);
         let mut src: Vec<u8> = (0..1000).map(|i| (i % 251) as u8).collect();
         let mut msg = vec![9u8; 5000];
         let mut got = vec![0u8; 5000];
@@ -118,7 +119,7 @@ fn b_put(
 fn refused(lie: impl Fn(&mut RemoteKey), off: u64, bytes: usize, mode: Protection) -> String {
     let [mut a, mut b] = pair(mode);
     let mut window = vec![0u8; 100];
-    let (region, mut key) = b.register_region(span(&mut window), 42);
+    let (region, mut key) = b.register_region(span(&mut window), 42, None);
     lie(&mut key);
     let mut src = vec![1u8; bytes];
     let put = Transport::post_put(&mut a, 1, span(&mut src), &key, off)
@@ -177,11 +178,70 @@ fn a_put_naming_a_stale_generation_is_refused() {
 fn the_sender_checks_the_key_too() {
     let [mut a, mut b] = pair(Protection::None);
     let mut window = vec![0u8; 10];
-    let (_, key) = b.register_region(span(&mut window), 1);
+    let (_, key) = b.register_region(span(&mut window), 1, None);
     let mut src = vec![0u8; 11];
     let e = Transport::post_put(&mut a, 1, span(&mut src), &key, 0).unwrap_err();
     assert!(
         e.to_string().contains("exceeds the region of 10 bytes"),
         "{e}"
     );
+}
+
+/// A staged region's sink that records what it is told.
+#[derive(Debug, Default)]
+struct Ledger(std::sync::Mutex<Vec<(&'static str, usize, usize, usize)>>);
+
+impl ctran::transport::RegionSink for Ledger {
+    fn landed(&self, peer: usize, offset: usize, len: usize) {
+        self.0.lock().unwrap().push(("put", peer, offset, len));
+    }
+    fn signalled(&self, peer: usize, add: u64) {
+        self.0
+            .lock()
+            .unwrap()
+            .push(("signal", peer, add as usize, 0));
+    }
+}
+
+#[test]
+fn a_staged_region_reports_each_put_before_the_signal_behind_it() {
+    for mode in [Protection::None, Protection::Integrity, Protection::Encrypt] {
+        let [mut a, mut b] = pair(mode);
+        let mut staging = vec![0u8; 4096];
+        let ledger = std::sync::Arc::new(Ledger::default());
+        let sink: std::sync::Arc<dyn ctran::transport::RegionSink> = ledger.clone();
+        let (region, key) = b.register_region(span(&mut staging), 42, Some(sink));
+        assert!(key.staged, "the key tells peers to send frames");
+        // With a receive posted (the put is read in its place), then with none.
+        let mut got = vec![0u8; 16];
+        let rx = Transport::post_recv(&mut b, 0, span(&mut got), OpTag::P2P).unwrap();
+        let mut first: Vec<u8> = (0..1500).map(|i| (i % 249) as u8).collect();
+        let mut second = vec![3u8; 100];
+        let mut msg = vec![1u8; 16];
+        b_put(&mut a, &mut first, &key, 100);
+        Transport::post_signal(&mut a, 1, &key, SignalKind::Signal, 1).unwrap();
+        let tx =
+            Transport::post_send(&mut a, 1, span(&mut msg), OpTag::P2P, Delivery::Eager).unwrap();
+        b_put(&mut a, &mut second, &key, 3000);
+        Transport::post_signal(&mut a, 1, &key, SignalKind::Signal, 1).unwrap();
+        let (mut tx_done, mut rx_done) = (false, false);
+        drive(&mut a, &mut b, |a, b| {
+            tx_done = tx_done || Transport::test(a, tx).unwrap();
+            rx_done = rx_done || Transport::test(b, rx).unwrap();
+            tx_done && rx_done && b.region_counters(region, 0) == Some((2, 0))
+        });
+        assert_eq!(got, msg, "{mode:?}");
+        assert_eq!(&staging[100..1600], &first[..], "{mode:?}");
+        assert_eq!(&staging[3000..3100], &second[..], "{mode:?}");
+        assert_eq!(
+            *ledger.0.lock().unwrap(),
+            vec![
+                ("put", 0, 100, 1500),
+                ("signal", 0, 1, 0),
+                ("put", 0, 3000, 100),
+                ("signal", 0, 1, 0)
+            ],
+            "{mode:?}"
+        );
+    }
 }

@@ -162,8 +162,9 @@ impl Transport for Mapper {
         &mut self,
         span: Span,
         comm: u64,
+        sink: Option<std::sync::Arc<dyn crate::transport::RegionSink>>,
     ) -> Result<(RegionId, RemoteKey), TransportError> {
-        Transport::register_region(&mut self.socket, span, comm)
+        Transport::register_region(&mut self.socket, span, comm, sink)
     }
 
     fn deregister_region(&mut self, id: RegionId) -> bool {
@@ -178,7 +179,8 @@ impl Transport for Mapper {
         offset: u64,
     ) -> Result<Option<ReqId>, TransportError> {
         match &mut self.shm {
-            Some(shm) if shm.reaches(peer) && shm.uses_cma() => {
+            // A staged region is written only by its owner, as each put frame lands.
+            Some(shm) if shm.reaches(peer) && shm.uses_cma() && !dst.staged => {
                 shm.put_cma(peer, src, dst, offset).map(|()| None)
             }
             _ => Transport::post_put(&mut self.socket, peer, src, dst, offset),
@@ -202,6 +204,11 @@ impl Transport for Mapper {
         src: &RemoteKey,
         offset: u64,
     ) -> Result<Option<ReqId>, TransportError> {
+        if src.staged {
+            return Err(TransportError::Unsupported(
+                "reading a staged (device memory) region".into(),
+            ));
+        }
         match &mut self.shm {
             Some(shm) if shm.reaches(peer) && shm.uses_cma() => {
                 shm.get_cma(peer, dst, src, offset).map(|()| None)

@@ -21,7 +21,7 @@ use std::fmt;
 use std::time::Instant;
 
 use crate::span::Span;
-pub use region::{RegionId, RemoteKey, SignalKind};
+pub use region::{RegionId, RegionSink, RemoteKey, SignalKind};
 pub use tag::OpTag;
 
 /// How long a rank waits with nothing moving before it checks that its peers run the same
@@ -197,13 +197,15 @@ pub trait Transport: Send + fmt::Debug {
     // checks every one against its own table before touching memory.
 
     /// Registers `span` (which must stay valid until deregistered) for puts and signals from
-    /// peers of the communicator `comm` ([`region::comm_id`]).
+    /// peers of the communicator `comm` ([`region::comm_id`]). With a `sink`, `span` is
+    /// staging: the sink learns of every put and signal as they apply.
     fn register_region(
         &mut self,
         span: Span,
         comm: u64,
+        sink: Option<std::sync::Arc<dyn RegionSink>>,
     ) -> Result<(RegionId, RemoteKey), TransportError> {
-        let _ = (span, comm);
+        let _ = (span, comm, sink);
         Err(TransportError::Unsupported(
             "registering memory regions".into(),
         ))

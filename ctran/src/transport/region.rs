@@ -3,12 +3,16 @@
 //!
 //! A [`RemoteKey`] travels between ranks as [`RemoteKey::LEN`] bytes (through an all_gather).
 //! It names the communicator, the owner's rank, the region's id and generation, its base address
-//! and length, the owner's pid (for cross-memory attach) and, over RDMA, the rkey of the memory
-//! registration peers write through. A target never trusts a key it
+//! and length, the owner's pid (for cross-memory attach), over RDMA the rkey of the memory
+//! registration peers write through, and whether the region is staged (its home is device
+//! memory, and a [`RegionSink`] learns of every put and signal, so puts must reach the owner as
+//! frames, never by a direct write into the staging). A target never trusts a key it
 //! receives back in a frame: it looks the region up by id, compares the generation, and checks
 //! that the write fits before touching memory ([`RegionTable::check_put`]).
 
 use std::collections::HashMap;
+use std::fmt::Debug;
+use std::sync::Arc;
 
 use crate::span::Span;
 
@@ -36,11 +40,16 @@ pub struct RemoteKey {
     pub len: u64,
     /// The RDMA remote key of the registration at `base` (the ib transport; 0 elsewhere).
     pub rkey: u32,
+    /// `base` is host staging of memory elsewhere (a device): peers send puts as frames that
+    /// the owner lands through its [`RegionSink`], never write or read it directly.
+    pub staged: bool,
 }
 
 impl RemoteKey {
     /// Bytes of a serialised key.
-    pub const LEN: usize = 44;
+    pub const LEN: usize = 48;
+    /// Bytes of a key written before the staged flag was added (read as not staged).
+    pub const LEN_WITHOUT_FLAGS: usize = 44;
     /// Bytes of a key written before the rkey was added (read as rkey 0).
     pub const LEN_WITHOUT_RKEY: usize = 40;
 
@@ -55,13 +64,14 @@ impl RemoteKey {
         b[24..32].copy_from_slice(&self.base.to_le_bytes());
         b[32..40].copy_from_slice(&self.len.to_le_bytes());
         b[40..44].copy_from_slice(&self.rkey.to_le_bytes());
+        b[44..48].copy_from_slice(&u32::from(self.staged).to_le_bytes());
         b
     }
 
-    /// A key from the bytes [`RemoteKey::to_bytes`] wrote (or the 40 bytes of a key without
-    /// rkey); `None` when the length is wrong.
+    /// A key from the bytes [`RemoteKey::to_bytes`] wrote (or the 44 or 40 bytes of a key
+    /// written before the flags or the rkey); `None` when the length is wrong.
     pub fn from_bytes(b: &[u8]) -> Option<RemoteKey> {
-        if b.len() != Self::LEN && b.len() != Self::LEN_WITHOUT_RKEY {
+        if ![Self::LEN, Self::LEN_WITHOUT_FLAGS, Self::LEN_WITHOUT_RKEY].contains(&b.len()) {
             return None;
         }
         let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
@@ -74,7 +84,12 @@ impl RemoteKey {
             pid: u32_at(20),
             base: u64_at(24),
             len: u64_at(32),
-            rkey: if b.len() == Self::LEN { u32_at(40) } else { 0 },
+            rkey: if b.len() >= Self::LEN_WITHOUT_FLAGS {
+                u32_at(40)
+            } else {
+                0
+            },
+            staged: b.len() == Self::LEN && u32_at(44) & 1 == 1,
         })
     }
 
@@ -114,10 +129,46 @@ pub enum SignalKind {
     Fence,
 }
 
+/// What a staged region tells its owner: puts land in the region's host span, and the sink
+/// learns which bytes each peer put and which of its signals cover them, in the order the
+/// peer's frames arrived (the owner later moves the covered bytes home, device memory).
+/// Called on the progress thread; implementations only record.
+pub trait RegionSink: Send + Sync + Debug {
+    /// `peer` put `len` bytes at byte `offset` of the span (every byte is in).
+    fn landed(&self, peer: usize, offset: usize, len: usize);
+    /// A signal of `add` from `peer` was applied: it covers every put of that peer before it.
+    fn signalled(&self, peer: usize, add: u64);
+}
+
+/// A put into a staged region, to report to the sink once its last byte is in.
+#[derive(Debug, Clone)]
+pub struct Landing {
+    sink: Arc<dyn RegionSink>,
+    offset: usize,
+    len: usize,
+}
+
+impl Landing {
+    /// Reports the put (from `peer`) to the sink.
+    pub fn land(&self, peer: usize) {
+        self.sink.landed(peer, self.offset, self.len);
+    }
+}
+
+/// Where a checked put's bytes go: `dst`, then through `landing` when the region is staged.
+#[derive(Debug)]
+pub struct PutTarget {
+    /// Inside the registered span.
+    pub dst: Span,
+    /// Present for a staged region.
+    pub landing: Option<Landing>,
+}
+
 #[derive(Debug)]
 struct Region {
     generation: u32,
     span: Span,
+    sink: Option<Arc<dyn RegionSink>>,
     /// Per peer: signals received from it.
     signals: Vec<u64>,
     /// Per peer: fences received from it.
@@ -144,9 +195,9 @@ impl RegionTable {
         }
     }
 
-    /// Registers `span`; returns its id and generation. The memory must stay valid until it is
-    /// removed.
-    pub fn register(&mut self, span: Span) -> (RegionId, u32) {
+    /// Registers `span` (staged through `sink` when given); returns its id and generation. The
+    /// memory must stay valid until it is removed.
+    pub fn register(&mut self, span: Span, sink: Option<Arc<dyn RegionSink>>) -> (RegionId, u32) {
         let id = self.next_id;
         self.next_id = self.next_id.wrapping_add(1).max(1);
         let generation = self.next_generation;
@@ -156,6 +207,7 @@ impl RegionTable {
             Region {
                 generation,
                 span,
+                sink,
                 signals: vec![0; self.ranks],
                 fences: vec![0; self.ranks],
             },
@@ -198,11 +250,18 @@ impl RegionTable {
     /// Where a put of `len` bytes at `offset` into the region `word` names lands: checked
     /// against the registered region (exists, same generation, fits) before any byte is
     /// written. The error says why it was refused.
-    pub fn check_put(&mut self, word: u64, offset: u64, len: u64) -> Result<Span, String> {
+    pub fn check_put(&mut self, word: u64, offset: u64, len: u64) -> Result<PutTarget, String> {
         let r = self.lookup(word)?;
         let size = r.span.len() as u64;
         match offset.checked_add(len) {
-            Some(end) if end <= size => Ok(r.span.sub(offset as usize, len as usize)),
+            Some(end) if end <= size => Ok(PutTarget {
+                dst: r.span.sub(offset as usize, len as usize),
+                landing: r.sink.as_ref().map(|sink| Landing {
+                    sink: Arc::clone(sink),
+                    offset: offset as usize,
+                    len: len as usize,
+                }),
+            }),
             _ => Err(format!(
                 "a put of {len} bytes at offset {offset} exceeds region {} of {size} bytes",
                 word >> 32
@@ -227,6 +286,9 @@ impl RegionTable {
             .get_mut(peer)
             .ok_or_else(|| format!("no counter for rank {peer}"))?;
         *c = c.wrapping_add(add);
+        if let (SignalKind::Signal, Some(sink)) = (kind, &r.sink) {
+            sink.signalled(peer, add);
+        }
         Ok(())
     }
 }
@@ -246,10 +308,21 @@ mod tests {
             base: 0xdead_beef_0000,
             len: 4096,
             rkey: 0x1234,
+            staged: true,
         };
         assert_eq!(RemoteKey::from_bytes(&k.to_bytes()), Some(k));
+        let no_flags =
+            RemoteKey::from_bytes(&k.to_bytes()[..RemoteKey::LEN_WITHOUT_FLAGS]).unwrap();
+        assert_eq!(no_flags, RemoteKey { staged: false, ..k });
         let old = RemoteKey::from_bytes(&k.to_bytes()[..RemoteKey::LEN_WITHOUT_RKEY]).unwrap();
-        assert_eq!(old, RemoteKey { rkey: 0, ..k });
+        assert_eq!(
+            old,
+            RemoteKey {
+                rkey: 0,
+                staged: false,
+                ..k
+            }
+        );
         assert_eq!(RemoteKey::from_bytes(&[0; 3]), None);
     }
 
@@ -259,9 +332,9 @@ mod tests {
         // SAFETY: `buf` outlives the table's use of the span in this test.
         let span = unsafe { Span::from_slice(&mut buf) };
         let mut t = RegionTable::new(2);
-        let (id, generation) = t.register(span);
+        let (id, generation) = t.register(span, None);
         let word = (u64::from(id.0) << 32) | u64::from(generation);
-        assert!(t.check_put(word, 60, 4).is_ok());
+        assert!(t.check_put(word, 60, 4).is_ok_and(|p| p.landing.is_none()));
         assert!(t.check_put(word, 61, 4).unwrap_err().contains("exceeds"));
         assert!(t
             .check_put(word, u64::MAX, 2)
@@ -275,5 +348,42 @@ mod tests {
             .check_put(word, 0, 1)
             .unwrap_err()
             .contains("not registered"));
+    }
+
+    #[derive(Debug, Default)]
+    struct Recorder(std::sync::Mutex<Vec<(usize, usize, usize)>>);
+
+    impl RegionSink for Recorder {
+        fn landed(&self, peer: usize, offset: usize, len: usize) {
+            self.0.lock().unwrap().push((peer, offset, len));
+        }
+        fn signalled(&self, peer: usize, add: u64) {
+            self.0
+                .lock()
+                .unwrap()
+                .push((peer, usize::MAX, add as usize));
+        }
+    }
+
+    #[test]
+    fn a_staged_region_reports_puts_and_signals_to_its_sink() {
+        let mut buf = vec![0u8; 64];
+        // SAFETY: `buf` outlives the table's use of the span in this test.
+        let span = unsafe { Span::from_slice(&mut buf) };
+        let sink = Arc::new(Recorder::default());
+        let mut t = RegionTable::new(2);
+        let (id, generation) = t.register(span, Some(sink.clone() as Arc<dyn RegionSink>));
+        let word = (u64::from(id.0) << 32) | u64::from(generation);
+        let put = t.check_put(word, 8, 16).unwrap();
+        assert_eq!((put.dst.addr(), put.dst.len()), (span.addr() + 8, 16));
+        put.landing.expect("staged").land(1);
+        assert!(t.check_put(word, 60, 8).is_err());
+        t.apply_signal(word, 1, SignalKind::Signal, 1).unwrap();
+        t.apply_signal(word, 1, SignalKind::Fence, 1).unwrap();
+        assert_eq!(
+            *sink.0.lock().unwrap(),
+            vec![(1, 8, 16), (1, usize::MAX, 1)],
+            "a refused put and a fence report nothing"
+        );
     }
 }

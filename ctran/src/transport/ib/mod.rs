@@ -646,7 +646,13 @@ impl<B: IbBackend> Transport for IbTransport<B> {
         &mut self,
         span: Span,
         comm: u64,
+        sink: Option<std::sync::Arc<dyn crate::transport::RegionSink>>,
     ) -> Result<(RegionId, RemoteKey), TransportError> {
+        if sink.is_some() {
+            return Err(TransportError::Unsupported(
+                "staged (device memory) regions over ib: register the device memory itself".into(),
+            ));
+        }
         self.register(span, comm)
     }
 

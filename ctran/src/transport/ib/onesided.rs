@@ -20,7 +20,7 @@ impl<B: IbBackend> IbTransport<B> {
         let mem = self.backend.register(span.len()).map_err(|e| {
             TransportError::Unsupported(format!("registering a region of {} B: {e}", span.len()))
         })?;
-        let (id, generation) = self.regions.register(span);
+        let (id, generation) = self.regions.register(span, None);
         let ib = mem.remote_key();
         self.region_mems.insert(id.0, mem);
         let key = RemoteKey {
@@ -32,6 +32,7 @@ impl<B: IbBackend> IbTransport<B> {
             base: ib.addr,
             len: span.len() as u64,
             rkey: ib.rkey,
+            staged: false,
         };
         Ok((id, key))
     }
@@ -139,9 +140,10 @@ impl<B: IbBackend> IbTransport<B> {
     /// then copied from the registration into the region.
     pub(super) fn on_put(&mut self, peer: usize, region: u64, offset: u64, len: u64) {
         match self.regions.check_put(region, offset, len) {
-            Ok(span) => {
+            // ib registers no staged regions (register_region refuses a sink).
+            Ok(target) => {
                 if let Some(m) = self.region_mems.get(&((region >> 32) as u32)) {
-                    m.read_into(offset as usize, span);
+                    m.read_into(offset as usize, target.dst);
                 }
             }
             Err(why) => self.refuse(peer, "put", region, why),

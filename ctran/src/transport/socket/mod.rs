@@ -309,8 +309,14 @@ impl SocketTransport {
 impl SocketTransport {
     /// Registers `span` for puts and signals from peers; returns its id and the key peers
     /// need (`comm` names the communicator; the pid is filled by the caller where it matters).
-    pub fn register_region(&mut self, span: Span, comm: u64) -> (RegionId, RemoteKey) {
-        let (id, generation) = self.regions.register(span);
+    pub fn register_region(
+        &mut self,
+        span: Span,
+        comm: u64,
+        sink: Option<std::sync::Arc<dyn crate::transport::RegionSink>>,
+    ) -> (RegionId, RemoteKey) {
+        let staged = sink.is_some();
+        let (id, generation) = self.regions.register(span, sink);
         let key = RemoteKey {
             comm,
             rank: self.rank as u32,
@@ -320,6 +326,7 @@ impl SocketTransport {
             base: span.addr() as u64,
             len: span.len() as u64,
             rkey: 0,
+            staged,
         };
         (id, key)
     }
@@ -476,8 +483,9 @@ impl Transport for SocketTransport {
         &mut self,
         span: Span,
         comm: u64,
+        sink: Option<std::sync::Arc<dyn crate::transport::RegionSink>>,
     ) -> Result<(RegionId, RemoteKey), TransportError> {
-        Ok(SocketTransport::register_region(self, span, comm))
+        Ok(SocketTransport::register_region(self, span, comm, sink))
     }
 
     fn deregister_region(&mut self, id: RegionId) -> bool {

@@ -13,7 +13,7 @@ fn puts_and_signals(mode: VcMode) {
     let (_fabric, mut ts) = mesh(3, reordering(), mode);
     const LEN: usize = 300_000;
     let mut region = vec![0u8; LEN];
-    let (id, key) = ts[2].register_region(span(&mut region), 9).unwrap();
+    let (id, key) = ts[2].register_region(span(&mut region), 9, None).unwrap();
     assert_ne!(key.rkey, 0);
     let key = RemoteKey::from_bytes(&key.to_bytes()).unwrap();
     let region_span = span(&mut region);
@@ -83,7 +83,7 @@ fn the_fabric_refuses_what_the_key_allowed_and_deregistered_regions() {
     for case in ["past the end", "deregistered"] {
         let (_fabric, mut ts) = mesh(2, SoftConfig::default(), VcMode::Dqplb);
         let mut region = vec![0u8; 4096];
-        let (id, mut key) = ts[1].register_region(span(&mut region), 1).unwrap();
+        let (id, mut key) = ts[1].register_region(span(&mut region), 1, None).unwrap();
         let offset = if case == "past the end" {
             // A key that claims more than was registered: only the fabric can refuse.
             key.len *= 2;
@@ -116,7 +116,7 @@ fn the_target_refuses_a_stale_key_the_fabric_let_through() {
     for what in ["put", "signal"] {
         let (_fabric, mut ts) = mesh(2, SoftConfig::default(), VcMode::Dqplb);
         let mut region = vec![0u8; 4096];
-        let (id, key) = ts[1].register_region(span(&mut region), 1).unwrap();
+        let (id, key) = ts[1].register_region(span(&mut region), 1, None).unwrap();
         // Same registration (the fabric accepts the write), another generation.
         let stale = RemoteKey {
             generation: key.generation + 1,

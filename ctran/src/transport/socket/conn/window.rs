@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::{Conn, HEADER_LEN, MAX_IO_BYTES};
 use crate::span::Span;
-use crate::transport::region::{RegionTable, SignalKind};
+use crate::transport::region::{Landing, PutTarget, RegionTable, SignalKind};
 use crate::transport::socket::frame::Frame;
 use crate::transport::socket::protect;
 use crate::transport::TransportError;
@@ -19,6 +19,8 @@ pub(super) struct PutIn {
     dst: Span,
     /// Bytes read off the wire so far (sealed bytes on a protected connection).
     off: usize,
+    /// A staged region's report to its sink, made once every byte is in.
+    landing: Option<Landing>,
 }
 
 impl Conn {
@@ -31,8 +33,12 @@ impl Conn {
         region: u64,
         offset: u64,
     ) -> Result<(), TransportError> {
-        let dst = self.start_put(regions, len, region, offset)?;
-        self.put_in = Some(PutIn { dst, off: 0 });
+        let PutTarget { dst, landing } = self.start_put(regions, len, region, offset)?;
+        self.put_in = Some(PutIn {
+            dst,
+            off: 0,
+            landing,
+        });
         Ok(())
     }
 
@@ -46,16 +52,23 @@ impl Conn {
         region: u64,
         offset: u64,
     ) -> Result<(), TransportError> {
-        let dst = self.start_put(regions, len, region, offset)?;
+        let PutTarget { dst, landing } = self.start_put(regions, len, region, offset)?;
         let r = &self.recvs[0];
         let extra = r.read - HEADER_LEN;
         let landed = extra.min(dst.len());
         dst.sub(0, landed).copy_from(&r.data.sub(0, landed));
         if landed < dst.len() {
             self.recvs[0].read = 0;
-            self.put_in = Some(PutIn { dst, off: landed });
+            self.put_in = Some(PutIn {
+                dst,
+                off: landed,
+                landing,
+            });
         } else {
             self.reframe(landed);
+            if let Some(l) = landing {
+                l.land(self.peer);
+            }
         }
         Ok(())
     }
@@ -69,7 +82,7 @@ impl Conn {
         len: u64,
         region: u64,
         offset: u64,
-    ) -> Result<Span, TransportError> {
+    ) -> Result<PutTarget, TransportError> {
         regions
             .check_put(region, offset, len)
             .map_err(|why| self.refuse(format!("refused a put from peer {}: {why}", self.peer)))
@@ -104,6 +117,13 @@ impl Conn {
         }
     }
 
+    /// Ends an incoming put: a staged region's sink learns of it.
+    fn put_done(&mut self) {
+        if let Some(l) = self.put_in.take().and_then(|p| p.landing) {
+            l.land(self.peer);
+        }
+    }
+
     /// Reads what has arrived of an incoming put's payload into its region. Returns whether
     /// the put is complete.
     pub(super) fn fill_put(&mut self) -> Result<bool, TransportError> {
@@ -115,7 +135,7 @@ impl Conn {
             let done = protect::payload_done(p.dst.len(), p.off);
             res.map_err(|e| self.open_failed(e))?;
             if done {
-                self.put_in = None;
+                self.put_done();
             }
             return Ok(done);
         }
@@ -138,7 +158,7 @@ impl Conn {
                 Err(e) => return Err(self.lost("recv", &e)),
             }
         }
-        self.put_in = None;
+        self.put_done();
         Ok(true)
     }
 }
