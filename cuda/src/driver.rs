@@ -226,6 +226,23 @@ impl RawStream {
         unsafe { result::stream::synchronize(self.raw()) }.call("cuStreamSynchronize")
     }
 
+    /// Holds the stream (in the GPU's front end, no kernel) until the 64-bit word at device
+    /// address `addr` reaches `value` (`cuStreamWaitValue64`, greater-or-equal). Waiting there
+    /// occupies no SM and lets the GPU switch to other processes' contexts meanwhile, which a
+    /// spinning kernel does not reliably allow.
+    ///
+    /// # Safety
+    /// `addr` must be 8 aligned bytes of device-accessible memory (mapped pinned host memory
+    /// counts) that stay allocated until the wait has passed; someone must raise the word, or
+    /// the stream waits forever.
+    pub unsafe fn wait_value_geq(self, addr: u64, value: u64) -> Result<()> {
+        let geq = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
+        // SAFETY: forwarded to the caller.
+        unsafe { sys::cuStreamWaitValue64_v2(self.raw(), addr, value, geq) }
+            .result()
+            .call("cuStreamWaitValue64")
+    }
+
     /// True while the stream is capturing a CUDA graph.
     pub fn is_capturing(self) -> Result<bool> {
         let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;

@@ -1,7 +1,15 @@
-//! The GPU progress engine's two kernels (`kernels/gpe.cu`): `post` raises a flag in mapped host
-//! memory, `wait` holds the stream until the host raises one. Compiled by NVRTC at first use
+//! The GPU progress engine's kernels (`kernels/gpe.cu`): `post` raises a flag in mapped host
+//! memory, `wait` holds the stream until the host raises one, and `land` copies the ranges a
+//! host-filled list names from mapped staging into device memory (windows over host
+//! transports). Compiled by NVRTC at first use
 //! and loaded once per device, like the reduction kernels.
+//!
+//! A wait is a stream memory operation (`cuStreamWaitValue64`) where the driver takes one, the
+//! kernel otherwise. Several processes sharing a GPU (ranks of one job on one device) each hold
+//! a waiting stream; a spinning kernel keeps its context on the GPU, while a memory-operation
+//! wait lets the GPU run the other contexts' work that the wait depends on.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use crate::cuda::error::Result;
@@ -23,6 +31,9 @@ pub struct GpeKernels {
     _module: Module,
     post: Function,
     wait: Function,
+    land: Function,
+    /// Whether waits still try the stream memory operation (cleared at its first refusal).
+    wait_value: AtomicBool,
 }
 
 impl GpeKernels {
@@ -34,6 +45,8 @@ impl GpeKernels {
                 ctx: Arc::clone(ctx),
                 post: module.function("gpe_post")?,
                 wait: module.function("gpe_wait")?,
+                land: module.function("gpe_land")?,
+                wait_value: AtomicBool::new(true),
                 _module: module,
             })
         })
@@ -55,12 +68,51 @@ impl GpeKernels {
         self.launch_flag(self.post, flag, step, stream)
     }
 
+    /// On `stream`: copy the ranges of the list at device address `list` (mapped pinned memory:
+    /// a count, then offset and length pairs) from `staging` (mapped pinned memory) to the same
+    /// offsets of device memory at `window`.
+    ///
+    /// # Safety
+    /// The list must be filled before the kernel runs (a wait ahead of it on the stream) and
+    /// every range must lie inside both `staging` and `window`, which stay allocated until the
+    /// kernel has run.
+    pub unsafe fn land(
+        &self,
+        list: u64,
+        staging: u64,
+        window: u64,
+        stream: RawStream,
+    ) -> Result<()> {
+        self.ctx.bind()?;
+        // SAFETY: the kernel takes (const volatile u64*, const u8*, u8*); the caller vouches
+        // for the addresses; the module lives as long as self.
+        unsafe {
+            self.land
+                .args()
+                .arg(&list)
+                .arg(&staging)
+                .arg(&window)
+                .launch(32, 256, stream)
+        }
+    }
+
     /// On `stream`: wait until the mapped counter at `flag` reaches `step`.
     ///
     /// # Safety
     /// As for [`GpeKernels::post`]; and someone must raise the counter, or the stream waits
     /// forever.
     pub unsafe fn wait(&self, flag: u64, step: u64, stream: RawStream) -> Result<()> {
+        if self.wait_value.load(Ordering::Relaxed) {
+            self.ctx.bind()?;
+            // SAFETY: forwarded to the caller (the flag is mapped pinned memory).
+            match unsafe { stream.wait_value_geq(flag, step) } {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    tracing::debug!("GPE: stream memory waits refused ({e}); waiting in a kernel");
+                    self.wait_value.store(false, Ordering::Relaxed);
+                }
+            }
+        }
         self.launch_flag(self.wait, flag, step, stream)
     }
 }

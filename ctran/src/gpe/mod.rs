@@ -52,6 +52,20 @@ const POSTED: usize = 0;
 const DONE: usize = 64;
 const FINISHED: usize = 128;
 
+/// A copy the device makes once an operation's host part is done: the byte ranges the host
+/// listed at `list` go from `staging` to `window` (all device addresses; the list and staging
+/// are mapped pinned memory). A window over host transports lands its peers' puts this way
+/// when its owner's wait for their signal passes ([`crate::window::staged`]).
+#[derive(Debug, Clone, Copy)]
+pub struct DeviceLanding {
+    /// The list: a count, then (offset, length) pairs.
+    pub list: u64,
+    /// Where the ranges are read.
+    pub staging: u64,
+    /// Where they are written, at the same offsets.
+    pub window: u64,
+}
+
 /// How the engine is set up.
 #[derive(Debug, Clone)]
 pub struct GpeConfig {
@@ -411,6 +425,19 @@ impl Gpe {
         hints: Hints<'_>,
         keep: KeepAlive,
     ) -> Result<GpeRequest> {
+        self.issue_landing(op, caller, timeout, hints, keep, None)
+    }
+
+    /// [`Gpe::issue`], with a landing copy on the device once the host part is done.
+    pub fn issue_landing(
+        &self,
+        op: Op,
+        caller: RawStream,
+        timeout: Duration,
+        hints: Hints<'_>,
+        keep: KeepAlive,
+        landing: Option<DeviceLanding>,
+    ) -> Result<GpeRequest> {
         let s = &self.shared;
         let name = op.name();
         let rank = s.comm.rank();
@@ -488,7 +515,7 @@ impl Gpe {
                 reason: format!("{name}: the GPU progress engine of rank {rank} has stopped"),
             });
         }
-        if let Err(err) = s.enqueue(caller, first, &copies, base, &done_event) {
+        if let Err(err) = s.enqueue(caller, first, &copies, base, landing, &done_event) {
             // Part of the device half may be enqueued and the peers expect this rank: the
             // communicator cannot go on. The GPE thread releases what was enqueued.
             let err = e(err);
@@ -529,14 +556,15 @@ impl Drop for Gpe {
 impl Shared {
     /// The device half of an operation whose steps are numbered from `first`, on the comm's
     /// stream after the caller's: per step, copy its inputs to staging and post it; then per
-    /// step, wait for the host and copy its outputs back; then mark it finished and record
-    /// `done_event`.
+    /// step, wait for the host and copy its outputs back; then run the landing copy, if any,
+    /// mark it finished and record `done_event`.
     fn enqueue(
         &self,
         caller: RawStream,
         first: u64,
         copies: &[(Vec<plan::Copy>, Vec<plan::Copy>)],
         base: u64,
+        landing: Option<DeviceLanding>,
         done_event: &Event,
     ) -> std::result::Result<(), cuda::CudaError> {
         let stream = self.stream.as_raw();
@@ -564,6 +592,12 @@ impl Shared {
                 // SAFETY: as for the copies in.
                 unsafe { cuda::copy_any_async(c.device, base + c.staging as u64, c.len, stream) }?;
             }
+        }
+        if let Some(l) = landing {
+            // SAFETY: the host filled the list before it raised `done` for the last step,
+            // which the wait above passed; the caller of issue_landing vouches that the list,
+            // staging and window stay allocated and hold the listed ranges.
+            unsafe { self.kernels.land(l.list, l.staging, l.window, stream) }?;
         }
         let last = first + copies.len() as u64 - 1;
         // SAFETY: as for post.

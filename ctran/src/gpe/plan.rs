@@ -5,6 +5,7 @@
 
 use crate::comm::op::{Op, P2p};
 use crate::span::Span;
+use crate::window::WindowOp;
 
 /// A device range and where it sits in staging.
 #[derive(Debug, Clone, Copy)]
@@ -162,7 +163,26 @@ pub(crate) fn map_spans(op: &Op, rank: usize, f: &mut dyn FnMut(Span, Role) -> S
                 })
                 .collect(),
         },
-        // Windows are CPU-only and never staged; passed through unchanged.
+        // A put's source is staged in; a put to self writes a part of the (device) window, so
+        // it is staged out. Signals and waits have no buffers; registration never runs here.
+        Op::Window(WindowOp::Put {
+            src,
+            peer,
+            key,
+            offset,
+        }) => Op::Window(WindowOp::Put {
+            src: f(*src, Role::In),
+            peer: *peer,
+            key: *key,
+            offset: *offset,
+        }),
+        Op::Window(WindowOp::LocalPut { src, dst }) => {
+            let src = f(*src, Role::In);
+            Op::Window(WindowOp::LocalPut {
+                src,
+                dst: f(*dst, Role::Out),
+            })
+        }
         Op::Window(w) => Op::Window(w.clone()),
     }
 }

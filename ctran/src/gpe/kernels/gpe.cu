@@ -26,3 +26,40 @@ extern "C" __global__ void gpe_wait(volatile u64* done, u64 step) {
     }
     __threadfence_system();
 }
+
+struct tc_bytes16 {
+    u64 lo, hi;
+};
+
+// Copies the byte ranges a list names from `staging` (mapped pinned host memory) into
+// `window` (device memory): the puts a window over host transports received, made visible on
+// the device when its owner's wait for the covering signal passes. `list` is mapped pinned
+// memory the host filled before releasing the wait: list[0] ranges, then (offset, length)
+// pairs. Each range is cut into chunks of TC_LAND_CHUNK bytes that the blocks take in turn, so
+// one large put is read over PCIe by every block at once.
+#define TC_LAND_CHUNK 16384ull
+extern "C" __global__ void gpe_land(const volatile u64* list, const unsigned char* staging,
+                                    unsigned char* window) {
+    u64 n = list[0];
+    u64 chunk = blockIdx.x;
+    for (u64 r = 0; r < n; ++r) {
+        u64 off = list[1 + 2 * r], len = list[2 + 2 * r];
+        u64 chunks = (len + TC_LAND_CHUNK - 1) / TC_LAND_CHUNK;
+        // `chunk` counts across ranges, so blocks stay spread when ranges are small.
+        for (; chunk < chunks; chunk += gridDim.x) {
+            u64 from = chunk * TC_LAND_CHUNK;
+            u64 bytes = len - from < TC_LAND_CHUNK ? len - from : TC_LAND_CHUNK;
+            const unsigned char* src = staging + off + from;
+            unsigned char* dst = window + off + from;
+            u64 head = 0;
+            if ((((off + from) | bytes) & 15) == 0) {
+                const tc_bytes16* s = (const tc_bytes16*)src;
+                tc_bytes16* d = (tc_bytes16*)dst;
+                for (u64 i = threadIdx.x; i < bytes / 16; i += blockDim.x) d[i] = s[i];
+                head = bytes;
+            }
+            for (u64 i = head + threadIdx.x; i < bytes; i += blockDim.x) dst[i] = src[i];
+        }
+        chunk -= chunks;
+    }
+}
