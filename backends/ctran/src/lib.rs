@@ -109,6 +109,7 @@ impl Backend for CtranBackend {
         Ok(Box::new(window::CtranWindow::new(
             Arc::clone(self.comm()),
             self.engine.nvl_weak(),
+            self.engine.gpe_weak(),
         )))
     }
     fn version(&self) -> Result<String> {

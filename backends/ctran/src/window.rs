@@ -1,39 +1,125 @@
 //! Windows of the `ctran` backend. CPU tensors are registered with the engine's
 //! [`ctran::window::Window`] (puts over shared memory or TCP, driven by the progress thread);
 //! CUDA tensors with the NVLink transport's [`NvlWindow`] (stream-ordered puts, signals and
-//! waits on the caller's stream), where every rank's GPU reaches every other's.
+//! waits on the caller's stream), where every rank's GPU reaches every other's, and otherwise
+//! with the engine's window staged through pinned memory ([`DeviceSink`]), its operations run
+//! by the GPU progress engine in stream order over the host transports (a wait lands the bytes
+//! its signal covers on the device).
 
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use ctran::cuda::RawStream;
+use ctran::algos::select::Hints;
+use ctran::comm::KeepAlive;
+use ctran::cuda::{Context, RawStream};
+use ctran::gpe::{DeviceLanding, Gpe, GpeRequest};
 use ctran::nvl::window::NvlWindow;
 use ctran::nvl::Nvl;
+use ctran::window::staged::DeviceSink;
 use ctran::window::Window as EngineWindow;
 use ctran::{Comm, Op};
 use torchcomms::{Device, Error, OpOptions, Result, Tensor, WindowBackend, Work};
 
 use crate::work::{CtranWork, GpuWork};
 
-/// A window over the engine's (CPU) or the NVLink transport's (CUDA).
+/// A window over the engine's (CPU, or CUDA staged) or the NVLink transport's (CUDA).
 #[derive(Debug)]
 pub(crate) struct CtranWindow {
     host: EngineWindow,
     /// The NVLink transport while the engine lives (CUDA communicators where it is on).
     nvl: Option<Weak<Nvl>>,
+    /// The GPU progress engine while the engine lives (CUDA communicators).
+    gpe: Option<Weak<Gpe>>,
     device: Mutex<Option<NvlWindow>>,
+    /// Set while a CUDA tensor is registered staged: the last operation issued on it, which
+    /// deregistration waits for.
+    staged: Mutex<Option<Option<GpeRequest>>>,
     timeout: Duration,
 }
 
 impl CtranWindow {
-    pub(crate) fn new(comm: Arc<Comm>, nvl: Option<Weak<Nvl>>) -> CtranWindow {
+    pub(crate) fn new(
+        comm: Arc<Comm>,
+        nvl: Option<Weak<Nvl>>,
+        gpe: Option<Weak<Gpe>>,
+    ) -> CtranWindow {
         let timeout = comm.config().timeout;
         CtranWindow {
             host: EngineWindow::new(comm),
             nvl,
+            gpe,
             device: Mutex::new(None),
+            staged: Mutex::new(None),
             timeout,
         }
+    }
+
+    fn staged(&self) -> MutexGuard<'_, Option<Option<GpeRequest>>> {
+        self.staged.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn gpe(&self) -> Option<Arc<Gpe>> {
+        self.gpe.as_ref().and_then(Weak::upgrade)
+    }
+
+    /// Registers a CUDA tensor staged (peers reach its GPU over host transports only).
+    fn register_staged(&self, tensor: &Tensor, ordinal: u32) -> Result<()> {
+        let rank = self.rank();
+        let cuda = |e: ctran::cuda::CudaError| {
+            Error::Engine(ctran::Error::Cuda {
+                op: "tensor_register".into(),
+                rank,
+                detail: e.to_string(),
+            })
+        };
+        let ctx = Context::get(ordinal).map_err(cuda)?;
+        let size = self.host.comm().size();
+        let sink = DeviceSink::new(&ctx, tensor.addr() as u64, tensor.nbytes(), size);
+        let sink = Arc::new(sink.map_err(cuda)?);
+        let mut keep: KeepAlive = tensor.owner().cloned().into_iter().collect();
+        keep.push(sink.clone());
+        self.host
+            .register_staged(tensor.span(), sink, keep, Some(self.timeout))?;
+        *self.staged() = Some(None);
+        Ok(())
+    }
+
+    /// Runs a staged window's operation (built by `op`) through the GPU progress engine after
+    /// the work on the caller's stream; `None` when no CUDA tensor is registered staged.
+    fn on_staged(
+        &self,
+        opts: &OpOptions,
+        keep: KeepAlive,
+        op: impl FnOnce(&EngineWindow) -> ctran::Result<(Op, Option<DeviceLanding>)>,
+    ) -> Option<Result<Work>> {
+        let mut staged = self.staged();
+        let last = staged.as_mut()?;
+        let run = || -> Result<Work> {
+            let gpe = self.gpe().ok_or_else(|| {
+                Error::Engine(ctran::Error::Finalized {
+                    op: "window".into(),
+                    comm: self.host.comm().name().into(),
+                })
+            })?;
+            let (op, landing) = op(&self.host)?;
+            let timeout = opts.timeout_or(self.timeout);
+            let stream = RawStream(opts.stream.unwrap_or(0));
+            let request =
+                gpe.issue_landing(op, stream, timeout, Hints::default(), keep, landing)?;
+            *last = Some(request.clone());
+            let work = Work::new(
+                Box::new(GpuWork {
+                    request,
+                    blocking: false,
+                }),
+                timeout,
+            );
+            if !opts.async_op {
+                work.wait()?;
+            }
+            Ok(work)
+        };
+        Some(run())
     }
 
     fn rank(&self) -> usize {
@@ -100,27 +186,37 @@ fn check_device(op: &str, t: &Tensor, cuda_window: bool) -> Result<()> {
 
 impl WindowBackend for CtranWindow {
     fn register(&self, tensor: &Tensor) -> Result<()> {
-        let Device::Cuda(_) = tensor.device() else {
+        let Device::Cuda(ordinal) = tensor.device() else {
             let keep = tensor.owner().cloned().into_iter().collect();
             return Ok(self
                 .host
                 .register(tensor.span(), keep, Some(self.timeout))?);
         };
-        let nvl = self.nvl.as_ref().and_then(Weak::upgrade).ok_or_else(|| {
-            Error::invalid(
-                "tensor_register",
-                "tensor",
-                "a CPU tensor, or a CUDA tensor on a communicator whose GPUs all reach each \
-                 other over NVLink (CUDA windows run on the NVLink transport)",
-                tensor.device(),
-            )
-        })?;
+        let Some(nvl) = self.nvl.as_ref().and_then(Weak::upgrade) else {
+            if self.gpe().is_none() {
+                return Err(Error::invalid(
+                    "tensor_register",
+                    "tensor",
+                    "a tensor on the communicator's device (a CPU communicator has no GPU)",
+                    tensor.device(),
+                ));
+            }
+            return self.register_staged(tensor, ordinal);
+        };
         let win = nvl.new_window(tensor.addr() as u64, tensor.nbytes(), self.timeout)?;
         *self.device() = Some(win);
         Ok(())
     }
 
     fn deregister(&self) -> Result<()> {
+        // A staged window's operations still queued on the GPU must reach the progress thread
+        // before the collective fence, or they would find the region gone.
+        if let Some(last) = self.staged().take() {
+            let pending = last.map(|r| r.wait_blocking(self.timeout));
+            let fenced = self.host.deregister(Some(self.timeout));
+            pending.transpose()?;
+            return Ok(fenced?);
+        }
         // Dropping waits for this rank's puts; the barrier then means every rank's have ended
         // before any rank releases its memory.
         if let Some(win) = self.device().take() {
@@ -133,8 +229,13 @@ impl WindowBackend for CtranWindow {
 
     fn put(&self, tensor: &Tensor, peer: usize, offset: usize, opts: &OpOptions) -> Result<Work> {
         let keep: ctran::comm::KeepAlive = tensor.owner().cloned().into_iter().collect();
-        let cuda = self.device().is_some();
+        let cuda = self.device().is_some() || self.staged().is_some();
         check_device("put", tensor, cuda)?;
+        if let Some(w) = self.on_staged(opts, keep.clone(), |win| {
+            Ok((win.put_op(tensor.span(), peer, offset)?, None))
+        }) {
+            return w;
+        }
         if let Some(w) = self.on_device(opts, |win, stream, timeout| {
             let (src, bytes) = (tensor.addr() as u64, tensor.nbytes());
             win.put(
@@ -158,6 +259,9 @@ impl WindowBackend for CtranWindow {
     }
 
     fn signal(&self, peer: usize, opts: &OpOptions) -> Result<Work> {
+        if let Some(w) = self.on_staged(opts, Vec::new(), |win| Ok((win.signal_op(peer)?, None))) {
+            return w;
+        }
         if let Some(w) = self.on_device(opts, |win, stream, timeout| {
             win.signal(peer, stream, timeout)
         }) {
@@ -168,6 +272,9 @@ impl WindowBackend for CtranWindow {
     }
 
     fn wait_signal(&self, peer: usize, opts: &OpOptions) -> Result<Work> {
+        if let Some(w) = self.on_staged(opts, Vec::new(), |win| win.wait_signal_op(peer)) {
+            return w;
+        }
         if let Some(w) = self.on_device(opts, |win, stream, timeout| {
             win.wait_signal(peer, stream, timeout)
         }) {
@@ -195,7 +302,9 @@ impl WindowBackend for CtranWindow {
 
     fn supports(&self, tensor: &Tensor) -> bool {
         match tensor.device() {
-            Device::Cuda(_) => self.nvl.as_ref().and_then(Weak::upgrade).is_some(),
+            Device::Cuda(_) => {
+                self.nvl.as_ref().and_then(Weak::upgrade).is_some() || self.gpe().is_some()
+            }
             _ => true,
         }
     }

@@ -75,7 +75,7 @@ pub struct Engine {
     nvl: Option<Arc<Nvl>>,
     /// Also before `gpe`.
     mixed: Option<Mixed>,
-    gpe: Option<Gpe>,
+    gpe: Option<Arc<Gpe>>,
 }
 
 impl Engine {
@@ -111,7 +111,7 @@ impl Engine {
                 engine.mixed = Mixed::start(comm, &ctx, comm.config().nvl.clone(), config)?;
             }
         }
-        engine.gpe = Some(gpe);
+        engine.gpe = Some(Arc::new(gpe));
         Ok(engine)
     }
 
@@ -124,6 +124,12 @@ impl Engine {
     /// while the engine lives.
     pub fn nvl_weak(&self) -> Option<Weak<Nvl>> {
         self.nvl.as_ref().map(Arc::downgrade)
+    }
+
+    /// The GPU progress engine (CUDA communicators) for objects that may outlive the engine
+    /// (windows on GPU memory over host transports): they reach it while the engine lives.
+    pub fn gpe_weak(&self) -> Option<Weak<Gpe>> {
+        self.gpe.as_ref().map(Arc::downgrade)
     }
 
     /// The communicator.

@@ -73,8 +73,11 @@ pub(crate) fn run(
     err: impl Fn(TransportError) -> Error,
 ) -> Result<Outcome> {
     match op {
-        WindowOp::Register { buf, key_out } => {
-            let (_, key) = cx.net.register_region(*buf, cx.comm).map_err(&err)?;
+        WindowOp::Register { buf, key_out, sink } => {
+            let (_, key) = cx
+                .net
+                .register_region(*buf, cx.comm, sink.clone())
+                .map_err(&err)?;
             key_out.copy_from_slice(&key.to_bytes());
             Ok(Outcome::Done)
         }
@@ -108,6 +111,7 @@ pub(crate) fn run(
             region,
             peer,
             target,
+            staged,
         } => {
             let (region, peer, target) = (*region, *peer, *target);
             let reached = |net: &Mapper| {
@@ -117,6 +121,11 @@ pub(crate) fn run(
                 Ok(signals >= target)
             };
             cx.wait_until(op, &[peer], reached, &err)?;
+            if let Some(w) = staged {
+                w.sink
+                    .fill(w.slot, peer, target)
+                    .map_err(Error::NotSupported)?;
+            }
             Ok(Outcome::Done)
         }
         WindowOp::Deregister { region, keys } => {

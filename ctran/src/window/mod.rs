@@ -15,9 +15,14 @@
 //!
 //! Every operation runs on the progress thread in issue order with the communicator's timeout;
 //! after the communicator failed or was finalized they return its error.
+//!
+//! GPU memory is registered staged ([`Window::register_staged`], [`staged::DeviceSink`]): its
+//! operations are built with [`Window::put_op`] and the others and run through the GPU progress
+//! engine in stream order.
 
 mod exec;
 pub mod op;
+pub mod staged;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -27,19 +32,24 @@ pub use op::WindowOp;
 
 use crate::comm::{Comm, KeepAlive, Op, Request};
 use crate::error::{Error, Result};
+use crate::gpe::DeviceLanding;
 use crate::span::Span;
 use crate::transport::region::comm_id;
-use crate::transport::{RegionId, RemoteKey};
+use crate::transport::{RegionId, RegionSink, RemoteKey};
+use staged::DeviceSink;
 
 /// A registration of a window: the local region, every rank's key, and the waits so far.
 #[derive(Debug)]
 struct Registered {
     region: RegionId,
-    /// This rank's memory (a put to this rank copies into it).
+    /// This rank's memory (a put to this rank copies into it): the registered host memory, or
+    /// the device memory of a staged window.
     buf: Span,
     keys: Vec<RemoteKey>,
     /// Waits issued per peer (a wait targets this count).
     waits: Vec<u64>,
+    /// A staged window's sink (GPU memory over host transports).
+    staged: Option<Arc<DeviceSink>>,
     /// The owner of the memory, held until deregistration.
     _keep: KeepAlive,
 }
@@ -87,6 +97,39 @@ impl Window {
     /// until [`Window::deregister`]; the memory must stay valid that long. Fails on every rank
     /// when ranks registered different sizes, naming both.
     pub fn register(&self, buf: Span, keep: KeepAlive, timeout: Option<Duration>) -> Result<()> {
+        self.register_region(buf, buf, None, keep, timeout)
+    }
+
+    /// Registers GPU memory `buf` that peers reach over host transports, as [`Window::register`]
+    /// does host memory: puts land in the sink's staging, and a wait for a peer's signal lands
+    /// the bytes it covers in `buf` on the device ([`staged`]). The window's operations then
+    /// run through the GPU progress engine ([`Window::put_op`] and the others).
+    pub fn register_staged(
+        &self,
+        buf: Span,
+        sink: Arc<DeviceSink>,
+        keep: KeepAlive,
+        timeout: Option<Duration>,
+    ) -> Result<()> {
+        let staging = sink.staging();
+        if staging.len() != buf.len() {
+            return Err(Error::invalid(
+                "staging",
+                format!("{} bytes of staging (the window's size)", buf.len()),
+                staging.len(),
+            ));
+        }
+        self.register_region(buf, staging, Some(sink), keep, timeout)
+    }
+
+    fn register_region(
+        &self,
+        buf: Span,
+        region: Span,
+        staged: Option<Arc<DeviceSink>>,
+        keep: KeepAlive,
+        timeout: Option<Duration>,
+    ) -> Result<()> {
         let mut state = self.state();
         if state.is_some() {
             return Err(Error::invalid(
@@ -98,8 +141,12 @@ impl Window {
         let mut key = [0u8; RemoteKey::LEN];
         // SAFETY: `key` lives on this frame until `run` returns, after the operation finished.
         let key_out = unsafe { Span::from_slice(&mut key) };
-        self.comm
-            .run(Op::Window(WindowOp::Register { buf, key_out }), timeout)?;
+        let register = WindowOp::Register {
+            buf: region,
+            key_out,
+            sink: staged.clone().map(|s| s as Arc<dyn RegionSink>),
+        };
+        self.comm.run(Op::Window(register), timeout)?;
         let mine = RemoteKey::from_bytes(&key).expect("a key is LEN bytes");
         let region = RegionId(mine.id);
         let gathered = match self.comm.all_gather_bytes(&key, timeout) {
@@ -143,6 +190,7 @@ impl Window {
             buf,
             waits: vec![0; keys.len()],
             keys,
+            staged,
             _keep: keep,
         });
         Ok(())
@@ -170,40 +218,29 @@ impl Window {
     }
 
     /// A put to this rank: a copy into its own memory, in issue order with its other puts.
-    fn put_local(
-        &self,
-        src: Span,
-        keep: KeepAlive,
-        offset: usize,
-        timeout: Option<Duration>,
-    ) -> Request {
-        let name = "window_put";
+    fn local_put_op(&self, src: Span, offset: usize) -> Result<Op> {
         let dst = match self.state().as_ref() {
             Some(reg) => reg.buf,
-            None => return failed(name, not_registered(name)),
+            None => return Err(not_registered("window_put")),
         };
         if offset
             .checked_add(src.len())
             .is_none_or(|end| end > dst.len())
         {
-            return failed(
-                name,
-                Error::invalid(
-                    "target_offset",
-                    "a write inside the window",
-                    format!(
-                        "a write of {} bytes at offset {offset} exceeds this rank's window of {} bytes",
-                        src.len(),
-                        dst.len()
-                    ),
+            return Err(Error::invalid(
+                "target_offset",
+                "a write inside the window",
+                format!(
+                    "a write of {} bytes at offset {offset} exceeds this rank's window of {} bytes",
+                    src.len(),
+                    dst.len()
                 ),
-            );
+            ));
         }
-        let op = WindowOp::LocalPut {
+        Ok(Op::Window(WindowOp::LocalPut {
             src,
             dst: dst.sub(offset, src.len()),
-        };
-        self.comm.submit_with(Op::Window(op), timeout, keep)
+        }))
     }
 
     fn check_peer(&self, peer: usize) -> Result<()> {
@@ -219,6 +256,56 @@ impl Window {
         Ok(())
     }
 
+    /// The operation that writes `src` into `peer`'s registered memory at byte `offset` (this
+    /// rank's own too: a local copy), checked. [`Window::put`] submits it to the communicator;
+    /// a staged window's goes through the GPU progress engine.
+    pub fn put_op(&self, src: Span, peer: usize, offset: usize) -> Result<Op> {
+        if peer == self.comm.rank() {
+            return self.local_put_op(src, offset);
+        }
+        let key = self.key_for("window_put", peer)?;
+        key.check_fits(offset as u64, src.len() as u64)
+            .map_err(|why| Error::invalid("target_offset", "a write inside the window", why))?;
+        Ok(Op::Window(WindowOp::Put {
+            src,
+            peer,
+            key,
+            offset: offset as u64,
+        }))
+    }
+
+    /// The operation that adds one to the counter `peer` keeps for this rank (see
+    /// [`Window::put_op`]).
+    pub fn signal_op(&self, peer: usize) -> Result<Op> {
+        let key = self.key_for("window_signal", peer)?;
+        Ok(Op::Window(WindowOp::Signal { peer, key }))
+    }
+
+    /// The operation that consumes one signal of `peer` (see [`Window::put_op`]), and on a
+    /// staged window the copy the device makes once it passed. Counts the wait: issue every
+    /// operation it returns.
+    pub fn wait_signal_op(&self, peer: usize) -> Result<(Op, Option<DeviceLanding>)> {
+        let name = "window_wait_signal";
+        self.check_peer(peer)?;
+        let mut state = self.state();
+        let reg = state.as_mut().ok_or_else(|| not_registered(name))?;
+        reg.waits[peer] += 1;
+        let (staged, landing) = match &reg.staged {
+            Some(sink) => {
+                let (wait, landing) = sink.next_wait();
+                (Some(wait), Some(landing))
+            }
+            None => (None, None),
+        };
+        let op = Op::Window(WindowOp::WaitSignal {
+            region: reg.region,
+            peer,
+            target: reg.waits[peer],
+            staged,
+        });
+        Ok((op, landing))
+    }
+
     /// Writes `src` (owned by `keep`) into `peer`'s registered memory at byte `offset` (this
     /// rank's own too: a local copy).
     pub fn put(
@@ -229,58 +316,26 @@ impl Window {
         offset: usize,
         timeout: Option<Duration>,
     ) -> Request {
-        let name = "window_put";
-        if peer == self.comm.rank() {
-            return self.put_local(src, keep, offset, timeout);
+        match self.put_op(src, peer, offset) {
+            Ok(op) => self.comm.submit_with(op, timeout, keep),
+            Err(e) => failed("window_put", e),
         }
-        let key = match self.key_for(name, peer) {
-            Ok(k) => k,
-            Err(e) => return failed(name, e),
-        };
-        if let Err(why) = key.check_fits(offset as u64, src.len() as u64) {
-            return failed(
-                name,
-                Error::invalid("target_offset", "a write inside the window", why),
-            );
-        }
-        let op = WindowOp::Put {
-            src,
-            peer,
-            key,
-            offset: offset as u64,
-        };
-        self.comm.submit_with(Op::Window(op), timeout, keep)
     }
 
     /// Adds one to the counter `peer` keeps for this rank, after this rank's earlier puts.
     pub fn signal(&self, peer: usize, timeout: Option<Duration>) -> Request {
-        let name = "window_signal";
-        match self.key_for(name, peer) {
-            Ok(key) => self
-                .comm
-                .submit(Op::Window(WindowOp::Signal { peer, key }), timeout),
-            Err(e) => failed(name, e),
+        match self.signal_op(peer) {
+            Ok(op) => self.comm.submit(op, timeout),
+            Err(e) => failed("window_signal", e),
         }
     }
 
     /// Consumes one signal of `peer`: waits until its counter reaches the waits so far + 1.
     pub fn wait_signal(&self, peer: usize, timeout: Option<Duration>) -> Request {
-        let name = "window_wait_signal";
-        if let Err(e) = self.check_peer(peer) {
-            return failed(name, e);
+        match self.wait_signal_op(peer) {
+            Ok((op, _)) => self.comm.submit(op, timeout),
+            Err(e) => failed("window_wait_signal", e),
         }
-        let mut state = self.state();
-        let Some(reg) = state.as_mut() else {
-            return failed(name, not_registered(name));
-        };
-        reg.waits[peer] += 1;
-        let op = WindowOp::WaitSignal {
-            region: reg.region,
-            peer,
-            target: reg.waits[peer],
-        };
-        drop(state);
-        self.comm.submit(Op::Window(op), timeout)
     }
 
     fn key_for(&self, name: &str, peer: usize) -> Result<RemoteKey> {

@@ -1,7 +1,10 @@
 //! The operations of a window, as the progress thread runs them ([`crate::Op::Window`]).
 
+use std::sync::Arc;
+
+use super::staged::StagedWait;
 use crate::span::Span;
-use crate::transport::{RegionId, RemoteKey};
+use crate::transport::{RegionId, RegionSink, RemoteKey};
 
 /// One window operation. Issued through [`super::Window`], which checked its arguments.
 #[derive(Debug, Clone)]
@@ -14,6 +17,9 @@ pub enum WindowOp {
         buf: Span,
         /// Where its key goes.
         key_out: Span,
+        /// For memory puts cannot write directly (a device's), `buf` is host staging and the
+        /// sink copies each landed put home.
+        sink: Option<Arc<dyn RegionSink>>,
     },
     /// Writes `src` at byte `offset` of `peer`'s region `key`.
     Put {
@@ -49,6 +55,9 @@ pub enum WindowOp {
         peer: usize,
         /// The count to reach.
         target: u64,
+        /// On a staged window: the list to fill with the ranges the signal covers, for the
+        /// device to copy home once the wait passed.
+        staged: Option<StagedWait>,
     },
     /// Collective end of a registration: a fence to and from every peer (so every put and
     /// signal sent before it has arrived), then the region is forgotten.
