@@ -230,8 +230,7 @@ typedef int32_t tc_reduce_op_t;
 // Host memory.
 #define TC_DEVICE_CPU 0
 
-// CUDA device memory (not supported by this build yet: operations return
-// `TC_ERR_NOT_SUPPORTED`).
+// CUDA device memory (of a CUDA communicator; operations follow the work on their `stream`).
 #define TC_DEVICE_CUDA 1
 
 // Queued, not started.
@@ -636,6 +635,7 @@ enum tc_status_t tc_window_put(struct tc_window_t *window,
                                struct tc_tensor_t tensor,
                                int32_t dst_rank,
                                size_t target_offset_nelems,
+                               void *stream,
                                const struct tc_op_options_t *options,
                                struct tc_work_t **work);
 
@@ -646,6 +646,7 @@ enum tc_status_t tc_window_put(struct tc_window_t *window,
 // Pointers as in the conventions atop torchcomms.h.
 enum tc_status_t tc_window_signal(struct tc_window_t *window,
                                   int32_t peer_rank,
+                                  void *stream,
                                   const struct tc_op_options_t *options,
                                   struct tc_work_t **work);
 
@@ -655,6 +656,7 @@ enum tc_status_t tc_window_signal(struct tc_window_t *window,
 // Pointers as in the conventions atop torchcomms.h.
 enum tc_status_t tc_window_wait_signal(struct tc_window_t *window,
                                        int32_t peer_rank,
+                                       void *stream,
                                        const struct tc_op_options_t *options,
                                        struct tc_work_t **work);
 

@@ -55,6 +55,8 @@ pub struct tc_window_t {
     pub(crate) window: Window,
     /// Ranks of its communicator (for checking rank arguments).
     pub(crate) size: usize,
+    /// Its communicator's device (whether operations take a stream).
+    pub(crate) device: torchcomms::Device,
 }
 
 /// What a process needs to take part in reconfigurations (from `tc_reconfigurer_create`);

@@ -42,8 +42,9 @@
 //!   asynchronous work: until `tc_work_wait` returns or `tc_work_test` reports completion).
 //! - Handles may be used from several threads at once, except that `*_destroy`/`*_free` must
 //!   not race with other uses of the same handle.
-//! - CUDA buffers and streams: the `stream` argument exists so the ABI is stable; this build
-//!   returns `TC_ERR_NOT_SUPPORTED` for CUDA buffers and rejects a stream for CPU buffers.
+//! - CUDA communicators take device buffers and the `cudaStream_t` each operation follows
+//!   (NULL: the legacy default stream); a synchronous call and `tc_work_wait` order that stream
+//!   after the operation. A CPU communicator rejects a non-NULL stream.
 //!
 //! All `unsafe` code (raw pointers from C) lives in [`ffi`]; the rest is safe.
 #![deny(unsafe_code)]

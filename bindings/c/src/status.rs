@@ -87,14 +87,6 @@ impl CError {
     pub(crate) fn null(func: &str, arg: &str, expected: &str) -> CError {
         CError::invalid(func, arg, expected, "NULL")
     }
-
-    /// Something this build does not offer.
-    pub(crate) fn not_supported(func: &str, what: impl fmt::Display) -> CError {
-        CError {
-            status: tc_status_t::TC_ERR_NOT_SUPPORTED,
-            message: format!("{func}: not supported: {what}"),
-        }
-    }
 }
 
 impl From<torchcomms::Error> for CError {

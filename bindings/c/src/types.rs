@@ -59,8 +59,7 @@ pub const TC_PREMUL_SUM: tc_reduce_op_t = 8;
 pub type tc_device_type_t = i32;
 /// Host memory.
 pub const TC_DEVICE_CPU: tc_device_type_t = 0;
-/// CUDA device memory (not supported by this build yet: operations return
-/// `TC_ERR_NOT_SUPPORTED`).
+/// CUDA device memory (of a CUDA communicator; operations follow the work on their `stream`).
 pub const TC_DEVICE_CUDA: tc_device_type_t = 1;
 
 /// Where asynchronous work stands: one of the `TC_WORK_<STATE>` constants.

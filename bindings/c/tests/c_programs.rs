@@ -328,6 +328,20 @@ fn c_windows_3_ranks() {
     run_and_check(&exe, 3, "windows");
 }
 
+/// The CUDA program only compiles here (no GPU); `scripts/gpu-test.sh` runs it on the GPU
+/// machines.
+#[test]
+fn c_cuda_program_compiles() {
+    let exe = compile(
+        "cuda",
+        &crate_dir().join("tests/c/cuda.c"),
+        false,
+        Link::Shared,
+        &[],
+    );
+    assert!(exe.is_file());
+}
+
 #[test]
 fn c_reconfigure_3_ranks() {
     let exe = compile(

@@ -98,15 +98,6 @@ pub(super) unsafe fn slice<'a, T>(
 pub(super) unsafe fn tensor(func: &str, arg: &str, t: &tc_tensor_t) -> CResult<Tensor> {
     let dtype = types::dtype(func, &format!("{arg}.dtype"), t.dtype)?;
     let device = types::device(func, &format!("{arg}.device"), t.device)?;
-    if let Device::Cuda(_) = device {
-        return Err(CError::not_supported(
-            func,
-            format!(
-                "`{arg}` is on {device}: CUDA buffers (and the `stream` argument that orders them) \
-                 are not supported by this build yet; use TC_DEVICE_CPU buffers"
-            ),
-        ));
-    }
     if t.data.is_null() && t.count > 0 {
         return Err(CError::invalid(
             func,
@@ -276,22 +267,9 @@ impl<'a> Call<'a> {
         types::reduce_op(self.func, op, self.premul_sum_factor)
     }
 
-    /// Checks the stream argument: only CUDA buffers are ordered on a stream.
-    pub(super) fn stream(&self, stream: *mut c_void) -> CResult<()> {
-        if let Device::Cuda(_) = self.comm.device() {
-            return Err(CError::not_supported(
-                self.func,
-                "CUDA communicators and streams are not supported by this build yet",
-            ));
-        }
-        if !stream.is_null() {
-            return Err(CError::invalid(
-                self.func,
-                "stream",
-                "NULL for CPU buffers (a cudaStream_t orders CUDA buffers only)",
-                format!("{stream:p}"),
-            ));
-        }
+    /// Takes the stream argument: the operation follows the work on it (CUDA communicators).
+    pub(super) fn stream(&mut self, stream: *mut c_void) -> CResult<()> {
+        self.options.stream = stream_for(self.func, self.comm.device(), stream)?;
         Ok(())
     }
 
@@ -307,6 +285,22 @@ impl<'a> Call<'a> {
             unsafe { put(self.work, handle) };
         }
         Ok(())
+    }
+}
+
+/// The stream an operation of a communicator on `device` follows: on a CUDA device `stream` (a
+/// `cudaStream_t`; NULL is the legacy default stream); on the CPU there is none, and `stream`
+/// must be NULL.
+pub(super) fn stream_for(func: &str, device: Device, stream: *mut c_void) -> CResult<Option<u64>> {
+    match device {
+        Device::Cuda(_) => Ok(Some(stream as usize as u64)),
+        _ if stream.is_null() => Ok(None),
+        _ => Err(CError::invalid(
+            func,
+            "stream",
+            "NULL for a CPU communicator (a cudaStream_t orders CUDA communicators' work)",
+            format!("{stream:p}"),
+        )),
     }
 }
 

@@ -67,7 +67,7 @@ macro_rules! c_function {
                 const $f: &str = concat!("tc_", stringify!($name));
                 guard($f, || {
                     // SAFETY: forwarded to the caller.
-                    let $call = unsafe { Call::new($f, comm, options, work) }?;
+                    let mut $call = unsafe { Call::new($f, comm, options, work) }?;
                     $(let $arg = c_arg!($kind, $call, $f, stringify!($arg), $($raw),*);)*
                     $call.stream(stream)?;
                     $call.issue(|c, o| c.$name($(c_arg!(pass $kind, $arg),)* o))
@@ -192,7 +192,7 @@ pub unsafe extern "C" fn tc_batch_p2p(
     const F: &str = "tc_batch_p2p";
     guard(F, || {
         // SAFETY: forwarded to the caller.
-        let call = unsafe { Call::new(F, comm, options, work) }?;
+        let mut call = unsafe { Call::new(F, comm, options, work) }?;
         // SAFETY: forwarded to the caller.
         let descs = unsafe { slice(F, "ops", ops, num_ops) }?;
         let mut batch = Vec::with_capacity(descs.len());

@@ -1,9 +1,11 @@
 //! One-sided windows (`tc_window_*`): a buffer every rank registers collectively
 //! (`tc_window_register`), into which peers write with `tc_window_put` and signal with
 //! `tc_window_signal`, and on which a rank waits with `tc_window_wait_signal`. Each operation
-//! takes `options` and `work` as the collectives do (a non-NULL `work` makes it asynchronous).
-//! CPU buffers only in this API (CUDA communicators are not supported by the C API yet).
+//! takes `stream`, `options` and `work` as the collectives do (a non-NULL `work` makes it
+//! asynchronous; on a CUDA communicator the operation follows the work on `stream`, and waiting
+//! orders that stream after it).
 
+use std::ffi::c_void;
 use std::ptr;
 
 use torchcomms::{OpOptions, Work};
@@ -20,6 +22,7 @@ use crate::types::*;
 unsafe fn window_call<'a>(
     func: &'static str,
     win: *mut tc_window_t,
+    stream: *mut c_void,
     options: *const tc_op_options_t,
     work: *mut *mut tc_work_t,
 ) -> CResult<(&'a tc_window_t, OpOptions)> {
@@ -30,7 +33,8 @@ unsafe fn window_call<'a>(
     // SAFETY: forwarded to the caller.
     let w = unsafe { handle(func, "window", win, "a window from tc_window_create") }?;
     // SAFETY: forwarded to the caller.
-    let (opts, _) = unsafe { op_options(func, options, !work.is_null()) }?;
+    let (mut opts, _) = unsafe { op_options(func, options, !work.is_null()) }?;
+    opts.stream = stream_for(func, w.device, stream)?;
     Ok((w, opts))
 }
 
@@ -74,6 +78,7 @@ pub unsafe extern "C" fn tc_window_create(
         let h = Box::into_raw(Box::new(tc_window_t {
             window: w,
             size: c.comm.get_size(),
+            device: c.comm.device(),
         }));
         // SAFETY: as above.
         unsafe { put(window, h) };
@@ -127,13 +132,14 @@ pub unsafe extern "C" fn tc_window_put(
     tensor: tc_tensor_t,
     dst_rank: i32,
     target_offset_nelems: usize,
+    stream: *mut c_void,
     options: *const tc_op_options_t,
     work: *mut *mut tc_work_t,
 ) -> tc_status_t {
     const F: &str = "tc_window_put";
     guard(F, || {
         // SAFETY: forwarded to the caller.
-        let (w, opts) = unsafe { window_call(F, window, options, work) }?;
+        let (w, opts) = unsafe { window_call(F, window, stream, options, work) }?;
         // SAFETY: forwarded to the caller.
         let t = unsafe { self::tensor(F, "tensor", &tensor) }?;
         let dst = rank(F, "dst_rank", dst_rank, w.size)?;
@@ -152,13 +158,14 @@ pub unsafe extern "C" fn tc_window_put(
 pub unsafe extern "C" fn tc_window_signal(
     window: *mut tc_window_t,
     peer_rank: i32,
+    stream: *mut c_void,
     options: *const tc_op_options_t,
     work: *mut *mut tc_work_t,
 ) -> tc_status_t {
     const F: &str = "tc_window_signal";
     guard(F, || {
         // SAFETY: forwarded to the caller.
-        let (w, opts) = unsafe { window_call(F, window, options, work) }?;
+        let (w, opts) = unsafe { window_call(F, window, stream, options, work) }?;
         let peer = rank(F, "peer_rank", peer_rank, w.size)?;
         let r = w.window.signal(peer, &opts);
         // SAFETY: forwarded to the caller.
@@ -174,13 +181,14 @@ pub unsafe extern "C" fn tc_window_signal(
 pub unsafe extern "C" fn tc_window_wait_signal(
     window: *mut tc_window_t,
     peer_rank: i32,
+    stream: *mut c_void,
     options: *const tc_op_options_t,
     work: *mut *mut tc_work_t,
 ) -> tc_status_t {
     const F: &str = "tc_window_wait_signal";
     guard(F, || {
         // SAFETY: forwarded to the caller.
-        let (w, opts) = unsafe { window_call(F, window, options, work) }?;
+        let (w, opts) = unsafe { window_call(F, window, stream, options, work) }?;
         let peer = rank(F, "peer_rank", peer_rank, w.size)?;
         let r = w.window.wait_signal(peer, &opts);
         // SAFETY: forwarded to the caller.

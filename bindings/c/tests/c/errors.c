@@ -180,7 +180,8 @@ static void argument_errors(tc_comm_t *comm, int rank, int size) {
     /* CUDA buffers and streams. */
     tc_tensor_t gpu = t;
     gpu.device.device_type = TC_DEVICE_CUDA;
-    EXPECT_ERROR(tc_all_reduce(comm, gpu, TC_SUM, NULL, NULL, NULL), TC_ERR_NOT_SUPPORTED, "CUDA");
+    EXPECT_ERROR(tc_all_reduce(comm, gpu, TC_SUM, NULL, NULL, NULL), TC_ERR_INVALID_ARGUMENT,
+                 "communicator's device");
     int fake_stream;
     EXPECT_ERROR(tc_all_reduce(comm, t, TC_SUM, &fake_stream, NULL, NULL), TC_ERR_INVALID_ARGUMENT,
                  "stream");

@@ -2,7 +2,8 @@
  * One-sided windows through the C API, over real ranks from the environment
  * (TORCHCOMM_RANK/SIZE, MASTER_ADDR/MASTER_PORT): a ring of put + signal / wait_signal for 200
  * iterations with the data checked at each, an asynchronous put, and bad input (a put past the
- * end, a rank out of range, a put after deregistration). Prints "windows OK rank R/N".
+ * end, a rank out of range, a stream on a CPU communicator, a put after deregistration).
+ * Prints "windows OK rank R/N".
  */
 #include <stdint.h>
 
@@ -42,13 +43,13 @@ int main(void) {
         for (int i = 0; i < N; i++) src[i] = it * 1000 + r;
         tc_work_t *w = NULL;
         CHECK(tc_window_put(win, tc_cpu_tensor(src, N, TC_INT32), next, (size_t)(half * N), NULL,
-                            half ? &w : NULL));
+                            NULL, half ? &w : NULL));
         if (w) {
             CHECK(tc_work_wait(w, TC_WAIT_OP_TIMEOUT));
             CHECK(tc_work_free(w));
         }
-        CHECK(tc_window_signal(win, next, NULL, NULL));
-        CHECK(tc_window_wait_signal(win, prev, NULL, NULL));
+        CHECK(tc_window_signal(win, next, NULL, NULL, NULL));
+        CHECK(tc_window_wait_signal(win, prev, NULL, NULL, NULL));
         for (int i = 0; i < N; i++) {
             if (win_buf[half * N + i] != it * 1000 + prev) {
                 EXPECT(0, "iteration %d: element %d is %d, want %d", it, i, win_buf[half * N + i],
@@ -58,19 +59,23 @@ int main(void) {
         }
         /* Every second iteration the neighbours agree the checked halves may be rewritten. */
         if (half) {
-            CHECK(tc_window_signal(win, prev, NULL, NULL));
-            CHECK(tc_window_wait_signal(win, next, NULL, NULL));
+            CHECK(tc_window_signal(win, prev, NULL, NULL, NULL));
+            CHECK(tc_window_wait_signal(win, next, NULL, NULL, NULL));
         }
     }
-    EXPECT(tc_window_put(win, tc_cpu_tensor(src, N, TC_INT32), next, N + 1, NULL, NULL) ==
+    EXPECT(tc_window_put(win, tc_cpu_tensor(src, N, TC_INT32), next, N + 1, NULL, NULL, NULL) ==
                TC_ERR_INVALID_ARGUMENT,
            "a put past the end is refused: %s", tc_last_error());
     EXPECT(strstr(tc_last_error(), "target_offset_nelems") != NULL, "named: %s", tc_last_error());
-    EXPECT(tc_window_signal(win, n + 2, NULL, NULL) == TC_ERR_INVALID_ARGUMENT,
+    EXPECT(tc_window_signal(win, n + 2, NULL, NULL, NULL) == TC_ERR_INVALID_ARGUMENT,
            "a rank out of range is refused");
+    int fake_stream;
+    EXPECT(tc_window_signal(win, next, &fake_stream, NULL, NULL) == TC_ERR_INVALID_ARGUMENT &&
+               strstr(tc_last_error(), "stream") != NULL,
+           "a stream on a CPU communicator is refused: %s", tc_last_error());
     CHECK(tc_barrier(comm, NULL, NULL, NULL));
     CHECK(tc_window_deregister(win));
-    EXPECT(tc_window_put(win, tc_cpu_tensor(src, N, TC_INT32), next, 0, NULL, NULL) ==
+    EXPECT(tc_window_put(win, tc_cpu_tensor(src, N, TC_INT32), next, 0, NULL, NULL, NULL) ==
                TC_ERR_INVALID_ARGUMENT,
            "a put after deregistration is refused: %s", tc_last_error());
     CHECK(tc_window_destroy(win));
