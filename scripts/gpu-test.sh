@@ -19,6 +19,9 @@
 #    current stream, torch.cuda.graph capture and replay, PREMUL_SUM with a device factor.
 #    Then two hosts made of network namespaces, one GPU each, ctran over TCP
 #    (scripts/gpu-netns-test.sh: the Python suite, correctness, busbw against host tensors).
+#    Then, with 2 and 3 ranks sharing the GPUs: CUDA windows over host transports
+#    (test_window_cuda_staged.py) and the C API on CUDA (bindings/c/tests/c/cuda.c, which
+#    --build compiles against target/release/libtorchcomms_c.so).
 # --skip-perf leaves out step 4 (the tables); --skip-netns the two-host part of step 2.
 #
 # Exit status: 0 every step that ran passed (the last line names any part skipped, e.g. the
@@ -31,6 +34,12 @@ cd "$(dirname "$0")/.."
 if [ "${1:-}" = --build ]; then
     mkdir -p "$2"
     cp target/release/torchcomms-perf target/release/torchcomms-gpu-test "$2"/
+    # The C API's CUDA program, against the release library beside it.
+    mkdir -p "$2/c"
+    cp target/release/libtorchcomms_c.so "$2/c/"
+    "${CC:-gcc}" -std=c11 -D_POSIX_C_SOURCE=200809L -Wall -Wextra -Werror -O1 -g \
+        -I bindings/c/include bindings/c/tests/c/cuda.c -o "$2/c/cuda" \
+        -L "$2/c" -ltorchcomms_c -ldl -Wl,--disable-new-dtags -Wl,-rpath,'$ORIGIN'
     # iproute2's `ip` and its libraries, for GPU machines without it (the two-host test).
     if ip=$(command -v ip); then
         mkdir -p "$2/iproute/lib"
@@ -160,9 +169,35 @@ if "$PYTHON" -m pip install --quiet --no-deps --no-index --target "$PYTARGET" "$
             case $rc in 0) ;; 77) skipped+=("two hosts of two GPUs") ;; *) status=1 ;; esac
         fi
     fi
+    for n in 2 3; do
+        echo "-- CUDA windows over host transports, $n ranks on $NGPU GPU(s)"
+        log="$OUT/python-cuda-staged-windows-$n.log"
+        PYTHONPATH="$PYTARGET${PYTHONPATH:+:$PYTHONPATH}" "${STEP[@]}" "$PYTHON" -m torch.distributed.run \
+            --standalone --nproc_per_node "$n" -m pytest bindings/python/gpu_tests/test_window_cuda_staged.py \
+            -q -rs -p no:cacheprovider >"$log" 2>&1 || { status=1; grep -E "^E |Error" "$log" | head -20; }
+        grep -E "passed|failed" "$log" || true
+    done
     rm -rf "$PYTARGET"
 else
     echo "gpu-test: cannot install the wheel from $WHEEL_DIR" >&2
+    status=1
+fi
+
+if [ -x "$BIN/c/cuda" ]; then
+    for n in 2 3; do
+        echo "-- C API on CUDA, $n ranks on $NGPU GPU(s)"
+        port=$((29600 + n))
+        for r in $(seq 0 $((n - 1))); do
+            TORCHCOMM_RANK=$r TORCHCOMM_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+                "${STEP[@]}" "$BIN/c/cuda" >"$OUT/c-cuda-$n-$r.log" 2>&1 &
+        done
+        wait || true
+        ok=$(cat "$OUT"/c-cuda-$n-*.log | grep -c "cuda OK" || true)
+        echo "$ok of $n ranks OK"
+        [ "$ok" = "$n" ] || { status=1; cat "$OUT"/c-cuda-$n-*.log | head -20; }
+    done
+else
+    echo "gpu-test: $BIN/c/cuda missing (scripts/gpu-test.sh --build DIR compiles it)" >&2
     status=1
 fi
 

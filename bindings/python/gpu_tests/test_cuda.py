@@ -322,10 +322,12 @@ def test_frees_on_another_thread_during_async_ops(comm: Any) -> None:
 
 
 def over_nvl() -> bool:
-    """Whether ctran carries this job's CUDA tensors over NVLink: only when every rank is on
-    this host (torchrun's node) and the transport is allowed."""
-    one_host = int(os.environ.get("LOCAL_WORLD_SIZE", WORLD)) == WORLD
-    return one_host and "nvl" in os.environ.get("CTRAN_BACKENDS", "socket,shm,nvl").split(",")
+    """Whether ctran carries this job's CUDA tensors over NVLink (or, alone, needs no
+    transport): only when every rank is on this host (torchrun's node) with a GPU of its own,
+    and the transport is allowed (ranks sharing a GPU run over the host transports)."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", WORLD))
+    own_gpus = local == WORLD and torch.cuda.device_count() >= local
+    return own_gpus and "nvl" in os.environ.get("CTRAN_BACKENDS", "socket,shm,nvl").split(",")
 
 
 def test_cuda_graph_capture_and_replay(comm: Any) -> None:
@@ -407,8 +409,8 @@ def test_large_all_reduce_of_different_sizes_fails_on_every_rank(comm: Any) -> N
     """Over NVLink a large all_reduce (direct, or pipelined) exchanges every rank's buffer
     first: a rank passing another size makes it fail on every rank, naming the sizes, and no
     rank is left waiting in a kernel, so the comm goes on working."""
-    if BACKEND != "ctran" or not over_nvl():
-        pytest.skip("only ctran over NVLink sees every rank's size before moving data")
+    if BACKEND != "ctran" or not over_nvl() or WORLD < 2:
+        pytest.skip("only ctran over NVLink sees every rank's size before moving data (2+ ranks)")
     # Above CTRAN_NVL_STAGED_MAX_BYTES (16 MiB) on every rank: 16 MiB plus 4 KiB per rank + 1.
     t = torch.ones((4 << 20) + 1024 * (RANK + 1), device=DEV)
     with pytest.raises(ValueError, match="bytes"):
