@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # GPU suite of torchcomms-rs, for a machine with NVIDIA GPUs, PyTorch and no Rust toolchain.
 # Runs from prebuilt binaries (build them elsewhere: `scripts/gpu-test.sh --build DIR` copies
-# target/release/{torchcomms-perf,torchcomms-gpu-test} into DIR, and iproute2's `ip` with its
-# libraries into DIR/iproute for the two-host test).
+# target/release/{torchcomms-perf,torchcomms-gpu-test} into DIR, compiles the C API's CUDA
+# program into DIR/c against target/release/libtorchcomms_c.so (build the torchcomms-c crate
+# in release first), and copies iproute2's `ip` with its libraries into DIR/iproute for the
+# two-host test).
 #
 #   scripts/gpu-test.sh [--bin DIR] [--out DIR] [--max BYTES] [--iters N] [--rounds N] [--quick] [--skip-perf] [--skip-netns]
 #

@@ -1,8 +1,8 @@
 //! The GPU progress engine's kernels (`kernels/gpe.cu`): `post` raises a flag in mapped host
 //! memory, `wait` holds the stream until the host raises one, and `land` copies the ranges a
 //! host-filled list names from mapped staging into device memory (windows over host
-//! transports). Compiled by NVRTC at first use
-//! and loaded once per device, like the reduction kernels.
+//! transports). Compiled by NVRTC at first use and loaded once per device, like the reduction
+//! kernels.
 //!
 //! A wait is a stream memory operation (`cuStreamWaitValue64`) where the driver takes one, the
 //! kernel otherwise. Several processes sharing a GPU (ranks of one job on one device) each hold
@@ -16,7 +16,21 @@ use crate::cuda::error::Result;
 use crate::cuda::kernels::{load_once, PerDevice};
 use crate::cuda::{Context, Function, Module, RawStream};
 
-/// Source of the flag kernels: the CUDA/HIP compatibility header, then `kernels/gpe.cu`.
+/// A copy the device makes once an operation's host part is done: the byte ranges the host
+/// listed at `list` go from `staging` to `window` (all device addresses; the list and staging
+/// are mapped pinned memory). A window over host transports lands its peers' puts this way
+/// when its owner's wait for their signal passes ([`crate::window::staged`]).
+#[derive(Debug, Clone, Copy)]
+pub struct DeviceLanding {
+    /// The list: a count, then (offset, length) pairs.
+    pub list: u64,
+    /// Where the ranges are read.
+    pub staging: u64,
+    /// Where they are written, at the same offsets.
+    pub window: u64,
+}
+
+/// Source of the kernels: the CUDA/HIP compatibility header, then `kernels/gpe.cu`.
 pub fn gpe_source() -> &'static str {
     static SOURCE: OnceLock<String> = OnceLock::new();
     crate::cuda::kernels::with_compat(&SOURCE, &[include_str!("kernels/gpe.cu")])

@@ -40,6 +40,7 @@ use crate::comm::{Comm, KeepAlive};
 use crate::cuda::{self, Context, Event, PinnedBuffer, RawStream, Stream};
 use crate::error::{Error, Result};
 use crate::Op;
+pub use kernels::DeviceLanding;
 use kernels::GpeKernels;
 
 use plan::Plan;
@@ -51,20 +52,6 @@ use staging::{Staging, StagingPool};
 const POSTED: usize = 0;
 const DONE: usize = 64;
 const FINISHED: usize = 128;
-
-/// A copy the device makes once an operation's host part is done: the byte ranges the host
-/// listed at `list` go from `staging` to `window` (all device addresses; the list and staging
-/// are mapped pinned memory). A window over host transports lands its peers' puts this way
-/// when its owner's wait for their signal passes ([`crate::window::staged`]).
-#[derive(Debug, Clone, Copy)]
-pub struct DeviceLanding {
-    /// The list: a count, then (offset, length) pairs.
-    pub list: u64,
-    /// Where the ranges are read.
-    pub staging: u64,
-    /// Where they are written, at the same offsets.
-    pub window: u64,
-}
 
 /// How the engine is set up.
 #[derive(Debug, Clone)]
