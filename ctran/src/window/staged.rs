@@ -11,6 +11,9 @@
 //! the staging (mapped into the GPU's address space) into the window. Only bytes peers put are
 //! written: what the owner's kernels wrote into its window stays as they left it.
 //!
+//! The last reference to a sink may be dropped on the progress thread or the GPU progress
+//! engine's (operations hold it), so its pinned memory is freed on a thread of its own.
+//!
 //! A list holds [`MAX_RANGES`] ranges after merging touching ones; a wait that covers more
 //! fails with an error saying so. Lists are reused round robin over [`LIST_SLOTS`] waits, which
 //! the stream order makes safe: a wait's host part runs only after every earlier wait's copy.
@@ -83,13 +86,20 @@ impl Ledger {
     }
 }
 
+/// The pinned memory of a sink.
+#[derive(Debug)]
+struct Buffers {
+    staging: PinnedBuffer,
+    lists: PinnedBuffer,
+}
+
 /// The staging of one window, the ledger of what peers put into it, and the lists its waits
 /// hand to the device.
 #[derive(Debug)]
 pub struct DeviceSink {
-    staging: PinnedBuffer,
-    lists: PinnedBuffer,
-    /// The window's device memory (`staging.len()` bytes).
+    /// Taken only by `Drop`.
+    buffers: Option<Buffers>,
+    /// The window's device memory (as many bytes as the staging).
     device: u64,
     ledger: Mutex<Ledger>,
 }
@@ -113,12 +123,21 @@ impl DeviceSink {
         len: usize,
         ranks: usize,
     ) -> Result<DeviceSink, cuda::CudaError> {
-        Ok(DeviceSink {
+        let buffers = Buffers {
             staging: PinnedBuffer::alloc(ctx, len)?,
             lists: PinnedBuffer::alloc(ctx, LIST_SLOTS * SLOT_WORDS * 8)?,
+        };
+        Ok(DeviceSink {
+            buffers: Some(buffers),
             device,
             ledger: Mutex::new(Ledger::new(ranks)),
         })
+    }
+
+    fn buffers(&self) -> &Buffers {
+        self.buffers
+            .as_ref()
+            .expect("present until the sink is dropped")
     }
 
     fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
@@ -127,9 +146,10 @@ impl DeviceSink {
 
     /// The staging, where peers' puts land.
     pub fn staging(&self) -> Span {
+        let staging = &self.buffers().staging;
         // SAFETY: the pinned buffer is valid for its length while the sink lives, and the
         // window that registers this span holds the sink until it is deregistered.
-        unsafe { Span::from_raw(self.staging.as_ptr(), self.staging.len()) }
+        unsafe { Span::from_raw(staging.as_ptr(), staging.len()) }
     }
 
     /// Reserves the list of the next wait, and the copy its kernel makes.
@@ -141,8 +161,8 @@ impl DeviceSink {
             s
         };
         let landing = DeviceLanding {
-            list: self.lists.device_ptr() + (slot * SLOT_WORDS * 8) as u64,
-            staging: self.staging.device_ptr(),
+            list: self.buffers().lists.device_ptr() + (slot * SLOT_WORDS * 8) as u64,
+            staging: self.buffers().staging.device_ptr(),
             window: self.device,
         };
         let wait = StagedWait {
@@ -155,6 +175,9 @@ impl DeviceSink {
     /// Fills list `slot` with the ranges `peer` put before its signal number `target` (the
     /// wait's), merged where they touch. Called once the wait's count is reached.
     pub fn fill(&self, slot: usize, peer: usize, target: u64) -> Result<(), String> {
+        if slot >= LIST_SLOTS {
+            return Err(format!("list {slot} of a window that has {LIST_SLOTS}"));
+        }
         let merged = self.ledger().take(peer, target);
         if merged.len() > MAX_RANGES {
             return Err(format!(
@@ -173,7 +196,8 @@ impl DeviceSink {
         // this slot only after this wait's host part is done (its kernel follows the wait on
         // the stream), and no other wait uses the slot until then (stream order).
         unsafe {
-            let dst = self.lists.as_ptr().add(slot * SLOT_WORDS * 8).cast::<u64>();
+            let dst = self.buffers().lists.as_ptr().add(slot * SLOT_WORDS * 8);
+            let dst = dst.cast::<u64>();
             std::ptr::copy_nonoverlapping(words.as_ptr(), dst, words.len());
         }
         Ok(())
@@ -192,6 +216,21 @@ fn merge(mut ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
         }
     }
     out
+}
+
+impl Drop for DeviceSink {
+    /// Frees the pinned memory on a thread of its own (a CUDA call, which the progress
+    /// threads must never make); here only if no thread can be started.
+    fn drop(&mut self) {
+        if let Some(b) = self.buffers.take() {
+            let freeing = std::thread::Builder::new().name("ctran-window-free".into());
+            if let Err(e) = freeing.spawn(move || drop(b)) {
+                tracing::warn!(
+                    "a staged window's pinned memory is leaked: no thread to free it ({e})"
+                );
+            }
+        }
+    }
 }
 
 impl RegionSink for DeviceSink {
