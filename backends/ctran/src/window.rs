@@ -12,7 +12,7 @@ use std::time::Duration;
 use ctran::algos::select::Hints;
 use ctran::comm::KeepAlive;
 use ctran::cuda::{Context, RawStream};
-use ctran::gpe::{DeviceLanding, Gpe, GpeRequest};
+use ctran::gpe::{cuda_err, DeviceLanding, Gpe, GpeRequest};
 use ctran::nvl::window::NvlWindow;
 use ctran::nvl::Nvl;
 use ctran::window::staged::DeviceSink;
@@ -31,10 +31,16 @@ pub(crate) struct CtranWindow {
     /// The GPU progress engine while the engine lives (CUDA communicators).
     gpe: Option<Weak<Gpe>>,
     device: Mutex<Option<NvlWindow>>,
-    /// Set while a CUDA tensor is registered staged: the last operation issued on it, which
-    /// deregistration waits for.
-    staged: Mutex<Option<Option<GpeRequest>>>,
+    /// Set while a CUDA tensor is registered staged.
+    staged: Mutex<Option<Staged>>,
     timeout: Duration,
+}
+
+/// A CUDA tensor registered staged.
+#[derive(Debug, Default)]
+struct Staged {
+    /// The last operation issued on it, which deregistration waits for.
+    last: Option<GpeRequest>,
 }
 
 impl CtranWindow {
@@ -54,7 +60,7 @@ impl CtranWindow {
         }
     }
 
-    fn staged(&self) -> MutexGuard<'_, Option<Option<GpeRequest>>> {
+    fn staged(&self) -> MutexGuard<'_, Option<Staged>> {
         self.staged.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -65,13 +71,7 @@ impl CtranWindow {
     /// Registers a CUDA tensor staged (peers reach its GPU over host transports only).
     fn register_staged(&self, tensor: &Tensor, ordinal: u32) -> Result<()> {
         let rank = self.rank();
-        let cuda = |e: ctran::cuda::CudaError| {
-            Error::Engine(ctran::Error::Cuda {
-                op: "tensor_register".into(),
-                rank,
-                detail: e.to_string(),
-            })
-        };
+        let cuda = |e| Error::Engine(cuda_err("tensor_register", rank, e));
         let ctx = Context::get(ordinal).map_err(cuda)?;
         let size = self.host.comm().size();
         let sink = DeviceSink::new(&ctx, tensor.addr() as u64, tensor.nbytes(), size);
@@ -80,7 +80,7 @@ impl CtranWindow {
         keep.push(sink.clone());
         self.host
             .register_staged(tensor.span(), sink, keep, Some(self.timeout))?;
-        *self.staged() = Some(None);
+        *self.staged() = Some(Staged::default());
         Ok(())
     }
 
@@ -93,7 +93,7 @@ impl CtranWindow {
         op: impl FnOnce(&EngineWindow) -> ctran::Result<(Op, Option<DeviceLanding>)>,
     ) -> Option<Result<Work>> {
         let mut staged = self.staged();
-        let last = staged.as_mut()?;
+        let staged = staged.as_mut()?;
         let run = || -> Result<Work> {
             let gpe = self.gpe().ok_or_else(|| {
                 Error::Engine(ctran::Error::Finalized {
@@ -106,7 +106,7 @@ impl CtranWindow {
             let stream = RawStream(opts.stream.unwrap_or(0));
             let request =
                 gpe.issue_landing(op, stream, timeout, Hints::default(), keep, landing)?;
-            *last = Some(request.clone());
+            staged.last = Some(request.clone());
             let work = Work::new(
                 Box::new(GpuWork {
                     request,
@@ -211,8 +211,8 @@ impl WindowBackend for CtranWindow {
     fn deregister(&self) -> Result<()> {
         // A staged window's operations still queued on the GPU must reach the progress thread
         // before the collective fence, or they would find the region gone.
-        if let Some(last) = self.staged().take() {
-            let pending = last.map(|r| r.wait_blocking(self.timeout));
+        if let Some(staged) = self.staged().take() {
+            let pending = staged.last.map(|r| r.wait_blocking(self.timeout));
             let fenced = self.host.deregister(Some(self.timeout));
             pending.transpose()?;
             return Ok(fenced?);

@@ -93,11 +93,8 @@ impl Engine {
             return Ok(engine);
         };
         let comm = &engine.comm;
-        let ctx = Context::get(ordinal).map_err(|e| Error::Cuda {
-            op: "new_comm".into(),
-            rank: comm.rank(),
-            detail: e.to_string(),
-        })?;
+        let ctx =
+            Context::get(ordinal).map_err(|e| crate::gpe::cuda_err("new_comm", comm.rank(), e))?;
         let config = GpeConfig {
             chunk_bytes: comm.config().gpe_chunk_bytes,
             staging_budget: comm.config().gpe_staging_bytes,

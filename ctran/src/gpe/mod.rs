@@ -345,7 +345,7 @@ impl GpeRequest {
 }
 
 /// A driver error of `op` on `rank` as an engine error.
-pub(crate) fn cuda_err(op: &str, rank: usize, e: crate::cuda::CudaError) -> Error {
+pub fn cuda_err(op: &str, rank: usize, e: crate::cuda::CudaError) -> Error {
     Error::Cuda {
         op: op.into(),
         rank,

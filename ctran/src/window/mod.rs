@@ -122,10 +122,12 @@ impl Window {
         self.register_region(buf, staging, Some(sink), keep, timeout)
     }
 
+    /// Registers `exposed` with the transports (`buf` itself, or a staged window's staging);
+    /// local puts write `buf`.
     fn register_region(
         &self,
         buf: Span,
-        region: Span,
+        exposed: Span,
         staged: Option<Arc<DeviceSink>>,
         keep: KeepAlive,
         timeout: Option<Duration>,
@@ -142,7 +144,7 @@ impl Window {
         // SAFETY: `key` lives on this frame until `run` returns, after the operation finished.
         let key_out = unsafe { Span::from_slice(&mut key) };
         let register = WindowOp::Register {
-            buf: region,
+            buf: exposed,
             key_out,
             sink: staged.clone().map(|s| s as Arc<dyn RegionSink>),
         };
