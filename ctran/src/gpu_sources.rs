@@ -19,6 +19,10 @@ pub fn gpu_sources() -> Vec<(&'static str, &'static str)> {
             crate::nvl::kernels::nvl_source(),
         ),
         (
+            crate::moe::kernels::MOE_SOURCE_NAME,
+            crate::moe::kernels::moe_source(),
+        ),
+        (
             crate::nvl::window::WINDOW_SOURCE_NAME,
             crate::nvl::window::window_source(),
         ),

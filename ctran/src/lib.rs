@@ -24,6 +24,7 @@ pub mod gpe;
 mod gpu_sources;
 pub use gpu_sources::gpu_sources;
 pub mod mixed;
+pub mod moe;
 pub mod nvl;
 pub mod rdma;
 pub mod shm_collectives;

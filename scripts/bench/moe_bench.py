@@ -5,9 +5,11 @@ expert, and the reverse for combine), in one run.
 
     torchrun --nproc_per_node 4 scripts/bench/moe_bench.py [--tokens 128] [--hidden 7168]
         [--experts 256] [--top-k 8] [--fp8] [--mode high_throughput] [--iters 20]
-        [--peer gloo] [--json OUT]
+        [--peer gloo] [--device cpu] [--json OUT]
 
-CPU tensors (``MoeBuffer`` packs on the host in this build). Each iteration starts after a
+``--device cuda --peer nccl`` times CUDA tensors (each rank on ``cuda:LOCAL_RANK % count``;
+``MoeBuffer`` runs its kernels, torch.distributed its NCCL exchange with the host
+synchronisation), each iteration up to a device synchronize. Each iteration starts after a
 barrier; the figure per way is the median over iterations of the slowest rank's time.
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from typing import Any, Callable
@@ -26,34 +29,36 @@ import torchcomms
 from torchcomms.moe import MoeBuffer
 
 
-def routing(rank: int, a: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def routing(rank: int, a: Any, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1234 + rank)
     x = torch.randn(a.tokens, a.hidden, generator=g).to(torch.bfloat16)
     idx = torch.rand(a.tokens, a.experts, generator=g).topk(a.top_k, dim=1).indices
     w = torch.rand(a.tokens, a.top_k, generator=g)
-    return x, idx.to(torch.int64), w
+    return x.to(dev), idx.to(torch.int64).to(dev), w.to(dev)
 
 
 def torch_dispatch(group: Any, world: int, rank: int, x, idx, w, experts: int):
     """The exchange in torch.distributed: counts, host sync, rows, grouping by expert."""
     local = experts // world
+    dev = x.device
     dest = idx // local
-    order = [torch.nonzero((dest == r).any(dim=1)).flatten() for r in range(world)]
-    sel = torch.cat(order)
-    send = torch.tensor([len(o) for o in order], dtype=torch.int64)
-    recv = torch.empty(world, dtype=torch.int64)
+    hit = torch.stack([(dest == r).any(dim=1) for r in range(world)])
+    send = hit.sum(dim=1)
+    recv = torch.empty(world, dtype=torch.int64, device=dev)
     dist.all_to_all_single(recv, send, group=group)
     ins, outs = send.tolist(), recv.tolist()  # the host synchronisation
+    order = [torch.nonzero(hit[r]).flatten() for r in range(world)]
+    sel = torch.cat(order)
     n = sum(outs)
-    rx = torch.empty(n, x.shape[1], dtype=x.dtype)
+    rx = torch.empty(n, x.shape[1], dtype=x.dtype, device=dev)
     dist.all_to_all_single(rx, x[sel], outs, ins, group=group)
     meta_in = torch.cat([idx[sel].float(), w[sel]], dim=1)  # ids are exact in float32
-    meta = torch.empty(n, meta_in.shape[1])
+    meta = torch.empty(n, meta_in.shape[1], device=dev)
     dist.all_to_all_single(meta, meta_in, outs, ins, group=group)
     ridx = meta[:, : idx.shape[1]].to(torch.int64)
     groups = [torch.nonzero((ridx == rank * local + e).any(dim=1)).flatten() for e in range(local)]
     rows = torch.cat(groups)
-    counts = torch.tensor([len(g) for g in groups])
+    counts = torch.tensor([len(g) for g in groups], device=dev)
     state = (rows, counts, outs, ins, order, dest, ridx, w)
     return rx[rows], state
 
@@ -61,31 +66,36 @@ def torch_dispatch(group: Any, world: int, rank: int, x, idx, w, experts: int):
 def torch_combine(group: Any, world: int, rank: int, y, state, experts: int):
     """Each (token, expert) row back to its rank, in (token, slot) order; weighted sums there."""
     rows, counts, outs, ins, order, dest, ridx, w = state
+    dev = y.device
     local = experts // world
-    e_of_row = torch.repeat_interleave(torch.arange(local), counts)
+    e_of_row = torch.repeat_interleave(torch.arange(local, device=dev), counts)
     k_of_row = (ridx[rows] == (rank * local + e_of_row)[:, None]).float().argmax(dim=1)
     by_source = torch.argsort(rows * ridx.shape[1] + k_of_row)
-    bounds = torch.tensor(outs).cumsum(0)
+    bounds = torch.tensor(outs, device=dev).cumsum(0)
     back_in = torch.bucketize(rows, bounds, right=True).bincount(minlength=world).tolist()
     send = y[by_source]
     # What comes back from rank r: its rows of this rank's tokens routed there, (token, slot).
     pairs = [torch.nonzero(dest[o] == r) for r, o in enumerate(order)]
     back_out = [len(p) for p in pairs]
-    back = torch.empty(sum(back_out), y.shape[1], dtype=y.dtype)
+    back = torch.empty(sum(back_out), y.shape[1], dtype=y.dtype, device=dev)
     dist.all_to_all_single(back, send, back_out, back_in, group=group)
     tok = torch.cat([o[p[:, 0]] for o, p in zip(order, pairs)])
     slot = torch.cat([p[:, 1] for p in pairs])
-    out = torch.zeros(dest.shape[0], y.shape[1])
+    out = torch.zeros(dest.shape[0], y.shape[1], device=dev)
     out.index_add_(0, tok, back.float() * w[tok, slot][:, None])
     return out.to(torch.bfloat16)
 
 
-def timed(fn: Callable[[], Any], barrier: Callable[[], None], iters: int) -> list[float]:
+def timed(fn: Callable[[], Any], barrier: Callable[[], None], iters: int, cuda: bool) -> list[float]:
     out = []
     for _ in range(iters):
         barrier()
+        if cuda:
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
         fn()
+        if cuda:
+            torch.cuda.synchronize()
         out.append((time.perf_counter() - t0) * 1e6)
     return out
 
@@ -100,14 +110,22 @@ def main() -> None:
     p.add_argument("--mode", default="high_throughput")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--peer", default="gloo")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--json", default=None)
     a = p.parse_args()
 
+    cuda = a.device == "cuda"
+    if cuda:
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        dev = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(dev)
+    else:
+        dev = torch.device("cpu")
     dist.init_process_group(a.peer)
     rank, world = dist.get_rank(), dist.get_world_size()
-    comm = torchcomms.new_comm("ctran", torch.device("cpu"), name="moe_bench")
+    comm = torchcomms.new_comm("ctran", dev, name="moe_bench")
     buf = MoeBuffer(comm, a.experts, a.hidden, a.tokens, a.top_k, mode=a.mode)
-    x, idx, w = routing(rank, a)
+    x, idx, w = routing(rank, a, dev)
     group = dist.group.WORLD
 
     def ours_dispatch() -> Any:
@@ -124,30 +142,36 @@ def main() -> None:
     y_theirs = state["d"][0]
     if not a.fp8:
         # Both ways agree (identity experts; rounding differs: torch sums in another order).
-        ours = buf.combine(d[0], d[4]).float()
+        ours = buf.combine(d[0].contiguous(), d[4]).float()
         theirs = torch_combine(group, world, rank, y_theirs, state["d"][1], a.experts).float()
         if not torch.allclose(ours, theirs, rtol=2e-2, atol=5e-2):
             raise SystemExit(f"rank {rank}: combine differs from torch.distributed's")
     barrier = lambda: dist.barrier(group=group)  # noqa: E731
+    # Combine answers the latest dispatch: time it after one.
+    d = ours_dispatch()
+    y_ours = (d[0].float() * (d[1][..., None] if a.fp8 else 1.0)).to(torch.bfloat16)
     res = {
-        "ours_dispatch": timed(ours_dispatch, barrier, a.iters),
-        "torch_dispatch": timed(theirs_dispatch, barrier, a.iters),
-        "ours_combine": timed(lambda: buf.combine(y_ours, d[4]), barrier, a.iters),
+        "ours_combine": timed(lambda: buf.combine(y_ours, d[4]), barrier, a.iters, cuda),
+        "torch_dispatch": timed(theirs_dispatch, barrier, a.iters, cuda),
         "torch_combine": timed(
             lambda: torch_combine(group, world, rank, y_theirs, state["d"][1], a.experts),
             barrier,
             a.iters,
+            cuda,
         ),
+        "ours_dispatch": timed(ours_dispatch, barrier, a.iters, cuda),
     }
+    if cuda:
+        buf.check()
     # The slowest rank's time per iteration.
     slowest = {}
     for k, v in res.items():
-        t = torch.tensor(v, dtype=torch.float64)
+        t = torch.tensor(v, dtype=torch.float64, device=dev)
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
         slowest[k] = statistics.median(t.tolist())
     if rank == 0:
         print(
-            f"MoE on {world} CPU ranks: {a.tokens} tokens/rank, hidden {a.hidden}, "
+            f"MoE on {world} {a.device} ranks ({'mapped' if buf.is_mapped else 'staged'} on ours): {a.tokens} tokens/rank, hidden {a.hidden}, "
             f"top-{a.top_k} of {a.experts}, dispatch {'fp8' if a.fp8 else 'bf16'}, {a.mode}; "
             f"median of {a.iters} (slowest rank), torch.distributed on {a.peer}"
         )

@@ -71,4 +71,16 @@ pub trait Backend: Send + Sync + Debug {
             comm: self.comm_name().into(),
         })
     }
+    /// The device half of a CUDA MoE buffer of `cfg` on this communicator (every rank calls
+    /// it, as a collective).
+    fn new_moe(&self, cfg: &crate::moe::MoeConfig) -> Result<Box<dyn crate::moe::MoeDeviceEngine>> {
+        let _ = cfg;
+        Err(Error::NotImplemented {
+            what: format!(
+                "MoE dispatch and combine on CUDA in backend {}",
+                self.backend_name()
+            ),
+            comm: self.comm_name().into(),
+        })
+    }
 }

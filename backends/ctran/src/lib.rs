@@ -15,6 +15,7 @@ use torchcomms::{
 };
 
 mod lower;
+mod moe;
 mod window;
 mod work;
 
@@ -111,6 +112,16 @@ impl Backend for CtranBackend {
             self.engine.nvl_weak(),
             self.engine.gpe_weak(),
         )))
+    }
+    fn new_moe(
+        &self,
+        cfg: &torchcomms::moe::MoeConfig,
+    ) -> Result<Box<dyn torchcomms::moe::MoeDeviceEngine>> {
+        Ok(Box::new(moe::CtranMoe::new(
+            self.comm(),
+            self.engine.device(),
+            cfg,
+        )?))
     }
     fn version(&self) -> Result<String> {
         Ok(VERSION.into())

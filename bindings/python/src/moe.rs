@@ -1,12 +1,15 @@
-//! MoE dispatch and combine for Python: `_MoeBuffer` wraps [`torchcomms::moe::MoeBuffer`] over
-//! torch tensors that `torchcomms.moe.MoeBuffer` (Python) allocates once and slices into the
-//! views it returns.
+//! MoE dispatch and combine for Python: `_MoeBuffer` wraps [`torchcomms::moe::MoeBuffer`]
+//! (CPU) or [`torchcomms::moe::DeviceMoeBuffer`] (CUDA) over torch tensors that
+//! `torchcomms.moe.MoeBuffer` (Python) allocates once and slices into the views it returns.
 
 use std::sync::{Arc, Mutex};
 
 use pyo3::prelude::*;
-use torchcomms::moe::{DispatchHandle, MoeBuffer, MoeConfig, MoeMode};
-use torchcomms::DataType;
+use torchcomms::moe::{
+    DeviceDispatchOutputs, DeviceHandle, DeviceMoeBuffer, DispatchHandle, MoeBuffer, MoeConfig,
+    MoeMode,
+};
+use torchcomms::{DataType, OpOptions};
 
 use crate::comm::PyTorchComm;
 use crate::core::{Backend, CommCore};
@@ -17,7 +20,14 @@ use crate::tensor::to_tensor;
 #[pyclass(module = "torchcomms._comms", name = "_MoeHandle", frozen)]
 #[derive(Debug)]
 pub(crate) struct PyMoeHandle {
-    handle: DispatchHandle,
+    handle: Handle,
+}
+
+/// A host dispatch's handle, or a device dispatch's.
+#[derive(Debug)]
+enum Handle {
+    Host(DispatchHandle),
+    Device(DeviceHandle),
 }
 
 #[pymethods]
@@ -25,17 +35,33 @@ impl PyMoeHandle {
     /// Tokens this rank dispatched.
     #[getter]
     fn num_tokens(&self) -> usize {
-        self.handle.num_tokens()
+        match &self.handle {
+            Handle::Host(h) => h.num_tokens(),
+            Handle::Device(h) => h.num_tokens(),
+        }
     }
 
-    /// Per received row (expert-major): (source rank, token on that rank, top-k slot).
-    fn row_sources(&self) -> Vec<(u32, u32, u32)> {
-        self.handle
-            .row_sources()
-            .iter()
-            .map(|s| (s.rank, s.token, s.slot))
-            .collect()
+    /// Per received row (expert-major): (source rank, token on that rank, top-k slot). Only
+    /// host dispatches keep them on the host.
+    fn row_sources(&self) -> PyResult<Vec<(u32, u32, u32)>> {
+        match &self.handle {
+            Handle::Host(h) => Ok(h
+                .row_sources()
+                .iter()
+                .map(|s| (s.rank, s.token, s.slot))
+                .collect()),
+            Handle::Device(_) => Err(value_error(
+                "row_sources: a CUDA dispatch keeps where rows came from on the device".to_string(),
+            )),
+        }
     }
+}
+
+/// The buffer of a CPU communicator, or of a CUDA one with its output tensors.
+#[derive(Debug)]
+enum Inner {
+    Host(MoeBuffer),
+    Device(DeviceMoeBuffer, Box<DeviceDispatchOutputs>),
 }
 
 /// The Rust half of `torchcomms.moe.MoeBuffer`.
@@ -43,7 +69,7 @@ impl PyMoeHandle {
 #[derive(Debug)]
 pub(crate) struct PyMoeBuffer {
     core: Arc<CommCore>,
-    inner: Mutex<MoeBuffer>,
+    inner: Mutex<Inner>,
 }
 
 fn config(
@@ -100,6 +126,7 @@ impl PyMoeBuffer {
     #[new]
     #[allow(clippy::too_many_arguments)]
     fn new(
+        py: Python<'_>,
         comm: &PyTorchComm,
         num_experts: usize,
         hidden: usize,
@@ -116,9 +143,30 @@ impl PyMoeBuffer {
             .enumerate()
             .map(|(i, b)| to_tensor(b, op, &format!("buffers[{i}]")))
             .collect::<PyResult<Vec<_>>>()?;
-        let inner = match &core.backend {
-            Backend::Native(c) => MoeBuffer::with_buffers(c, cfg, tensors).on_rank(core.rank)?,
-            Backend::Python(_) => return Err(not_implemented(op, &core.name)),
+        let Backend::Native(c) = &core.backend else {
+            return Err(not_implemented(op, &core.name));
+        };
+        let inner = if c.device() == torchcomms::Device::Cpu {
+            Inner::Host(MoeBuffer::with_buffers(c, cfg, tensors).on_rank(core.rank)?)
+        } else {
+            let n = tensors.len();
+            let [recv_x, recv_x_fp8, recv_scales, recv_weights, tokens_per_expert] =
+                <[torchcomms::Tensor; 5]>::try_from(tensors).map_err(|_| {
+                    value_error(format!(
+                        "MoeBuffer: argument `buffers` must be 5 tensors on CUDA (recv_x, recv_x_fp8, recv_scales, recv_weights, tokens_per_expert), got {n}"
+                    ))
+                })?;
+            let outputs = DeviceDispatchOutputs {
+                recv_x,
+                recv_x_fp8,
+                recv_scales,
+                recv_weights,
+                tokens_per_expert,
+            };
+            let buffer = py
+                .detach(|| DeviceMoeBuffer::new(c, cfg))
+                .on_rank(core.rank)?;
+            Inner::Device(buffer, Box::new(outputs))
         };
         Ok(PyMoeBuffer {
             core,
@@ -126,7 +174,27 @@ impl PyMoeBuffer {
         })
     }
 
-    /// Dispatches; returns the rows per local expert and the handle (rows are in the buffers).
+    /// Whether peers write into each other's memory directly (CUDA, every rank reachable):
+    /// nothing involves the host, so dispatch and combine can be captured in CUDA graphs.
+    #[getter]
+    fn is_mapped(&self) -> bool {
+        match &*self.inner.lock().unwrap_or_else(|p| p.into_inner()) {
+            Inner::Host(_) => false,
+            Inner::Device(b, _) => b.is_mapped(),
+        }
+    }
+
+    /// Raises the first error the device reported since the last call (CUDA; the caller
+    /// synchronizes the stream first to see the latest).
+    fn check(&self) -> PyResult<()> {
+        match &*self.inner.lock().unwrap_or_else(|p| p.into_inner()) {
+            Inner::Host(_) => Ok(()),
+            Inner::Device(b, _) => guard("moe_check", || b.check().on_rank(self.core.rank)),
+        }
+    }
+
+    /// Dispatches; returns the rows per local expert (host buffers; `None` on CUDA, where the
+    /// counts are in the `tokens_per_expert` buffer) and the handle.
     fn dispatch(
         &self,
         py: Python<'_>,
@@ -134,7 +202,7 @@ impl PyMoeBuffer {
         topk_idx: &Bound<'_, PyAny>,
         topk_weights: &Bound<'_, PyAny>,
         use_fp8: bool,
-    ) -> PyResult<(Vec<usize>, PyMoeHandle)> {
+    ) -> PyResult<(Option<Vec<usize>>, PyMoeHandle)> {
         let op = "moe_dispatch";
         let (x, idx, w) = (
             to_tensor(x, op, "x")?,
@@ -144,14 +212,21 @@ impl PyMoeBuffer {
         let Backend::Native(comm) = &self.core.backend else {
             return Err(not_implemented(op, &self.core.name));
         };
+        let opts = self.options()?;
         guard(op, || {
-            let d = py
-                .detach(|| {
-                    let mut b = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-                    b.dispatch(comm, &x, &idx, &w, use_fp8)
-                })
-                .on_rank(self.core.rank)?;
-            Ok((d.tokens_per_expert, PyMoeHandle { handle: d.handle }))
+            py.detach(|| {
+                let mut b = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+                match &mut *b {
+                    Inner::Host(b) => b
+                        .dispatch(comm, &x, &idx, &w, use_fp8)
+                        .map(|d| (Some(d.tokens_per_expert), Handle::Host(d.handle))),
+                    Inner::Device(b, outputs) => b
+                        .dispatch(comm, &x, &idx, &w, use_fp8, outputs, &opts)
+                        .map(|h| (None, Handle::Device(h))),
+                }
+            })
+            .on_rank(self.core.rank)
+            .map(|(counts, handle)| (counts, PyMoeHandle { handle }))
         })
     }
 
@@ -171,12 +246,33 @@ impl PyMoeBuffer {
         let Backend::Native(comm) = &self.core.backend else {
             return Err(not_implemented(op, &self.core.name));
         };
+        let opts = self.options()?;
         guard(op, || {
             py.detach(|| {
                 let mut b = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-                b.combine(comm, &y, &handle.handle, &o)
+                match (&mut *b, &handle.handle) {
+                    (Inner::Host(b), Handle::Host(h)) => b.combine(comm, &y, h, &o),
+                    (Inner::Device(b, _), Handle::Device(h)) => b.combine(comm, &y, h, &o, &opts),
+                    _ => Err(torchcomms::Error::invalid(
+                        op,
+                        "handle",
+                        "a handle of this buffer's dispatch",
+                        "another buffer's",
+                    )),
+                }
             })
             .on_rank(self.core.rank)
+        })
+    }
+}
+
+impl PyMoeBuffer {
+    /// The caller's stream (CUDA), for the kernels.
+    fn options(&self) -> PyResult<OpOptions> {
+        let stream = self.core.caller_stream()?;
+        Ok(match stream {
+            Some(s) => OpOptions::sync().with_stream(s),
+            None => OpOptions::sync(),
         })
     }
 }

@@ -62,6 +62,10 @@ __device__ __forceinline__ unsigned short tc_f32_to_f16(float f) {
     return __builtin_bit_cast(unsigned short, (_Float16)f);
 }
 
+// The lanes of this thread's wavefront (64 on gfx9) whose `pred` holds, as a mask.
+#define TC_WARP_SIZE 64
+__device__ __forceinline__ unsigned long long tc_ballot(bool pred) { return __ballot(pred); }
+
 #else  // CUDA
 
 #define TC_HIP 0
@@ -99,6 +103,12 @@ __device__ __forceinline__ unsigned short tc_f32_to_f16(float f) {
     unsigned short h;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
     return h;
+}
+
+// The lanes of this thread's warp whose `pred` holds, as a mask; every lane must call it.
+#define TC_WARP_SIZE 32
+__device__ __forceinline__ unsigned long long tc_ballot(bool pred) {
+    return (unsigned long long)__ballot_sync(0xffffffffu, pred);
 }
 
 #endif

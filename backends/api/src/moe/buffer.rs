@@ -99,41 +99,15 @@ impl MoeBuffer {
     }
 
     fn check_config(comm: &TorchComm, cfg: &MoeConfig) -> Result<()> {
-        let size = comm.get_size();
         if comm.device() != Device::Cpu {
             return Err(Error::invalid(
                 OP,
                 "comm",
-                "a communicator on cpu (MoE dispatch and combine pack on the host)",
+                "a communicator on cpu (CUDA communicators take DeviceMoeBuffer)",
                 comm.device(),
             ));
         }
-        if cfg.num_experts == 0 || cfg.num_experts % size != 0 {
-            return Err(Error::invalid(
-                OP,
-                "num_experts",
-                format!("a positive multiple of the communicator's size {size}"),
-                cfg.num_experts,
-            ));
-        }
-        for (arg, v) in [
-            ("hidden", cfg.hidden),
-            ("max_tokens_per_rank", cfg.max_tokens_per_rank),
-            ("top_k", cfg.top_k),
-        ] {
-            if v == 0 {
-                return Err(Error::invalid(OP, arg, "at least 1", v));
-            }
-        }
-        if cfg.top_k > cfg.num_experts {
-            return Err(Error::invalid(
-                OP,
-                "top_k",
-                format!("at most num_experts ({})", cfg.num_experts),
-                cfg.top_k,
-            ));
-        }
-        Ok(())
+        cfg.check(comm.get_size())
     }
 
     /// The configuration.

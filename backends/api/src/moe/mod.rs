@@ -23,14 +23,20 @@
 //! expert a fixed slab of `size * max_tokens_per_rank` rows (`[local, slab, hidden]`), the shape
 //! decoding kernels write into directly.
 //!
-//! This module packs and unpacks on the host: CPU tensors. CUDA tensors are refused with an
-//! error naming the device.
+//! [`MoeBuffer`] packs and unpacks on the host: CPU communicators and tensors.
+//! [`DeviceMoeBuffer`] does the same exchange with kernels on the caller's stream for CUDA
+//! communicators (the backend provides them: [`MoeDeviceEngine`]); its counts and received rows
+//! stay on the device.
 
 mod buffer;
+mod device;
 pub mod fp8;
 mod route;
 
 pub use buffer::MoeBuffer;
+pub use device::{
+    DeviceDispatchOutputs, DeviceHandle, DeviceMoeBuffer, MoeDeviceEngine, MoeDeviceTensors,
+};
 pub use route::RowSource;
 
 use torchcomms_core::DataType;
@@ -82,6 +88,38 @@ pub struct BufferSpec {
 }
 
 impl MoeConfig {
+    /// Checks the configuration for a communicator of `size` ranks.
+    pub fn check(&self, size: usize) -> crate::error::Result<()> {
+        use crate::error::Error;
+        const OP: &str = "MoeBuffer";
+        if self.num_experts == 0 || self.num_experts % size != 0 {
+            return Err(Error::invalid(
+                OP,
+                "num_experts",
+                format!("a positive multiple of the communicator's size {size}"),
+                self.num_experts,
+            ));
+        }
+        for (arg, v) in [
+            ("hidden", self.hidden),
+            ("max_tokens_per_rank", self.max_tokens_per_rank),
+            ("top_k", self.top_k),
+        ] {
+            if v == 0 {
+                return Err(Error::invalid(OP, arg, "at least 1", v));
+            }
+        }
+        if self.top_k > self.num_experts {
+            return Err(Error::invalid(
+                OP,
+                "top_k",
+                format!("at most num_experts ({})", self.num_experts),
+                self.top_k,
+            ));
+        }
+        Ok(())
+    }
+
     /// Experts per rank.
     pub fn local_experts(&self, size: usize) -> usize {
         self.num_experts / size.max(1)

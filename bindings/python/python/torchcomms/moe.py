@@ -27,8 +27,20 @@ Layouts (``mode``): ``"high_throughput"`` packs the rows, ``recv_x`` is ``[rows,
 ``e`` hold tokens. ``combine`` takes ``y`` in the same layout.
 
 The returned ``recv_*`` tensors are views of the buffers: valid until the next ``dispatch``.
-Every rank calls ``dispatch`` and ``combine`` in the same order, as with any collective. This
-build packs on the host: CPU communicators and tensors.
+Every rank calls ``dispatch`` and ``combine`` in the same order, as with any collective.
+
+On a CPU communicator the buffer packs on the host. On a CUDA communicator (``ctran``) every
+step is a kernel on the current stream and nothing waits for the device:
+
+- ``tokens_per_expert`` is a CUDA tensor, and in ``"high_throughput"`` mode ``recv_x`` holds
+  room for every row that may arrive (its first ``tokens_per_expert.sum()`` rows are used);
+  ``combine`` takes at least the rows that arrived.
+- Peers that map each other's memory (GPUs of one host over NVLink, or ranks sharing a GPU)
+  write straight into each other's buffers (``is_mapped``): capturable in CUDA graphs. Across
+  hosts the records move through ``device_alltoallv_single``.
+- Only the latest dispatch can be combined (its routing stays in the buffer).
+- An error the kernels find (an expert id out of range, a peer that never answers) is raised
+  by the next call, or by ``check()`` after a stream synchronize.
 """
 
 from __future__ import annotations
@@ -70,8 +82,16 @@ class MoeBuffer:
         self.top_k = top_k
         self.mode = mode
         size = comm.get_size()
+        device = comm.get_device()
+        self.num_local_experts = num_experts // size
+        self.slab_rows = size * max_tokens_per_rank
         specs = _MoeBuffer.buffer_specs(num_experts, hidden, max_tokens_per_rank, top_k, mode, size)
-        device = torch.device("cpu")
+        self._cuda = device.type == "cuda"
+        if self._cuda:
+            # The kernels keep their own scratch; only what dispatch returns is allocated here.
+            names = ["recv_x", "recv_x_fp8", "recv_scales", "recv_weights"]
+            specs = [s for s in specs if s[0] in names]
+            specs.append(("tokens_per_expert", "int64", self.num_local_experts))
         self._buffers = {
             name: torch.zeros(numel, dtype=_DTYPES[dtype], device=device)
             for name, dtype, numel in specs
@@ -85,8 +105,16 @@ class MoeBuffer:
             mode,
             [self._buffers[name] for name, _, _ in specs],
         )
-        self.num_local_experts = num_experts // size
-        self.slab_rows = size * max_tokens_per_rank
+        self._recv_rows = specs[0][2] // hidden if self._cuda else 0
+
+    @property
+    def is_mapped(self) -> bool:
+        """CUDA: peers write into each other's buffers directly (capturable in CUDA graphs)."""
+        return bool(self._impl.is_mapped)
+
+    def check(self) -> None:
+        """Raises the first error the kernels reported (synchronize the stream first)."""
+        self._impl.check()
 
     def _rows(self, t: torch.Tensor, rows: int, width: int) -> torch.Tensor:
         if self.mode == "low_latency":
@@ -105,7 +133,7 @@ class MoeBuffer:
         """Sends each token to the ranks of its experts. Returns ``(recv_x, recv_scales,
         recv_weights, tokens_per_expert, handle)``; ``recv_scales`` is None without FP8."""
         counts, handle = self._impl.dispatch(x, topk_idx, topk_weights, use_fp8)
-        rows = sum(counts)
+        rows = sum(counts) if counts is not None else self._recv_rows
         h = self.hidden
         if use_fp8:
             recv_x = self._rows(self._buffers["recv_x_fp8"], rows, h).view(torch.float8_e4m3fn)
@@ -114,7 +142,10 @@ class MoeBuffer:
             recv_x = self._rows(self._buffers["recv_x"], rows, h)
             scales = None
         weights = self._rows(self._buffers["recv_weights"], rows, 1)
-        tokens_per_expert = torch.tensor(counts, dtype=torch.int64)
+        if counts is None:
+            tokens_per_expert = self._buffers["tokens_per_expert"]
+        else:
+            tokens_per_expert = torch.tensor(counts, dtype=torch.int64)
         return recv_x, scales, weights, tokens_per_expert, handle
 
     def combine(
@@ -123,6 +154,8 @@ class MoeBuffer:
         """Each dispatched token's weighted sum of its experts' rows in ``expert_out`` (the
         layout ``dispatch`` returned); into ``out`` when given."""
         if out is None:
-            out = torch.empty(handle.num_tokens, self.hidden, dtype=torch.bfloat16)
+            out = torch.empty(
+                handle.num_tokens, self.hidden, dtype=torch.bfloat16, device=expert_out.device
+            )
         self._impl.combine(expert_out, handle, out)
         return out

@@ -1,0 +1,415 @@
+//! Mixture-of-experts dispatch and combine on CUDA tensors: the device half of
+//! `torchcomms::moe` (whose docs define what dispatch and combine return).
+//!
+//! Every step is a kernel on the caller's stream; the host never waits for the device. Two
+//! transports:
+//! - **mapped**: every rank maps every peer's symmetric region (CUDA IPC: NVLink between GPUs,
+//!   or the same GPU shared by several ranks). Senders write records straight into the
+//!   receiver's region and raise a flag there, and receivers acknowledge each dispatch round so
+//!   senders never overwrite unread records. No host involvement: capturable in CUDA graphs.
+//! - **staged**: when some pair of ranks cannot map each other (other hosts, or
+//!   `CTRAN_BACKENDS` without `nvl`), the kernels pack records locally and the caller moves them
+//!   with `device_alltoallv_single` (the GPU progress engine over host transports) between the
+//!   send and receive steps ([`DeviceMoe::staged_dispatch`], [`DeviceMoe::staged_combine`]).
+//!
+//! Rounds are counted on the device, so graph replays advance them too. Errors found on the
+//! device (a bad expert id, a peer that never answers, a row that answers no routed slot) land
+//! in mapped host memory; [`DeviceMoe::take_error`] turns them into an [`Error`]. A bad expert
+//! id is dropped from the routing rather than sent, and every wait gives up at the
+//! communicator's timeout, so nothing hangs or writes out of bounds.
+
+pub mod kernels;
+pub mod layout;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::comm::Comm;
+use crate::cuda::ipc::{self, Mapped, HANDLE_BYTES};
+use crate::cuda::{Context, DeviceBuffer, Event, PinnedBuffer, RawStream};
+use crate::error::{Error, Result};
+use crate::gpe::cuda_err;
+use kernels::{MoeKernels, MoeParams, Step, MAX_RANKS};
+pub use layout::{MoeLayout, MoeShape};
+
+/// The caller's tensors of one exchange (device addresses; 0 where a step does not use one).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MoeTensors {
+    /// Dispatch: tokens `[tokens, hidden]` bf16.
+    pub x: u64,
+    /// Dispatch: `[tokens, top_k]` int64 expert ids (-1 unused).
+    pub topk_idx: u64,
+    /// Dispatch: `[tokens, top_k]` f32 weights.
+    pub topk_weights: u64,
+    /// Dispatch output: received rows, bf16 (`recv_rows x hidden`).
+    pub recv_x: u64,
+    /// Dispatch output: received rows, FP8 e4m3 (`recv_rows x hidden` bytes).
+    pub recv_x_fp8: u64,
+    /// Dispatch output: f32 per received row.
+    pub recv_scales: u64,
+    /// Dispatch output: f32 per received row.
+    pub recv_weights: u64,
+    /// Dispatch output: int64 per local expert.
+    pub tokens_per_expert: u64,
+    /// Combine: expert outputs in the layout dispatch returned, bf16.
+    pub expert_out: u64,
+    /// Rows of `expert_out`.
+    pub expert_rows: usize,
+    /// Combine output: `[tokens, hidden]` bf16.
+    pub out: u64,
+}
+
+/// Buffers the caller hands `device_alltoallv_single` between a staged exchange's steps:
+/// `rows` records of `stride` bytes from `send`, into `recv`, with int64 counts per rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StagedBuffers {
+    /// Packed records to send.
+    pub send: u64,
+    /// Records `send` holds.
+    pub send_rows: usize,
+    /// Where received records land, packed by source.
+    pub recv: u64,
+    /// Records `recv` holds.
+    pub recv_rows: usize,
+    /// Bytes per record.
+    pub stride: usize,
+    /// int64 per rank: records sent to it.
+    pub send_counts: u64,
+    /// int64 per rank: records received from it.
+    pub recv_counts: u64,
+}
+
+/// The device state of one MoE buffer on one communicator.
+#[derive(Debug)]
+pub struct DeviceMoe {
+    shape: MoeShape,
+    layout: MoeLayout,
+    kernels: Arc<MoeKernels>,
+    ctx: Arc<Context>,
+    /// Peers map it (mapped transport): records, combine rows, flags.
+    sym: DeviceBuffer,
+    scratch: DeviceBuffer,
+    /// Code and three details of the first device error (mapped host memory).
+    err: PinnedBuffer,
+    peer: [u64; MAX_RANKS],
+    mapped: bool,
+    timeout: Duration,
+    /// Recorded after the last launch: drop waits for it before freeing memory.
+    last: Event,
+    _peers: Vec<Mapped>,
+}
+
+/// Bytes of a card: host, device bus id, handle.
+const CARD_BYTES: usize = 8 + 32 + HANDLE_BYTES;
+
+impl DeviceMoe {
+    /// Allocates the exchange's memory on `ctx`'s device and, where every pair of ranks can,
+    /// maps every peer's region. Every rank of `comm` must call it with the same shape.
+    pub fn new(comm: &Comm, ctx: &Arc<Context>, shape: MoeShape) -> Result<DeviceMoe> {
+        let rank = comm.rank();
+        let e = |x| cuda_err("MoeBuffer", rank, x);
+        if shape.size > MAX_RANKS {
+            return Err(Error::invalid(
+                "MoeBuffer: comm",
+                format!("at most {MAX_RANKS} ranks on CUDA"),
+                shape.size,
+            ));
+        }
+        let (layout, sym_bytes, scratch_bytes) = MoeLayout::new(&shape);
+        let sym = DeviceBuffer::zeroed(ctx, sym_bytes).map_err(e)?;
+        let scratch = DeviceBuffer::zeroed(ctx, scratch_bytes).map_err(e)?;
+        let err = PinnedBuffer::alloc(ctx, 32).map_err(e)?;
+        let kernels = MoeKernels::get(ctx).map_err(e)?;
+        let last = Event::new(ctx).map_err(e)?;
+        let mut peer = [0u64; MAX_RANKS];
+        peer[rank] = sym.as_ptr();
+        let mut moe = DeviceMoe {
+            shape,
+            layout,
+            kernels,
+            ctx: Arc::clone(ctx),
+            sym,
+            scratch,
+            err,
+            peer,
+            mapped: false,
+            timeout: comm.config().timeout,
+            last,
+            _peers: Vec::new(),
+        };
+        moe.map_peers(comm)?;
+        Ok(moe)
+    }
+
+    /// Exchanges cards and maps every peer's region when all ranks can (then all do).
+    fn map_peers(&mut self, comm: &Comm) -> Result<()> {
+        let (rank, ctx) = (comm.rank(), &self.ctx);
+        let e = |x| cuda_err("MoeBuffer", rank, x);
+        let out = ipc::export(ctx, self.sym.as_ptr()).map_err(e)?;
+        let bus = ipc::pci_bus_id(ctx).map_err(e)?;
+        let mut card = Vec::with_capacity(CARD_BYTES);
+        card.extend_from_slice(&crate::comm::host_id().to_le_bytes());
+        let mut busb = [0u8; 32];
+        let n = bus.len().min(31);
+        busb[..n].copy_from_slice(&bus.as_bytes()[..n]);
+        card.extend_from_slice(&busb);
+        card.extend_from_slice(&out.handle);
+        let cards = comm.all_gather_bytes(&card, None)?;
+        let mut ok = comm.config().use_nvl;
+        let mut peers = Vec::new();
+        for (q, c) in cards.chunks_exact(CARD_BYTES).enumerate() {
+            if !ok || q == rank {
+                continue;
+            }
+            let bus_q = String::from_utf8_lossy(&c[8..40])
+                .trim_end_matches('\0')
+                .to_string();
+            let reach = c[..8] == card[..8]
+                && (bus_q.eq_ignore_ascii_case(&bus)
+                    || ipc::can_access(ctx, &bus_q).unwrap_or(false));
+            let mut h = [0u8; HANDLE_BYTES];
+            h.copy_from_slice(&c[40..]);
+            match reach.then(|| Mapped::open(ctx, &h)) {
+                Some(Ok(m)) => {
+                    self.peer[q] = m.ptr();
+                    peers.push(m);
+                }
+                Some(Err(err)) => {
+                    tracing::info!(rank, peer = q, "MoE: mapping the peer's memory: {err}");
+                    ok = false;
+                }
+                None => ok = false,
+            }
+        }
+        let verdicts = comm.all_gather_bytes(&[u8::from(ok)], None)?;
+        self.mapped = !verdicts.contains(&0);
+        if self.mapped {
+            self._peers = peers;
+        } else {
+            self.peer = [0; MAX_RANKS];
+            self.peer[rank] = self.sym.as_ptr();
+        }
+        tracing::info!(
+            rank,
+            transport = if self.mapped { "mapped" } else { "staged" },
+            "MoE buffer ready"
+        );
+        Ok(())
+    }
+
+    /// Whether peers write straight into each other's memory (else the caller stages).
+    pub fn is_mapped(&self) -> bool {
+        self.mapped
+    }
+
+    /// The exchange's shape.
+    pub fn shape(&self) -> &MoeShape {
+        &self.shape
+    }
+
+    fn params(&self, tokens: usize, fp8: bool, t: &MoeTensors) -> MoeParams {
+        let s = &self.shape;
+        MoeParams {
+            rank: s.rank as u32,
+            size: s.size as u32,
+            tokens: tokens as u32,
+            hidden: s.hidden as u32,
+            top_k: s.top_k as u32,
+            local: s.local() as u32,
+            max_tokens: s.max_tokens as u32,
+            num_experts: s.num_experts as u32,
+            fp8: u32::from(fp8),
+            mapped: u32::from(self.mapped),
+            low_latency: u32::from(s.low_latency),
+            y_rows: t.expert_rows as u32,
+            rec_stride: s.rec_stride() as u64,
+            crec_stride: s.crec_stride() as u64,
+            slab: s.slab() as u64,
+            timeout_ns: u64::try_from(self.timeout.as_nanos()).unwrap_or(u64::MAX),
+            x: t.x,
+            idx: t.topk_idx,
+            w: t.topk_weights,
+            y: t.expert_out,
+            out: t.out,
+            recv_x: t.recv_x,
+            recv_x_fp8: t.recv_x_fp8,
+            recv_scales: t.recv_scales,
+            recv_weights: t.recv_weights,
+            tokens_per_expert: t.tokens_per_expert,
+            scratch: self.scratch.as_ptr(),
+            err: self.err.device_ptr(),
+            at: self.layout,
+            peer: self.peer,
+        }
+    }
+
+    fn run(&self, steps: &[(Step, usize)], p: &MoeParams, stream: RawStream) -> Result<()> {
+        let e = |x| cuda_err("moe", self.shape.rank, x);
+        for &(step, grid) in steps {
+            let grid = u32::try_from(grid.clamp(1, 65_535)).unwrap_or(65_535);
+            // SAFETY: the params address this buffer's regions (alive until `last` completes,
+            // which drop waits for), mapped peers' regions (mapped until drop) and the caller's
+            // tensors, which the caller keeps alive and sized for the shape (checked by
+            // torchcomms::moe before any launch).
+            unsafe { self.kernels.launch(step, grid, p, stream) }.map_err(e)?;
+        }
+        self.last.record(stream).map_err(e)
+    }
+
+    /// Blocks for a kernel that walks rows, a warp each.
+    fn row_grid(&self) -> usize {
+        self.shape.recv_rows().div_ceil(8).min(264)
+    }
+
+    /// Dispatch, first half: checks the routing and writes every token's records (to peers,
+    /// or packed for [`DeviceMoe::staged_dispatch`]).
+    pub fn dispatch_send(
+        &self,
+        tokens: usize,
+        fp8: bool,
+        t: &MoeTensors,
+        stream: RawStream,
+    ) -> Result<()> {
+        let p = self.params(tokens, fp8, t);
+        self.run(
+            &[(Step::Route, 1), (Step::DispatchSend, tokens.min(1024))],
+            &p,
+            stream,
+        )
+    }
+
+    /// Dispatch, second half: waits for every peer's records (mapped) and fills the caller's
+    /// received-row tensors and `tokens_per_expert`.
+    pub fn dispatch_receive(
+        &self,
+        tokens: usize,
+        fp8: bool,
+        t: &MoeTensors,
+        stream: RawStream,
+    ) -> Result<()> {
+        let p = self.params(tokens, fp8, t);
+        self.run(
+            &[
+                (Step::DispatchIndex, self.shape.local()),
+                (Step::DispatchPlan, 1),
+                (Step::DispatchCopy, self.row_grid()),
+            ],
+            &p,
+            stream,
+        )
+    }
+
+    /// Combine, first half: every received row's expert output goes back to its token's rank.
+    pub fn combine_send(&self, tokens: usize, t: &MoeTensors, stream: RawStream) -> Result<()> {
+        let p = self.params(tokens, false, t);
+        self.run(&[(Step::CombineSend, self.row_grid())], &p, stream)
+    }
+
+    /// Combine, second half: waits for every peer's rows (mapped) or places the staged ones,
+    /// then writes each token's weighted sum into `out`.
+    pub fn combine_receive(&self, tokens: usize, t: &MoeTensors, stream: RawStream) -> Result<()> {
+        let p = self.params(tokens, false, t);
+        let s = &self.shape;
+        let mut steps = Vec::with_capacity(2);
+        if !self.mapped {
+            steps.push((Step::CombineScatter, (s.max_tokens * s.top_k).min(1024)));
+        }
+        steps.push((Step::CombineReduce, tokens.min(1024)));
+        self.run(&steps, &p, stream)
+    }
+
+    /// What a staged dispatch moves between [`DeviceMoe::dispatch_send`] and
+    /// [`DeviceMoe::dispatch_receive`].
+    pub fn staged_dispatch(&self) -> StagedBuffers {
+        let s = &self.shape;
+        let at = |off: u64| self.scratch.as_ptr() + off;
+        StagedBuffers {
+            send: at(self.layout.send),
+            send_rows: MoeLayout::send_records(s),
+            recv: self.sym.as_ptr() + self.layout.drecv,
+            recv_rows: s.size * s.max_tokens,
+            stride: s.rec_stride(),
+            send_counts: at(self.layout.send_counts),
+            recv_counts: at(self.layout.recv_counts),
+        }
+    }
+
+    /// What a staged combine moves between [`DeviceMoe::combine_send`] and
+    /// [`DeviceMoe::combine_receive`].
+    pub fn staged_combine(&self) -> StagedBuffers {
+        let s = &self.shape;
+        let at = |off: u64| self.scratch.as_ptr() + off;
+        let stride = s.crec_stride();
+        StagedBuffers {
+            send: at(self.layout.send),
+            send_rows: (MoeLayout::send_records(s) * s.rec_stride()) / stride,
+            recv: at(self.layout.cstage),
+            recv_rows: s.max_tokens * s.top_k,
+            stride,
+            send_counts: at(self.layout.rows_per_src),
+            recv_counts: at(self.layout.crecv_counts),
+        }
+    }
+
+    /// The first error the device reported since the last call, cleared.
+    pub fn take_error(&self) -> Option<Error> {
+        let words = self.err.as_ptr().cast::<u64>();
+        // SAFETY: the buffer holds four u64 words (32 bytes, 8-aligned pinned memory); the
+        // device writes them with system-scope stores, so volatile reads see them.
+        let [code, a, b, c] = std::array::from_fn(|i| unsafe { words.add(i).read_volatile() });
+        if code == 0 {
+            return None;
+        }
+        // SAFETY: as above; clearing lets the next error through.
+        (0..4).for_each(|i| unsafe { words.add(i).write_volatile(0) });
+        let rank = self.shape.rank;
+        Some(match code {
+            1 => Error::invalid(
+                format!("moe_dispatch: topk_idx[{a}, {b}]"),
+                format!(
+                    "an expert id in [0, {}) not already chosen for the token, or -1 (the slot was dropped)",
+                    self.shape.num_experts
+                ),
+                c as i64,
+            ),
+            2 => Error::Timeout {
+                op: ["moe", "moe_dispatch (the peer's previous records unread)", "moe_dispatch", "moe_combine"]
+                    [b.min(3) as usize]
+                    .into(),
+                seq: c,
+                rank,
+                peer: Some(a as usize),
+                timeout: self.timeout,
+            },
+            3 => Error::invalid(
+                "moe_combine: handle",
+                "rows answering this rank's dispatch, once each",
+                format!("from rank {a} a row for token {b} slot {c}"),
+            ),
+            4 => Error::invalid(
+                "moe_combine: handle",
+                "an expert output for every routed slot",
+                format!("none for token {a} slot {b}"),
+            ),
+            6 => Error::invalid(
+                "moe_combine: expert_out",
+                format!("a row for each of the {a} rows dispatch received"),
+                format!("{b} rows"),
+            ),
+            _ => Error::invalid(
+                "moe_dispatch",
+                format!("at most max_tokens_per_rank ({}) records from a peer", self.shape.max_tokens),
+                format!("{b} from rank {a}"),
+            ),
+        })
+    }
+}
+
+impl Drop for DeviceMoe {
+    fn drop(&mut self) {
+        // Kernels on the caller's stream may still use the memory.
+        if let Err(e) = self.last.synchronize() {
+            tracing::warn!("MoE buffer: waiting for its last kernel: {e}");
+        }
+    }
+}
