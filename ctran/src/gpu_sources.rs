@@ -19,6 +19,10 @@ pub fn gpu_sources() -> Vec<(&'static str, &'static str)> {
             crate::nvl::kernels::nvl_source(),
         ),
         (
+            crate::moe::alltoallv::ALLTOALLV_SOURCE_NAME,
+            crate::moe::alltoallv::alltoallv_source(),
+        ),
+        (
             crate::moe::kernels::MOE_SOURCE_NAME,
             crate::moe::kernels::moe_source(),
         ),

@@ -4,10 +4,11 @@
 //! backend under the name `ctran` (`use torchcomms_ctran as _;`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use ctran::bootstrap::{env, rendezvous};
 use ctran::engine::{Engine, Handle, Issue};
+use ctran::moe::alltoallv::{DeviceAllToAllv, DynamicArgs};
 use ctran::{Comm, CommConfig, Op};
 use torchcomms::{
     Backend, BackendRegistration, Call, CommOptions, Device, Error, InitArgs, OpOptions, Result,
@@ -37,9 +38,81 @@ pub struct CtranBackend {
     /// The communicator and its device paths; the engine picks the path of each operation.
     engine: Engine,
     aborted: AtomicBool,
+    /// CUDA `device_alltoallv_single` between ranks that map each other's memory (set up at
+    /// the first one; `None` when they cannot).
+    dynamic: OnceLock<Option<Arc<DeviceAllToAllv>>>,
 }
 
 impl CtranBackend {
+    fn new(engine: Engine) -> CtranBackend {
+        CtranBackend {
+            engine,
+            aborted: AtomicBool::new(false),
+            dynamic: OnceLock::new(),
+        }
+    }
+
+    /// Runs a CUDA `device_alltoallv_single` with the kernels that keep the counts on the
+    /// device; `None` where they cannot run (then the engine runs it). Every rank decides
+    /// alike.
+    fn run_dynamic(&self, call: &Call, opts: &OpOptions) -> Result<Option<Work>> {
+        let (Device::Cuda(ordinal), false) = (self.engine.device(), self.is_aborted()) else {
+            return Ok(None);
+        };
+        let Call::AllToAllDynamic {
+            output,
+            input,
+            output_split_sizes,
+            input_split_sizes,
+        } = call
+        else {
+            return Ok(None);
+        };
+        let row_bytes = input.row_numel() * input.dtype().size_bytes();
+        let rank = self.comm().rank();
+        let cuda = |e| Error::Engine(ctran::gpe::cuda_err("device_alltoallv_single", rank, e));
+        let op = match self.dynamic.get() {
+            Some(op) => op.clone(),
+            None => {
+                let ctx = ctran::cuda::Context::get(ordinal).map_err(cuda)?;
+                let op = DeviceAllToAllv::new(self.comm(), &ctx)?.map(Arc::new);
+                self.dynamic.get_or_init(|| op).clone()
+            }
+        };
+        let Some(op) = op else {
+            return Ok(None);
+        };
+        let args = DynamicArgs {
+            input: input.addr() as u64,
+            in_rows: input.rows(),
+            output: output.addr() as u64,
+            out_rows: output.rows(),
+            row_bytes,
+            in_counts: input_split_sizes.addr() as u64,
+            out_counts: output_split_sizes.addr() as u64,
+        };
+        let stream = ctran::cuda::RawStream(opts.stream.unwrap_or(0));
+        let captured = stream.is_capturing().map_err(cuda)?;
+        // SAFETY: the tensors were checked by the API (device, sizes, counts of `size`
+        // int64), and their owners keep them alive across the stream's work as with any
+        // stream-ordered operation.
+        if !unsafe { op.run(self.comm(), &args, stream) }? {
+            return Ok(None);
+        }
+        let done = if captured {
+            None
+        } else {
+            let ctx = ctran::cuda::Context::get(ordinal).map_err(cuda)?;
+            let done = ctran::cuda::Event::new(&ctx).map_err(cuda)?;
+            done.record(stream).map_err(cuda)?;
+            Some(done)
+        };
+        let timeout = opts.timeout_or(self.comm().config().timeout);
+        Ok(Some(Work::new(
+            Box::new(work::KernelWork { done, op, stream }),
+            timeout,
+        )))
+    }
     fn comm(&self) -> &Arc<Comm> {
         self.engine.comm()
     }
@@ -95,10 +168,7 @@ impl CtranBackend {
             }
         };
         let engine = Engine::start(Arc::new(comm), args.device, o.high_priority_stream)?;
-        Ok(Box::new(CtranBackend {
-            engine,
-            aborted: AtomicBool::new(false),
-        }))
+        Ok(Box::new(CtranBackend::new(engine)))
     }
 }
 
@@ -140,6 +210,9 @@ impl Backend for CtranBackend {
     }
 
     fn run(&self, call: Call, opts: &OpOptions) -> Result<Work> {
+        if let Some(work) = self.run_dynamic(&call, opts)? {
+            return Ok(work);
+        }
         let (op, keep) = lower::lower(call, self.comm().name())?;
         let timeout = opts.timeout_or(self.comm().config().timeout);
         // Hints for the engine's algorithm choice (ctran::algos::select::Hints): `algo`, and
@@ -191,10 +264,7 @@ impl Backend for CtranBackend {
         };
         let device = self.engine.device();
         let engine = Engine::start(Arc::new(comm), device, options.high_priority_stream)?;
-        Ok(Some(Box::new(CtranBackend {
-            engine,
-            aborted: AtomicBool::new(false),
-        })))
+        Ok(Some(Box::new(CtranBackend::new(engine))))
     }
 
     fn finalize(&self) -> Result<()> {

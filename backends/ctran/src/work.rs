@@ -93,3 +93,69 @@ impl WorkHandle for GpuWork {
         self.request.error().map(Error::Engine)
     }
 }
+
+/// Work handle of kernels issued on the caller's stream (the device all_to_all_v): already
+/// ordered on that stream; errors the kernels report are read once they have run.
+#[derive(Debug)]
+pub(crate) struct KernelWork {
+    /// Recorded after the kernels; `None` when they were captured in a CUDA graph (they run at
+    /// each replay, which the graph's owner waits for: nothing to poll).
+    pub(crate) done: Option<ctran::cuda::Event>,
+    pub(crate) op: std::sync::Arc<ctran::moe::alltoallv::DeviceAllToAllv>,
+    pub(crate) stream: RawStream,
+}
+
+impl KernelWork {
+    fn finished(&self) -> Result<bool> {
+        let Some(done) = &self.done else {
+            return Ok(true);
+        };
+        done.query()
+            .map_err(|e| Error::Engine(ctran::gpe::cuda_err("device_alltoallv_single", 0, e)))
+    }
+}
+
+impl WorkHandle for KernelWork {
+    fn wait(&self, _timeout: Duration) -> Result<()> {
+        Ok(())
+    }
+
+    fn wait_on_stream(&self, stream: u64, _timeout: Duration) -> Result<()> {
+        let Some(done) = &self.done else {
+            return Ok(());
+        };
+        if RawStream(stream) == self.stream {
+            return Ok(());
+        }
+        RawStream(stream)
+            .wait_event(done)
+            .map_err(|e| Error::Engine(ctran::gpe::cuda_err("wait", 0, e)))
+    }
+
+    fn wait_blocking(&self, _timeout: Duration) -> Result<()> {
+        let Some(done) = &self.done else {
+            return Ok(());
+        };
+        done.synchronize()
+            .map_err(|e| Error::Engine(ctran::gpe::cuda_err("wait", 0, e)))?;
+        self.op
+            .take_error()
+            .map_or(Ok(()), |e| Err(Error::Engine(e)))
+    }
+
+    fn status(&self) -> WorkStatus {
+        match self.finished() {
+            Ok(true) => WorkStatus::Completed,
+            Ok(false) => WorkStatus::InProgress,
+            Err(_) => WorkStatus::Error,
+        }
+    }
+
+    fn error(&self) -> Option<Error> {
+        match self.finished() {
+            Ok(true) => self.op.take_error().map(Error::Engine),
+            Ok(false) => None,
+            Err(e) => Some(e),
+        }
+    }
+}

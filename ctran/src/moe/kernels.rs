@@ -8,8 +8,7 @@ use crate::cuda::error::Result;
 use crate::cuda::kernels::{load_once, PerDevice};
 use crate::cuda::{Context, DeviceRepr, Function, Module, RawStream};
 
-/// Most ranks of a device MoE exchange (the peer table of [`MoeParams`]).
-pub const MAX_RANKS: usize = 64;
+use super::symmetric::MAX_RANKS;
 
 /// Source of the kernels: the CUDA/HIP compatibility header, then `kernels/moe.cu`.
 pub fn moe_source() -> &'static str {

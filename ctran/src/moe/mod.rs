@@ -18,19 +18,21 @@
 //! id is dropped from the routing rather than sent, and every wait gives up at the
 //! communicator's timeout, so nothing hangs or writes out of bounds.
 
+pub mod alltoallv;
 pub mod kernels;
 pub mod layout;
+pub mod symmetric;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::comm::Comm;
-use crate::cuda::ipc::{self, Mapped, HANDLE_BYTES};
 use crate::cuda::{Context, DeviceBuffer, Event, PinnedBuffer, RawStream};
 use crate::error::{Error, Result};
 use crate::gpe::cuda_err;
-use kernels::{MoeKernels, MoeParams, Step, MAX_RANKS};
+use kernels::{MoeKernels, MoeParams, Step};
 pub use layout::{MoeLayout, MoeShape};
+use symmetric::{SymmetricRegion, MAX_RANKS};
 
 /// The caller's tensors of one exchange (device addresses; 0 where a step does not use one).
 #[derive(Debug, Clone, Copy, Default)]
@@ -85,22 +87,15 @@ pub struct DeviceMoe {
     shape: MoeShape,
     layout: MoeLayout,
     kernels: Arc<MoeKernels>,
-    ctx: Arc<Context>,
-    /// Peers map it (mapped transport): records, combine rows, flags.
-    sym: DeviceBuffer,
+    /// Peers write it (mapped transport): records, combine rows, flags.
+    sym: SymmetricRegion,
     scratch: DeviceBuffer,
     /// Code and three details of the first device error (mapped host memory).
     err: PinnedBuffer,
-    peer: [u64; MAX_RANKS],
-    mapped: bool,
     timeout: Duration,
     /// Recorded after the last launch: drop waits for it before freeing memory.
     last: Event,
-    _peers: Vec<Mapped>,
 }
-
-/// Bytes of a card: host, device bus id, handle.
-const CARD_BYTES: usize = 8 + 32 + HANDLE_BYTES;
 
 impl DeviceMoe {
     /// Allocates the exchange's memory on `ctx`'s device and, where every pair of ranks can,
@@ -116,90 +111,31 @@ impl DeviceMoe {
             ));
         }
         let (layout, sym_bytes, scratch_bytes) = MoeLayout::new(&shape);
-        let sym = DeviceBuffer::zeroed(ctx, sym_bytes).map_err(e)?;
         let scratch = DeviceBuffer::zeroed(ctx, scratch_bytes).map_err(e)?;
         let err = PinnedBuffer::alloc(ctx, 32).map_err(e)?;
         let kernels = MoeKernels::get(ctx).map_err(e)?;
         let last = Event::new(ctx).map_err(e)?;
-        let mut peer = [0u64; MAX_RANKS];
-        peer[rank] = sym.as_ptr();
-        let mut moe = DeviceMoe {
+        let sym = SymmetricRegion::new(comm, ctx, sym_bytes, true)?;
+        tracing::info!(
+            rank,
+            transport = if sym.is_mapped() { "mapped" } else { "staged" },
+            "MoE buffer ready"
+        );
+        Ok(DeviceMoe {
             shape,
             layout,
             kernels,
-            ctx: Arc::clone(ctx),
             sym,
             scratch,
             err,
-            peer,
-            mapped: false,
             timeout: comm.config().timeout,
             last,
-            _peers: Vec::new(),
-        };
-        moe.map_peers(comm)?;
-        Ok(moe)
-    }
-
-    /// Exchanges cards and maps every peer's region when all ranks can (then all do).
-    fn map_peers(&mut self, comm: &Comm) -> Result<()> {
-        let (rank, ctx) = (comm.rank(), &self.ctx);
-        let e = |x| cuda_err("MoeBuffer", rank, x);
-        let out = ipc::export(ctx, self.sym.as_ptr()).map_err(e)?;
-        let bus = ipc::pci_bus_id(ctx).map_err(e)?;
-        let mut card = Vec::with_capacity(CARD_BYTES);
-        card.extend_from_slice(&crate::comm::host_id().to_le_bytes());
-        let mut busb = [0u8; 32];
-        let n = bus.len().min(31);
-        busb[..n].copy_from_slice(&bus.as_bytes()[..n]);
-        card.extend_from_slice(&busb);
-        card.extend_from_slice(&out.handle);
-        let cards = comm.all_gather_bytes(&card, None)?;
-        let mut ok = comm.config().use_nvl;
-        let mut peers = Vec::new();
-        for (q, c) in cards.chunks_exact(CARD_BYTES).enumerate() {
-            if !ok || q == rank {
-                continue;
-            }
-            let bus_q = String::from_utf8_lossy(&c[8..40])
-                .trim_end_matches('\0')
-                .to_string();
-            let reach = c[..8] == card[..8]
-                && (bus_q.eq_ignore_ascii_case(&bus)
-                    || ipc::can_access(ctx, &bus_q).unwrap_or(false));
-            let mut h = [0u8; HANDLE_BYTES];
-            h.copy_from_slice(&c[40..]);
-            match reach.then(|| Mapped::open(ctx, &h)) {
-                Some(Ok(m)) => {
-                    self.peer[q] = m.ptr();
-                    peers.push(m);
-                }
-                Some(Err(err)) => {
-                    tracing::info!(rank, peer = q, "MoE: mapping the peer's memory: {err}");
-                    ok = false;
-                }
-                None => ok = false,
-            }
-        }
-        let verdicts = comm.all_gather_bytes(&[u8::from(ok)], None)?;
-        self.mapped = !verdicts.contains(&0);
-        if self.mapped {
-            self._peers = peers;
-        } else {
-            self.peer = [0; MAX_RANKS];
-            self.peer[rank] = self.sym.as_ptr();
-        }
-        tracing::info!(
-            rank,
-            transport = if self.mapped { "mapped" } else { "staged" },
-            "MoE buffer ready"
-        );
-        Ok(())
+        })
     }
 
     /// Whether peers write straight into each other's memory (else the caller stages).
     pub fn is_mapped(&self) -> bool {
-        self.mapped
+        self.sym.is_mapped()
     }
 
     /// The exchange's shape.
@@ -219,7 +155,7 @@ impl DeviceMoe {
             max_tokens: s.max_tokens as u32,
             num_experts: s.num_experts as u32,
             fp8: u32::from(fp8),
-            mapped: u32::from(self.mapped),
+            mapped: u32::from(self.sym.is_mapped()),
             low_latency: u32::from(s.low_latency),
             y_rows: t.expert_rows as u32,
             rec_stride: s.rec_stride() as u64,
@@ -239,7 +175,7 @@ impl DeviceMoe {
             scratch: self.scratch.as_ptr(),
             err: self.err.device_ptr(),
             at: self.layout,
-            peer: self.peer,
+            peer: self.sym.peers(),
         }
     }
 
@@ -311,7 +247,7 @@ impl DeviceMoe {
         let p = self.params(tokens, false, t);
         let s = &self.shape;
         let mut steps = Vec::with_capacity(2);
-        if !self.mapped {
+        if !self.sym.is_mapped() {
             steps.push((Step::CombineScatter, (s.max_tokens * s.top_k).min(1024)));
         }
         steps.push((Step::CombineReduce, tokens.min(1024)));
@@ -326,7 +262,7 @@ impl DeviceMoe {
         StagedBuffers {
             send: at(self.layout.send),
             send_rows: MoeLayout::send_records(s),
-            recv: self.sym.as_ptr() + self.layout.drecv,
+            recv: self.sym.local() + self.layout.drecv,
             recv_rows: s.size * s.max_tokens,
             stride: s.rec_stride(),
             send_counts: at(self.layout.send_counts),
