@@ -225,6 +225,13 @@ impl CommCore {
         }
     }
 
+    /// Whether operations are ordered on CUDA streams (a native CUDA communicator): they have
+    /// not finished when issued.
+    pub(crate) fn stream_ordered(&self) -> bool {
+        self.native()
+            .is_some_and(|c| c.device() != torchcomms::Device::Cpu)
+    }
+
     /// On a CUDA communicator, the caller's current stream
     /// (`torch.cuda.current_stream(device).cuda_stream`): operations run after the work issued
     /// on it so far, as with ProcessGroupNCCL. `None` on CPU.

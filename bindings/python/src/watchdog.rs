@@ -58,7 +58,9 @@ fn watchdog() -> &'static Watchdog {
 
 /// Follows `work` (an operation of `comm`) until it finished; finished works are not kept.
 pub(crate) fn watch(work: &Arc<Work>, comm: &Arc<CommCore>) {
-    if work.is_completed() && work.status() == WorkStatus::Completed {
+    // A host operation has often finished by now, and asking is cheap. A CUDA one is stream
+    // ordered and has not: asking would cost an event query on every call, so the sweep asks.
+    if !comm.stream_ordered() && work.is_completed() && work.status() == WorkStatus::Completed {
         return;
     }
     let w = watchdog();
@@ -78,27 +80,32 @@ pub(crate) fn watch(work: &Arc<Work>, comm: &Arc<CommCore>) {
 
 fn run(w: &'static Watchdog) {
     loop {
-        let failed = {
+        // The works are polled outside the lock, so issuing threads never wait for a sweep.
+        let mut works = {
             let mut works = w.works.lock().unwrap_or_else(|p| p.into_inner());
             while works.is_empty() {
                 works = w.more.wait(works).unwrap_or_else(|p| p.into_inner());
             }
-            let mut failed: Option<(Arc<CommCore>, torchcomms::Error)> = None;
-            works.retain(|x| match x.work.status() {
-                WorkStatus::Completed => false,
-                WorkStatus::Error | WorkStatus::TimedOut => {
-                    if let (None, Some(comm), Some(err)) =
-                        (&failed, x.comm.upgrade(), x.work.error())
-                    {
-                        failed = Some((comm, err));
-                    }
-                    false
-                }
-                // A communicator that is gone stopped caring (upstream's watchdog dies with it).
-                WorkStatus::NotStarted | WorkStatus::InProgress => x.comm.strong_count() > 0,
-            });
-            failed
+            std::mem::take(&mut *works)
         };
+        let mut failed: Option<(Arc<CommCore>, torchcomms::Error)> = None;
+        works.retain(|x| match x.work.status() {
+            WorkStatus::Completed => false,
+            WorkStatus::Error | WorkStatus::TimedOut => {
+                if let (None, Some(comm), Some(err)) = (&failed, x.comm.upgrade(), x.work.error()) {
+                    failed = Some((comm, err));
+                }
+                false
+            }
+            // A communicator that is gone stopped caring (upstream's watchdog dies with it).
+            WorkStatus::NotStarted | WorkStatus::InProgress => x.comm.strong_count() > 0,
+        });
+        if !works.is_empty() {
+            // Still in flight, ahead of what was issued during the sweep.
+            let mut list = w.works.lock().unwrap_or_else(|p| p.into_inner());
+            works.append(&mut list);
+            *list = works;
+        }
         if let Some((comm, err)) = failed {
             if comm.is_fatal(&err) {
                 set_unhealthy();
