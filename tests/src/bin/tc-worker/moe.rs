@@ -118,6 +118,13 @@ pub(crate) fn moe(mode: &str, fp8: bool, routing: &str) -> Result<()> {
         top_k: 3,
         mode: MoeMode::from_name(mode).expect("--mode high_throughput or low_latency"),
     };
+    // The device buffer is for CUDA communicators; a CPU one is refused at once, naming it.
+    let refused = torchcomms::moe::DeviceMoeBuffer::new(&comm, cfg).expect_err("a cpu comm");
+    anyhow::ensure!(
+        refused.kind() == torchcomms::ErrorKind::InvalidArgument
+            && refused.to_string().contains("comm"),
+        "DeviceMoeBuffer on a cpu comm: {refused}"
+    );
     let mut buf = MoeBuffer::new(&comm, cfg)?;
     let mut checks = 0;
     for round in 0..3 {
