@@ -103,7 +103,7 @@ impl MoeDeviceEngine for CtranMoe {
         let d = device_tensors(t, self.moe.shape().hidden);
         self.moe.dispatch_send(t.tokens, t.fp8, &d, stream)?;
         if !self.moe.is_mapped() {
-            self.stage(comm, self.moe.staged_dispatch(), opts)?;
+            self.stage(comm, self.moe.staged_dispatch(t.fp8), opts)?;
         }
         Ok(self.moe.dispatch_receive(t.tokens, t.fp8, &d, stream)?)
     }

@@ -43,10 +43,12 @@ impl MoeShape {
         }
     }
 
-    /// Bytes of one dispatch record: room for bf16 activations (FP8 uses the first half), a
-    /// scale, the token index and per slot a local expert and a weight; 16-byte aligned.
-    pub fn rec_stride(&self) -> usize {
-        (2 * self.hidden + 8 + 8 * self.top_k).next_multiple_of(16)
+    /// Bytes of one dispatch record: the activations (bf16, or FP8 with `fp8`), a scale, the
+    /// token index and per slot a local expert and a weight; 16-byte aligned. Buffers are sized
+    /// for bf16 records, so FP8 ones fit too (and a staged FP8 dispatch moves half the bytes).
+    pub fn rec_stride(&self, fp8: bool) -> usize {
+        let payload = if fp8 { self.hidden } else { 2 * self.hidden };
+        (payload + 8 + 8 * self.top_k).next_multiple_of(16)
     }
 
     /// Bytes of one staged combine record: a bf16 row, the token and the slot.
@@ -112,7 +114,7 @@ impl MoeLayout {
         let rows = s.recv_rows();
         let mut sym = Bump(0);
         let mut l = MoeLayout {
-            drecv: sym.take(size * t * s.rec_stride()),
+            drecv: sym.take(size * t * s.rec_stride(false)),
             crecv: sym.take(t * k * 2 * s.hidden),
             dflag: sym.take(size * 8),
             dcount: sym.take(size * 8),
@@ -141,15 +143,15 @@ impl MoeLayout {
         l.crecv_counts = sc.take(size * 8);
         l.row_src = sc.take(rows * ROW_BYTES);
         let send_records = t * k.min(size);
-        l.send = sc.take((send_records * s.rec_stride()).max(rows * s.crec_stride()));
+        l.send = sc.take((send_records * s.rec_stride(false)).max(rows * s.crec_stride()));
         l.cstage = sc.take(t * k * s.crec_stride());
         (l, sym.0, sc.0)
     }
 
-    /// Records the staged dispatch can send (rows of `send` as `rec_stride` bytes).
-    pub fn send_records(s: &MoeShape) -> usize {
-        (s.max_tokens * s.top_k.min(s.size) * s.rec_stride()).max(s.recv_rows() * s.crec_stride())
-            / s.rec_stride()
+    /// Bytes of the staged send buffer.
+    pub fn send_bytes(s: &MoeShape) -> usize {
+        (s.max_tokens * s.top_k.min(s.size) * s.rec_stride(false))
+            .max(s.recv_rows() * s.crec_stride())
     }
 }
 
@@ -179,7 +181,8 @@ mod tests {
         assert!(sym_at.iter().all(|a| a % 16 == 0));
         assert!(l.stamp as usize + s.max_tokens * s.top_k * 4 <= sym);
         assert!(l.cstage as usize + s.max_tokens * s.top_k * s.crec_stride() <= scratch);
-        assert_eq!(s.rec_stride() % 16, 0);
+        assert_eq!((s.rec_stride(false) % 16, s.rec_stride(true) % 16), (0, 0));
+        assert!(s.rec_stride(true) < s.rec_stride(false));
         assert_eq!(s.recv_rows(), 8 * 4 * 128);
     }
 }

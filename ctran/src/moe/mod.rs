@@ -158,7 +158,7 @@ impl DeviceMoe {
             mapped: u32::from(self.sym.is_mapped()),
             low_latency: u32::from(s.low_latency),
             y_rows: t.expert_rows as u32,
-            rec_stride: s.rec_stride() as u64,
+            rec_stride: s.rec_stride(fp8) as u64,
             crec_stride: s.crec_stride() as u64,
             slab: s.slab() as u64,
             timeout_ns: u64::try_from(self.timeout.as_nanos()).unwrap_or(u64::MAX),
@@ -254,17 +254,18 @@ impl DeviceMoe {
         self.run(&steps, &p, stream)
     }
 
-    /// What a staged dispatch moves between [`DeviceMoe::dispatch_send`] and
-    /// [`DeviceMoe::dispatch_receive`].
-    pub fn staged_dispatch(&self) -> StagedBuffers {
+    /// What a staged dispatch (of FP8 records with `fp8`) moves between
+    /// [`DeviceMoe::dispatch_send`] and [`DeviceMoe::dispatch_receive`].
+    pub fn staged_dispatch(&self, fp8: bool) -> StagedBuffers {
         let s = &self.shape;
         let at = |off: u64| self.scratch.as_ptr() + off;
+        let stride = s.rec_stride(fp8);
         StagedBuffers {
             send: at(self.layout.send),
-            send_rows: MoeLayout::send_records(s),
+            send_rows: MoeLayout::send_bytes(s) / stride,
             recv: self.sym.local() + self.layout.drecv,
-            recv_rows: s.size * s.max_tokens,
-            stride: s.rec_stride(),
+            recv_rows: s.size * s.max_tokens * s.rec_stride(false) / stride,
+            stride,
             send_counts: at(self.layout.send_counts),
             recv_counts: at(self.layout.recv_counts),
         }
@@ -278,7 +279,7 @@ impl DeviceMoe {
         let stride = s.crec_stride();
         StagedBuffers {
             send: at(self.layout.send),
-            send_rows: (MoeLayout::send_records(s) * s.rec_stride()) / stride,
+            send_rows: MoeLayout::send_bytes(s) / stride,
             recv: at(self.layout.cstage),
             recv_rows: s.max_tokens * s.top_k,
             stride,

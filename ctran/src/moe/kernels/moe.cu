@@ -186,12 +186,12 @@ __device__ __forceinline__ u8 f32_to_e4m3(float v) {
     return sign | (u8)(((exp << 3) | keep) + up);
 }
 
-// Dispatch record: payload (bf16 or fp8), scale f32, token u32, then per slot (local expert
-// i32 or -1, weight f32).
+// Dispatch record (`rec_stride` bytes for this dispatch's dtype): payload (bf16 or fp8), scale
+// f32, token u32, then per slot (local expert i32 or -1, weight f32).
 __device__ __forceinline__ u64 payload_bytes(const MoeParams& p) {
     return p.fp8 ? (u64)p.hidden : 2ull * p.hidden;
 }
-__device__ __forceinline__ u64 scale_at(const MoeParams& p) { return 2ull * p.hidden; }
+__device__ __forceinline__ u64 scale_at(const MoeParams& p) { return payload_bytes(p); }
 __device__ __forceinline__ u64 token_at(const MoeParams& p) { return scale_at(p) + 4; }
 __device__ __forceinline__ u64 slot_at(const MoeParams& p, u32 k) {
     return token_at(p) + 4 + 8ull * k;
