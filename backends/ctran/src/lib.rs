@@ -9,6 +9,7 @@ use std::sync::{Arc, OnceLock};
 use ctran::bootstrap::{env, rendezvous};
 use ctran::engine::{Engine, Handle, Issue};
 use ctran::moe::alltoallv::{DeviceAllToAllv, DynamicArgs};
+use ctran::moe::AbortWord;
 use ctran::{Comm, CommConfig, Op};
 use torchcomms::{
     Backend, BackendRegistration, Call, CommOptions, Device, Error, InitArgs, OpOptions, Result,
@@ -41,6 +42,8 @@ pub struct CtranBackend {
     /// CUDA `device_alltoallv_single` between ranks that map each other's memory (set up at
     /// the first one; `None` when they cannot).
     dynamic: OnceLock<Option<Arc<DeviceAllToAllv>>>,
+    /// Polled by the MoE and device all_to_all_v kernels; raised by `abort()`.
+    abort_word: OnceLock<Arc<AbortWord>>,
 }
 
 impl CtranBackend {
@@ -49,7 +52,19 @@ impl CtranBackend {
             engine,
             aborted: AtomicBool::new(false),
             dynamic: OnceLock::new(),
+            abort_word: OnceLock::new(),
         }
+    }
+
+    /// The word the device kernels poll for an abort (made at first use, on `ctx`'s device).
+    fn abort_word(&self, ctx: &Arc<ctran::cuda::Context>) -> Result<Arc<AbortWord>> {
+        if let Some(w) = self.abort_word.get() {
+            return Ok(Arc::clone(w));
+        }
+        let rank = self.comm().rank();
+        let w = AbortWord::new(ctx)
+            .map_err(|e| Error::Engine(ctran::gpe::cuda_err("abort word", rank, e)))?;
+        Ok(Arc::clone(self.abort_word.get_or_init(|| w)))
     }
 
     /// Runs a CUDA `device_alltoallv_single` with the kernels that keep the counts on the
@@ -75,7 +90,8 @@ impl CtranBackend {
             Some(op) => op.clone(),
             None => {
                 let ctx = ctran::cuda::Context::get(ordinal).map_err(cuda)?;
-                let op = DeviceAllToAllv::new(self.comm(), &ctx)?.map(Arc::new);
+                let abort = self.abort_word(&ctx)?;
+                let op = DeviceAllToAllv::new(self.comm(), &ctx, abort)?.map(Arc::new);
                 self.dynamic.get_or_init(|| op).clone()
             }
         };
@@ -187,10 +203,24 @@ impl Backend for CtranBackend {
         &self,
         cfg: &torchcomms::moe::MoeConfig,
     ) -> Result<Box<dyn torchcomms::moe::MoeDeviceEngine>> {
+        let Device::Cuda(ordinal) = self.engine.device() else {
+            return Err(Error::invalid(
+                "MoeBuffer",
+                "comm",
+                "a CUDA communicator",
+                self.engine.device(),
+            ));
+        };
+        let rank = self.comm().rank();
+        let ctx = ctran::cuda::Context::get(ordinal)
+            .map_err(|e| Error::Engine(ctran::gpe::cuda_err("MoeBuffer", rank, e)))?;
+        let abort = self.abort_word(&ctx)?;
         Ok(Box::new(moe::CtranMoe::new(
             self.comm(),
-            self.engine.device(),
+            &ctx,
+            ordinal,
             cfg,
+            abort,
         )?))
     }
     fn version(&self) -> Result<String> {
@@ -277,6 +307,9 @@ impl Backend for CtranBackend {
 
     fn abort(&self) -> Result<()> {
         self.aborted.store(true, Ordering::Release);
+        if let Some(w) = self.abort_word.get() {
+            w.raise();
+        }
         self.engine.abort("abort() called");
         Ok(())
     }

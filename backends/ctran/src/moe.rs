@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use ctran::cuda::{Context, RawStream};
-use ctran::moe::{DeviceMoe, MoeShape, MoeTensors, StagedBuffers};
+use ctran::moe::{AbortWord, DeviceMoe, MoeShape, MoeTensors, StagedBuffers};
 use ctran::Comm;
 use torchcomms::moe::{MoeConfig, MoeDeviceEngine, MoeDeviceTensors, MoeMode};
 use torchcomms::{DataType, Device, Error, OpOptions, Result, Tensor, TorchComm};
@@ -18,17 +18,13 @@ pub(crate) struct CtranMoe {
 }
 
 impl CtranMoe {
-    pub(crate) fn new(comm: &Arc<Comm>, device: Device, cfg: &MoeConfig) -> Result<CtranMoe> {
-        let Device::Cuda(ordinal) = device else {
-            return Err(Error::invalid(
-                "MoeBuffer",
-                "comm",
-                "a CUDA communicator",
-                device,
-            ));
-        };
-        let ctx = Context::get(ordinal)
-            .map_err(|e| Error::Engine(ctran::gpe::cuda_err("MoeBuffer", comm.rank(), e)))?;
+    pub(crate) fn new(
+        comm: &Arc<Comm>,
+        ctx: &Arc<Context>,
+        ordinal: u32,
+        cfg: &MoeConfig,
+        abort: Arc<AbortWord>,
+    ) -> Result<CtranMoe> {
         let shape = MoeShape {
             rank: comm.rank(),
             size: comm.size(),
@@ -39,8 +35,8 @@ impl CtranMoe {
             low_latency: cfg.mode == MoeMode::LowLatency,
         };
         Ok(CtranMoe {
-            moe: DeviceMoe::new(comm, &ctx, shape)?,
-            device,
+            moe: DeviceMoe::new(comm, ctx, shape, abort)?,
+            device: Device::Cuda(ordinal),
         })
     }
 

@@ -14,6 +14,7 @@ ranks sharing a GPU) and ``staged`` (``CTRAN_BACKENDS=socket,shm``: records move
 from __future__ import annotations
 
 import os
+import time
 from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any, Iterator
@@ -264,3 +265,31 @@ def test_moe_cuda_graph_capture_and_replay(moe: SimpleNamespace) -> None:
         assert torch.equal(out.cpu(), acc.to(torch.bfloat16)), f"replay with seed {seed}"
         want = expected_dispatch(seed, experts, "random", False)
         assert tpe.tolist() == [len(r) for r, _, _ in want]
+
+
+def test_moe_cuda_abort_ends_a_waiting_dispatch(moe: SimpleNamespace) -> None:
+    """Rank 0 dispatches and rank 1 never does: rank 0's kernels wait for it. abort() ends the
+    wait at once (not at the two-minute timeout), and the buffer reports it."""
+    if moe.transport != "mapped":
+        pytest.skip("the staged transport's waits are the GPU progress engine's")
+    c = torchcomms.new_comm(
+        "ctran", DEV, "moe_abort", timeout=timedelta(seconds=120),
+        abort_process_on_timeout_or_error=False,
+    )
+    buf = MoeBuffer(c, 2 * WORLD, HIDDEN, MAX_TOKENS, 2)
+    if RANK == 0:
+        x = torch.ones(4, HIDDEN, dtype=torch.bfloat16, device=DEV)
+        idx = torch.zeros(4, 2, dtype=torch.int64, device=DEV)
+        idx[:, 1] = 1
+        buf.dispatch(x, idx, torch.ones(4, 2, device=DEV))
+        time.sleep(1.0)
+        start = time.monotonic()
+        c.abort()
+        torch.cuda.synchronize()
+        assert time.monotonic() - start < 30, "the kernels waited past the abort"
+        with pytest.raises(Exception, match="abort"):
+            buf.check()
+    else:
+        time.sleep(2.0)
+        c.abort()
+    del buf

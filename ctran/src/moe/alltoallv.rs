@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use super::symmetric::{SymmetricRegion, MAX_RANKS};
+use super::AbortWord;
 use crate::comm::Comm;
 use crate::cuda::kernels::{load_once, PerDevice};
 use crate::cuda::{Context, DeviceRepr, Event, Function, Module, PinnedBuffer, RawStream};
@@ -42,6 +43,7 @@ pub struct A2avParams {
     pub out_counts: u64,
     pub timeout_ns: u64,
     pub err: u64,
+    pub abort: u64,
     pub region: [u64; MAX_RANKS],
     pub output: [u64; MAX_RANKS],
 }
@@ -116,12 +118,19 @@ pub struct DeviceAllToAllv {
     rank: usize,
     size: usize,
     timeout: Duration,
+    /// Raised when the communicator aborts.
+    abort: Arc<AbortWord>,
+    comm: String,
 }
 
 impl DeviceAllToAllv {
     /// Sets up the regions on `ctx`'s device; `None` on every rank when some pair of ranks
     /// cannot map each other. Collective over `comm`.
-    pub fn new(comm: &Comm, ctx: &Arc<Context>) -> Result<Option<DeviceAllToAllv>> {
+    pub fn new(
+        comm: &Comm,
+        ctx: &Arc<Context>,
+        abort: Arc<AbortWord>,
+    ) -> Result<Option<DeviceAllToAllv>> {
         let (rank, size) = (comm.rank(), comm.size());
         let e = |x| cuda_err("device_alltoallv_single", rank, x);
         let region = SymmetricRegion::new(comm, ctx, region_bytes(size), true)?;
@@ -137,6 +146,8 @@ impl DeviceAllToAllv {
             rank,
             size,
             timeout: comm.config().timeout,
+            abort,
+            comm: comm.name().to_string(),
         }))
     }
 
@@ -196,6 +207,7 @@ impl DeviceAllToAllv {
             out_counts: args.out_counts,
             timeout_ns: u64::try_from(self.timeout.as_nanos()).unwrap_or(u64::MAX),
             err: self.err.device_ptr(),
+            abort: self.abort.device_ptr(),
             region: self.region.peers(),
             output,
         };
@@ -241,6 +253,12 @@ impl DeviceAllToAllv {
                 rank: self.rank,
                 peer: Some(a as usize),
                 timeout: self.timeout,
+            },
+            4 => Error::Aborted {
+                comm: self.comm.clone(),
+                reason: format!(
+                    "device_alltoallv_single waiting for rank {a} gave up: the communicator aborted"
+                ),
             },
             _ => Error::invalid(
                 format!("device_alltoallv_single: output on rank {a}"),

@@ -51,6 +51,7 @@ pub struct MoeParams {
     pub tokens_per_expert: u64,
     pub scratch: u64,
     pub err: u64,
+    pub abort: u64,
     pub at: MoeLayout,
     pub peer: [u64; MAX_RANKS],
 }

@@ -61,6 +61,29 @@ pub struct MoeTensors {
     pub out: u64,
 }
 
+/// A word of mapped host memory that the kernels' waits poll: raised once the communicator
+/// aborts, so a kernel waiting for a peer gives up at once instead of at the timeout.
+#[derive(Debug)]
+pub struct AbortWord(PinnedBuffer);
+
+impl AbortWord {
+    /// A lowered word on `ctx`'s device.
+    pub fn new(ctx: &Arc<Context>) -> crate::cuda::error::Result<Arc<AbortWord>> {
+        PinnedBuffer::alloc(ctx, 8).map(|b| Arc::new(AbortWord(b)))
+    }
+
+    /// Raises it: every wait of every kernel given it fails.
+    pub fn raise(&self) {
+        // SAFETY: 8 bytes of pinned memory, 8-aligned; the kernels only read it.
+        unsafe { self.0.as_ptr().cast::<u64>().write_volatile(1) };
+    }
+
+    /// Its device address, for the kernels.
+    pub fn device_ptr(&self) -> u64 {
+        self.0.device_ptr()
+    }
+}
+
 /// Buffers the caller hands `device_alltoallv_single` between a staged exchange's steps:
 /// `rows` records of `stride` bytes from `send`, into `recv`, with int64 counts per rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,6 +116,9 @@ pub struct DeviceMoe {
     /// Code and three details of the first device error (mapped host memory).
     err: PinnedBuffer,
     timeout: Duration,
+    /// Raised when the communicator aborts.
+    abort: Arc<AbortWord>,
+    comm: String,
     /// Recorded after the last launch: drop waits for it before freeing memory.
     last: Event,
 }
@@ -100,7 +126,12 @@ pub struct DeviceMoe {
 impl DeviceMoe {
     /// Allocates the exchange's memory on `ctx`'s device and, where every pair of ranks can,
     /// maps every peer's region. Every rank of `comm` must call it with the same shape.
-    pub fn new(comm: &Comm, ctx: &Arc<Context>, shape: MoeShape) -> Result<DeviceMoe> {
+    pub fn new(
+        comm: &Comm,
+        ctx: &Arc<Context>,
+        shape: MoeShape,
+        abort: Arc<AbortWord>,
+    ) -> Result<DeviceMoe> {
         let rank = comm.rank();
         let e = |x| cuda_err("MoeBuffer", rank, x);
         if shape.size > MAX_RANKS {
@@ -129,6 +160,8 @@ impl DeviceMoe {
             scratch,
             err,
             timeout: comm.config().timeout,
+            abort,
+            comm: comm.name().to_string(),
             last,
         })
     }
@@ -174,6 +207,7 @@ impl DeviceMoe {
             tokens_per_expert: t.tokens_per_expert,
             scratch: self.scratch.as_ptr(),
             err: self.err.device_ptr(),
+            abort: self.abort.device_ptr(),
             at: self.layout,
             peer: self.sym.peers(),
         }
@@ -328,6 +362,10 @@ impl DeviceMoe {
                 "an expert output for every routed slot",
                 format!("none for token {a} slot {b}"),
             ),
+            7 => Error::Aborted {
+                comm: self.comm.clone(),
+                reason: format!("a MoE kernel waiting for rank {a} gave up: the communicator aborted"),
+            },
             6 => Error::invalid(
                 "moe_combine: expert_out",
                 format!("a row for each of the {a} rows dispatch received"),

@@ -24,6 +24,7 @@ typedef unsigned char u8;
 #define A2AV_ERR_COUNT 1     // a: destination, b: the count (negative, or past input's rows)
 #define A2AV_ERR_TIMEOUT 2   // a: peer, b: what waited (1 counts, 2 data), c: round
 #define A2AV_ERR_CAPACITY 3  // a: receiving rank, b: rows sent to it, c: its capacity
+#define A2AV_ERR_ABORTED 4   // a: peer waited for, b: what waited, c: round
 
 // Region layout (bytes): matrix[2][size][size + 1] u64, count flags[size], data flags[size],
 // then this rank's state (round, finished blocks).
@@ -32,6 +33,7 @@ struct A2avParams {
     u64 row_bytes, in_rows, out_rows;
     u64 input, in_counts, out_counts;
     u64 timeout_ns, err;
+    u64 abort;  // mapped host word: nonzero once the communicator aborted
     u64 region[A2AV_MAX_RANKS];  // every rank's region as mapped here
     u64 output[A2AV_MAX_RANKS];  // every rank's output as mapped here
 };
@@ -63,6 +65,10 @@ __device__ bool a2av_wait(const A2avParams& p, u64* flag, u64 round, u64 peer, u
     u64 start = 0;
     u32 ns = 32;
     while (tc_ld_acquire_sys(flag) < round) {
+        if (*(volatile u64*)p.abort != 0) {
+            a2av_fail(p, A2AV_ERR_ABORTED, peer, what, round);
+            return false;
+        }
         u64 now = tc_globaltimer();
         if (start == 0) start = now;
         if (now - start > p.timeout_ns) {

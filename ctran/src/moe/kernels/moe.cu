@@ -15,9 +15,10 @@
 // dispatched it after its previous combine finished reading (stream order on the owner).
 //
 // Errors never hang and never write out of bounds: a bad expert id is dropped from the routing
-// and reported, a wait gives up at `timeout_ns` and is reported, a row that answers no routed
-// slot is refused. The first error wins the mapped host word `err` (code, then three details),
-// which the host turns into an exception.
+// and reported; a wait gives up at `timeout_ns`, or once the communicator aborted (the mapped
+// host word `abort`), and is reported; a row that answers no routed slot is refused. The first
+// error wins the mapped host word `err` (code, then three details), which the host turns into
+// an exception.
 
 typedef unsigned long long u64;
 typedef unsigned int u32;
@@ -33,6 +34,7 @@ typedef unsigned char u8;
 #define MOE_ERR_MISSING 4   // a: token, b: slot (no row came back)
 #define MOE_ERR_COUNT 5     // a: peer, b: count (more records than max_tokens)
 #define MOE_ERR_Y_ROWS 6    // a: rows received, b: rows of expert_out
+#define MOE_ERR_ABORTED 7   // a: peer waited for, b: what waited
 
 // Byte offsets into the regions, computed by the host (ctran/src/moe/layout.rs).
 struct MoeLayout {
@@ -87,6 +89,7 @@ struct MoeParams {
     u64 y, out;                     // combine: expert rows (bf16), result (bf16)
     u64 recv_x, recv_x_fp8, recv_scales, recv_weights, tokens_per_expert;
     u64 scratch, err;
+    u64 abort;                      // mapped host word: nonzero once the communicator aborted
     MoeLayout at;
     u64 peer[MOE_MAX_RANKS];        // every rank's symmetric region, as mapped here
 };
@@ -120,6 +123,10 @@ __device__ bool moe_wait(const MoeParams& p, u64* flag, u64 round, u64 peer, u64
     u64 start = 0;
     u32 ns = 32;
     while (tc_ld_acquire_sys(flag) < round) {
+        if (*(volatile u64*)p.abort != 0) {
+            moe_fail(p, MOE_ERR_ABORTED, peer, what, round);
+            return false;
+        }
         u64 now = tc_globaltimer();
         if (start == 0) start = now;
         if (now - start > p.timeout_ns) {
