@@ -71,9 +71,6 @@ impl CtranBackend {
     /// device; `None` where they cannot run (then the engine runs it). Every rank decides
     /// alike.
     fn run_dynamic(&self, call: &Call, opts: &OpOptions) -> Result<Option<Work>> {
-        let (Device::Cuda(ordinal), false) = (self.engine.device(), self.is_aborted()) else {
-            return Ok(None);
-        };
         let Call::AllToAllDynamic {
             output,
             input,
@@ -81,6 +78,9 @@ impl CtranBackend {
             input_split_sizes,
         } = call
         else {
+            return Ok(None);
+        };
+        let (Device::Cuda(ordinal), false) = (self.engine.device(), self.is_aborted()) else {
             return Ok(None);
         };
         let row_bytes = input.row_numel() * input.dtype().size_bytes();
@@ -118,10 +118,7 @@ impl CtranBackend {
         let done = if captured {
             None
         } else {
-            let ctx = ctran::cuda::Context::get(ordinal).map_err(cuda)?;
-            let done = ctran::cuda::Event::new(&ctx).map_err(cuda)?;
-            done.record(stream).map_err(cuda)?;
-            Some(done)
+            Some(op.event_after(stream).map_err(cuda)?)
         };
         let timeout = opts.timeout_or(self.comm().config().timeout);
         Ok(Some(Work::new(

@@ -12,18 +12,25 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use super::symmetric::{SymmetricRegion, MAX_RANKS};
-use super::AbortWord;
+use super::words::{AbortWord, ErrorWords};
 use crate::comm::Comm;
 use crate::cuda::kernels::{load_once, PerDevice};
-use crate::cuda::{Context, DeviceRepr, Event, Function, Module, PinnedBuffer, RawStream};
+use crate::cuda::{Context, DeviceRepr, Event, Function, Module, RawStream};
 use crate::error::{Error, Result};
 use crate::gpe::cuda_err;
 use crate::nvl::registry::{Record, Registry, RECORD_BYTES};
 
-/// Source of the kernels: the CUDA/HIP compatibility header, then `kernels/alltoallv.cu`.
+/// Source of the kernels: the CUDA/HIP compatibility header, `kernels/report.cuh`, then
+/// `kernels/alltoallv.cu`.
 pub fn alltoallv_source() -> &'static str {
     static SOURCE: OnceLock<String> = OnceLock::new();
-    crate::cuda::kernels::with_compat(&SOURCE, &[include_str!("kernels/alltoallv.cu")])
+    crate::cuda::kernels::with_compat(
+        &SOURCE,
+        &[
+            include_str!("kernels/report.cuh"),
+            include_str!("kernels/alltoallv.cu"),
+        ],
+    )
 }
 /// Its name in logs and cache files.
 pub const ALLTOALLV_SOURCE_NAME: &str = "ctran/src/moe/kernels/alltoallv.cu";
@@ -112,7 +119,7 @@ pub struct DeviceAllToAllv {
     registry: Mutex<Registry>,
     kernels: Arc<Kernels>,
     /// Code and three details of the first device error (mapped host memory).
-    err: PinnedBuffer,
+    err: ErrorWords,
     /// Recorded after the last operation: drop waits for it before freeing memory.
     last: Event,
     rank: usize,
@@ -139,7 +146,7 @@ impl DeviceAllToAllv {
         }
         Ok(Some(DeviceAllToAllv {
             kernels: Kernels::get(ctx).map_err(e)?,
-            err: PinnedBuffer::alloc(ctx, 32).map_err(e)?,
+            err: ErrorWords::new(ctx).map_err(e)?,
             last: Event::new(ctx).map_err(e)?,
             registry: Mutex::new(Registry::new(ctx)),
             region,
@@ -230,36 +237,27 @@ impl DeviceAllToAllv {
         Ok(true)
     }
 
+    /// An event recorded on `stream` now: it completes with the operations issued there.
+    pub fn event_after(&self, stream: RawStream) -> crate::cuda::error::Result<Event> {
+        let done = Event::new(&self.kernels.ctx)?;
+        done.record(stream)?;
+        Ok(done)
+    }
+
     /// The first error the kernels reported since the last call, cleared.
     pub fn take_error(&self) -> Option<Error> {
-        let words = self.err.as_ptr().cast::<u64>();
-        // SAFETY: four u64 words of pinned memory (32 bytes, 8-aligned) that the device writes
-        // with system-scope stores; volatile reads see them.
-        let [code, a, b, c] = std::array::from_fn(|i| unsafe { words.add(i).read_volatile() });
-        if code == 0 {
-            return None;
+        let d = self.err.take()?;
+        let what = |_| "device_alltoallv_single".to_string();
+        if let Some(e) = d.wait_error(what, self.rank, &self.comm, self.timeout) {
+            return Some(e);
         }
-        // SAFETY: as above; clearing lets the next error through.
-        (0..4).for_each(|i| unsafe { words.add(i).write_volatile(0) });
-        Some(match code {
+        let [a, b, c] = d.detail;
+        Some(match d.code {
             1 => Error::invalid(
                 format!("device_alltoallv_single: input_split_sizes[{a}]"),
                 format!("counts >= 0 whose sum is at most input's {c} rows (nothing was sent)"),
                 b as i64,
             ),
-            2 => Error::Timeout {
-                op: "device_alltoallv_single".into(),
-                seq: c,
-                rank: self.rank,
-                peer: Some(a as usize),
-                timeout: self.timeout,
-            },
-            4 => Error::Aborted {
-                comm: self.comm.clone(),
-                reason: format!(
-                    "device_alltoallv_single waiting for rank {a} gave up: the communicator aborted"
-                ),
-            },
             _ => Error::invalid(
                 format!("device_alltoallv_single: output on rank {a}"),
                 format!("room for the rows sent to it ({b} rows; nothing was sent there)"),

@@ -10,10 +10,17 @@ use crate::cuda::{Context, DeviceRepr, Function, Module, RawStream};
 
 use super::symmetric::MAX_RANKS;
 
-/// Source of the kernels: the CUDA/HIP compatibility header, then `kernels/moe.cu`.
+/// Source of the kernels: the CUDA/HIP compatibility header, `kernels/report.cuh`, then
+/// `kernels/moe.cu`.
 pub fn moe_source() -> &'static str {
     static SOURCE: OnceLock<String> = OnceLock::new();
-    crate::cuda::kernels::with_compat(&SOURCE, &[include_str!("kernels/moe.cu")])
+    crate::cuda::kernels::with_compat(
+        &SOURCE,
+        &[
+            include_str!("kernels/report.cuh"),
+            include_str!("kernels/moe.cu"),
+        ],
+    )
 }
 /// Its name in logs and cache files.
 pub const MOE_SOURCE_NAME: &str = "ctran/src/moe/kernels/moe.cu";

@@ -22,17 +22,20 @@ pub mod alltoallv;
 pub mod kernels;
 pub mod layout;
 pub mod symmetric;
+pub mod words;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::comm::Comm;
-use crate::cuda::{Context, DeviceBuffer, Event, PinnedBuffer, RawStream};
+use crate::cuda::{Context, DeviceBuffer, Event, RawStream};
 use crate::error::{Error, Result};
 use crate::gpe::cuda_err;
 use kernels::{MoeKernels, MoeParams, Step};
 pub use layout::{MoeLayout, MoeShape};
 use symmetric::{SymmetricRegion, MAX_RANKS};
+pub use words::AbortWord;
+use words::ErrorWords;
 
 /// The caller's tensors of one exchange (device addresses; 0 where a step does not use one).
 #[derive(Debug, Clone, Copy, Default)]
@@ -59,29 +62,6 @@ pub struct MoeTensors {
     pub expert_rows: usize,
     /// Combine output: `[tokens, hidden]` bf16.
     pub out: u64,
-}
-
-/// A word of mapped host memory that the kernels' waits poll: raised once the communicator
-/// aborts, so a kernel waiting for a peer gives up at once instead of at the timeout.
-#[derive(Debug)]
-pub struct AbortWord(PinnedBuffer);
-
-impl AbortWord {
-    /// A lowered word on `ctx`'s device.
-    pub fn new(ctx: &Arc<Context>) -> crate::cuda::error::Result<Arc<AbortWord>> {
-        PinnedBuffer::alloc(ctx, 8).map(|b| Arc::new(AbortWord(b)))
-    }
-
-    /// Raises it: every wait of every kernel given it fails.
-    pub fn raise(&self) {
-        // SAFETY: 8 bytes of pinned memory, 8-aligned; the kernels only read it.
-        unsafe { self.0.as_ptr().cast::<u64>().write_volatile(1) };
-    }
-
-    /// Its device address, for the kernels.
-    pub fn device_ptr(&self) -> u64 {
-        self.0.device_ptr()
-    }
 }
 
 /// Buffers the caller hands `device_alltoallv_single` between a staged exchange's steps:
@@ -114,7 +94,7 @@ pub struct DeviceMoe {
     sym: SymmetricRegion,
     scratch: DeviceBuffer,
     /// Code and three details of the first device error (mapped host memory).
-    err: PinnedBuffer,
+    err: ErrorWords,
     timeout: Duration,
     /// Raised when the communicator aborts.
     abort: Arc<AbortWord>,
@@ -143,7 +123,7 @@ impl DeviceMoe {
         }
         let (layout, sym_bytes, scratch_bytes) = MoeLayout::new(&shape);
         let scratch = DeviceBuffer::zeroed(ctx, scratch_bytes).map_err(e)?;
-        let err = PinnedBuffer::alloc(ctx, 32).map_err(e)?;
+        let err = ErrorWords::new(ctx).map_err(e)?;
         let kernels = MoeKernels::get(ctx).map_err(e)?;
         let last = Event::new(ctx).map_err(e)?;
         let sym = SymmetricRegion::new(comm, ctx, sym_bytes, true)?;
@@ -324,17 +304,21 @@ impl DeviceMoe {
 
     /// The first error the device reported since the last call, cleared.
     pub fn take_error(&self) -> Option<Error> {
-        let words = self.err.as_ptr().cast::<u64>();
-        // SAFETY: the buffer holds four u64 words (32 bytes, 8-aligned pinned memory); the
-        // device writes them with system-scope stores, so volatile reads see them.
-        let [code, a, b, c] = std::array::from_fn(|i| unsafe { words.add(i).read_volatile() });
-        if code == 0 {
-            return None;
+        let d = self.err.take()?;
+        let what = |w: u64| {
+            [
+                "moe",
+                "moe_dispatch (the peer's previous records unread)",
+                "moe_dispatch",
+                "moe_combine",
+            ][w.min(3) as usize]
+                .to_string()
+        };
+        if let Some(e) = d.wait_error(what, self.shape.rank, &self.comm, self.timeout) {
+            return Some(e);
         }
-        // SAFETY: as above; clearing lets the next error through.
-        (0..4).for_each(|i| unsafe { words.add(i).write_volatile(0) });
-        let rank = self.shape.rank;
-        Some(match code {
+        let [a, b, c] = d.detail;
+        Some(match d.code {
             1 => Error::invalid(
                 format!("moe_dispatch: topk_idx[{a}, {b}]"),
                 format!(
@@ -343,15 +327,6 @@ impl DeviceMoe {
                 ),
                 c as i64,
             ),
-            2 => Error::Timeout {
-                op: ["moe", "moe_dispatch (the peer's previous records unread)", "moe_dispatch", "moe_combine"]
-                    [b.min(3) as usize]
-                    .into(),
-                seq: c,
-                rank,
-                peer: Some(a as usize),
-                timeout: self.timeout,
-            },
             3 => Error::invalid(
                 "moe_combine: handle",
                 "rows answering this rank's dispatch, once each",
@@ -362,10 +337,6 @@ impl DeviceMoe {
                 "an expert output for every routed slot",
                 format!("none for token {a} slot {b}"),
             ),
-            7 => Error::Aborted {
-                comm: self.comm.clone(),
-                reason: format!("a MoE kernel waiting for rank {a} gave up: the communicator aborted"),
-            },
             6 => Error::invalid(
                 "moe_combine: expert_out",
                 format!("a row for each of the {a} rows dispatch received"),

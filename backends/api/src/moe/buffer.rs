@@ -195,29 +195,10 @@ impl MoeBuffer {
         const OP: &str = "moe_dispatch";
         self.check_comm(comm, OP)?;
         let (hidden, top_k) = (self.cfg.hidden, self.cfg.top_k);
-        let tokens = x.rows();
         check_host(OP, "x", x, DataType::BF16)?;
         check_host(OP, "topk_idx", topk_idx, DataType::I64)?;
         check_host(OP, "topk_weights", topk_weights, DataType::F32)?;
-        if x.numel() != tokens * hidden {
-            return Err(Error::invalid(
-                OP,
-                "x",
-                format!("[tokens, {hidden}] (hidden)"),
-                format!("{x:?} with {tokens} rows"),
-            ));
-        }
-        if tokens > self.cfg.max_tokens_per_rank {
-            return Err(Error::invalid(
-                OP,
-                "x",
-                format!(
-                    "at most max_tokens_per_rank ({}) tokens",
-                    self.cfg.max_tokens_per_rank
-                ),
-                tokens,
-            ));
-        }
+        let tokens = self.cfg.dispatch_tokens(OP, x)?;
         for (arg, t) in [("topk_idx", topk_idx), ("topk_weights", topk_weights)] {
             if t.numel() != tokens * top_k {
                 return Err(Error::invalid(

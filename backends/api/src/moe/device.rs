@@ -185,26 +185,7 @@ impl DeviceMoeBuffer {
         const OP: &str = "moe_dispatch";
         self.check()?;
         let (h, k) = (self.cfg.hidden, self.cfg.top_k);
-        let tokens = x.rows();
-        if tokens > self.cfg.max_tokens_per_rank {
-            return Err(Error::invalid(
-                OP,
-                "x",
-                format!(
-                    "at most max_tokens_per_rank ({}) tokens",
-                    self.cfg.max_tokens_per_rank
-                ),
-                tokens,
-            ));
-        }
-        if x.numel() != tokens * h {
-            return Err(Error::invalid(
-                OP,
-                "x",
-                format!("[tokens, {h}] (hidden)"),
-                format!("{x:?}"),
-            ));
-        }
+        let tokens = self.cfg.dispatch_tokens(OP, x)?;
         self.tensor(OP, "x", x, DataType::BF16, tokens * h)?;
         self.tensor(OP, "topk_idx", topk_idx, DataType::I64, tokens * k)?;
         self.tensor(OP, "topk_weights", topk_weights, DataType::F32, tokens * k)?;

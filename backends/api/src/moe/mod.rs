@@ -120,6 +120,37 @@ impl MoeConfig {
         Ok(())
     }
 
+    /// The tokens of dispatch's `x` of operation `op`: `[tokens, hidden]`, at most
+    /// `max_tokens_per_rank` of them.
+    pub(crate) fn dispatch_tokens(
+        &self,
+        op: &str,
+        x: &crate::tensor::Tensor,
+    ) -> crate::error::Result<usize> {
+        use crate::error::Error;
+        let (tokens, hidden) = (x.rows(), self.hidden);
+        if x.numel() != tokens * hidden {
+            return Err(Error::invalid(
+                op,
+                "x",
+                format!("[tokens, {hidden}] (hidden)"),
+                format!("{x:?} with {tokens} rows"),
+            ));
+        }
+        if tokens > self.max_tokens_per_rank {
+            return Err(Error::invalid(
+                op,
+                "x",
+                format!(
+                    "at most max_tokens_per_rank ({}) tokens",
+                    self.max_tokens_per_rank
+                ),
+                tokens,
+            ));
+        }
+        Ok(tokens)
+    }
+
     /// Experts per rank.
     pub fn local_experts(&self, size: usize) -> usize {
         self.num_experts / size.max(1)

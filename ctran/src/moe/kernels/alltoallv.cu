@@ -16,15 +16,12 @@
 // never overwritten while read. Waits give up at the timeout; errors land in the mapped host
 // word `err` (code, then three details), which the host turns into an exception.
 
-typedef unsigned long long u64;
-typedef unsigned int u32;
 typedef unsigned char u8;
 
 #define A2AV_MAX_RANKS 64
 #define A2AV_ERR_COUNT 1     // a: destination, b: the count (negative, or past input's rows)
-#define A2AV_ERR_TIMEOUT 2   // a: peer, b: what waited (1 counts, 2 data), c: round
+// DEV_ERR_TIMEOUT and DEV_ERR_ABORTED (report.cuh): b is what waited (1 counts, 2 data)
 #define A2AV_ERR_CAPACITY 3  // a: receiving rank, b: rows sent to it, c: its capacity
-#define A2AV_ERR_ABORTED 4   // a: peer waited for, b: what waited, c: round
 
 // Region layout (bytes): matrix[2][size][size + 1] u64, count flags[size], data flags[size],
 // then this rank's state (round, finished blocks).
@@ -52,33 +49,11 @@ __device__ __forceinline__ u64* state(const A2avParams& p) {
 }
 
 __device__ void a2av_fail(const A2avParams& p, u64 code, u64 a, u64 b, u64 c) {
-    volatile u64* err = (volatile u64*)p.err;
-    if (atomicCAS((u64*)p.err, 0ull, code) == 0ull) {
-        err[1] = a;
-        err[2] = b;
-        err[3] = c;
-        __threadfence_system();
-    }
+    dev_report(p.err, code, a, b, c);
 }
 
 __device__ bool a2av_wait(const A2avParams& p, u64* flag, u64 round, u64 peer, u64 what) {
-    u64 start = 0;
-    u32 ns = 32;
-    while (tc_ld_acquire_sys(flag) < round) {
-        if (*(volatile u64*)p.abort != 0) {
-            a2av_fail(p, A2AV_ERR_ABORTED, peer, what, round);
-            return false;
-        }
-        u64 now = tc_globaltimer();
-        if (start == 0) start = now;
-        if (now - start > p.timeout_ns) {
-            a2av_fail(p, A2AV_ERR_TIMEOUT, peer, what, round);
-            return false;
-        }
-        tc_nanosleep(ns);
-        if (ns < 1024) ns *= 2;
-    }
-    return true;
+    return dev_wait(p.err, p.abort, p.timeout_ns, flag, round, peer, what);
 }
 
 // One block of A2AV_MAX_RANKS threads.

@@ -20,8 +20,6 @@
 // error wins the mapped host word `err` (code, then three details), which the host turns into
 // an exception.
 
-typedef unsigned long long u64;
-typedef unsigned int u32;
 typedef unsigned short u16;
 typedef unsigned char u8;
 
@@ -29,12 +27,12 @@ typedef unsigned char u8;
 #define MOE_MAX_LOCAL 1024
 
 #define MOE_ERR_EXPERT 1    // a: token, b: slot, c: the id
-#define MOE_ERR_TIMEOUT 2   // a: peer, b: what waited (1 ack, 2 dispatch, 3 combine)
+// DEV_ERR_TIMEOUT 2 and DEV_ERR_ABORTED 7 (report.cuh): b is what waited (1 ack, 2 dispatch,
+// 3 combine)
 #define MOE_ERR_ROW 3       // a: peer, b: token, c: slot (a row answering no routed slot)
 #define MOE_ERR_MISSING 4   // a: token, b: slot (no row came back)
 #define MOE_ERR_COUNT 5     // a: peer, b: count (more records than max_tokens)
 #define MOE_ERR_Y_ROWS 6    // a: rows received, b: rows of expert_out
-#define MOE_ERR_ABORTED 7   // a: peer waited for, b: what waited
 
 // Byte offsets into the regions, computed by the host (ctran/src/moe/layout.rs).
 struct MoeLayout {
@@ -109,34 +107,11 @@ __device__ __forceinline__ T* sym(const MoeParams& p, u32 rank, u64 off) {
 }
 
 __device__ void moe_fail(const MoeParams& p, u64 code, u64 a, u64 b, u64 c) {
-    volatile u64* err = (volatile u64*)p.err;
-    if (atomicCAS((u64*)p.err, 0ull, code) == 0ull) {
-        err[1] = a;
-        err[2] = b;
-        err[3] = c;
-        __threadfence_system();
-    }
+    dev_report(p.err, code, a, b, c);
 }
 
-// Waits until the word at `flag` reaches `round`; false (and an error) after the timeout.
 __device__ bool moe_wait(const MoeParams& p, u64* flag, u64 round, u64 peer, u64 what) {
-    u64 start = 0;
-    u32 ns = 32;
-    while (tc_ld_acquire_sys(flag) < round) {
-        if (*(volatile u64*)p.abort != 0) {
-            moe_fail(p, MOE_ERR_ABORTED, peer, what, round);
-            return false;
-        }
-        u64 now = tc_globaltimer();
-        if (start == 0) start = now;
-        if (now - start > p.timeout_ns) {
-            moe_fail(p, MOE_ERR_TIMEOUT, peer, what, round);
-            return false;
-        }
-        tc_nanosleep(ns);
-        if (ns < 1024) ns *= 2;
-    }
-    return true;
+    return dev_wait(p.err, p.abort, p.timeout_ns, flag, round, peer, what);
 }
 
 // True in the block that finishes last of the grid (counter reset for the next launch).
