@@ -24,7 +24,7 @@ RANK = int(os.environ.get("RANK", "0"))
 WORLD = int(os.environ.get("WORLD_SIZE", "1"))
 LOCAL = int(os.environ.get("LOCAL_RANK", "0"))
 
-import torchcomms  # noqa: E402
+from conftest import new_comm_on  # noqa: E402
 
 DEV = torch.device("cuda", LOCAL % torch.cuda.device_count())
 torch.cuda.set_device(DEV)
@@ -32,16 +32,8 @@ torch.cuda.set_device(DEV)
 
 @pytest.fixture(scope="module", params=["kernels", "engine"])
 def a2a(request: Any) -> Iterator[SimpleNamespace]:
-    before = os.environ.get("CTRAN_BACKENDS")
-    if request.param == "engine":
-        os.environ["CTRAN_BACKENDS"] = "socket,shm"
-    try:
-        c = torchcomms.new_comm("ctran", DEV, f"a2av_{request.param}", timeout=timedelta(seconds=60))
-    finally:
-        if before is None:
-            os.environ.pop("CTRAN_BACKENDS", None)
-        else:
-            os.environ["CTRAN_BACKENDS"] = before
+    backends = "socket,shm" if request.param == "engine" else None
+    c = new_comm_on(backends, DEV, f"a2av_{request.param}", timeout=timedelta(seconds=60))
     yield SimpleNamespace(comm=c, way=request.param)
     torch.cuda.synchronize()
     c.finalize()

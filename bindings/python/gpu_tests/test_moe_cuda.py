@@ -30,6 +30,7 @@ WORLD = int(os.environ.get("WORLD_SIZE", "1"))
 LOCAL = int(os.environ.get("LOCAL_RANK", "0"))
 
 import torchcomms  # noqa: E402
+from conftest import new_comm_on  # noqa: E402
 from torchcomms.moe import MoeBuffer  # noqa: E402
 
 DEV = torch.device("cuda", LOCAL % torch.cuda.device_count())
@@ -43,16 +44,8 @@ MAX_TOKENS = 24
 @pytest.fixture(scope="module", params=["mapped", "staged"])
 def moe(request: Any) -> Iterator[SimpleNamespace]:
     """A communicator (``moe.comm``) whose MoE buffers take transport ``moe.transport``."""
-    before = os.environ.get("CTRAN_BACKENDS")
-    if request.param == "staged":
-        os.environ["CTRAN_BACKENDS"] = "socket,shm"
-    try:
-        c = torchcomms.new_comm("ctran", DEV, f"moe_{request.param}", timeout=timedelta(seconds=60))
-    finally:
-        if before is None:
-            os.environ.pop("CTRAN_BACKENDS", None)
-        else:
-            os.environ["CTRAN_BACKENDS"] = before
+    backends = "socket,shm" if request.param == "staged" else None
+    c = new_comm_on(backends, DEV, f"moe_{request.param}", timeout=timedelta(seconds=60))
     yield SimpleNamespace(comm=c, transport=request.param)
     torch.cuda.synchronize()
     c.finalize()

@@ -34,6 +34,7 @@ if WORLD < 2:
     pytest.skip("windows need 2 or more ranks", allow_module_level=True)
 
 import torchcomms  # noqa: E402
+from conftest import new_comm_on  # noqa: E402
 from torchcomms import TorchCommWinAccessType  # noqa: E402
 
 DEV = torch.device("cuda", LOCAL % torch.cuda.device_count())
@@ -42,17 +43,9 @@ torch.cuda.set_device(DEV)
 
 @pytest.fixture(scope="module")
 def comm() -> Iterator[Any]:
-    # Host transports only for this communicator (cvars are read at creation); the other test
-    # modules of the same process keep theirs.
-    before = os.environ.get("CTRAN_BACKENDS")
-    os.environ["CTRAN_BACKENDS"] = "socket,shm"
-    try:
-        c = torchcomms.new_comm("ctran", DEV, "gpu_windows_staged", timeout=timedelta(seconds=float(os.environ.get("STAGED_TIMEOUT", "60"))))
-    finally:
-        if before is None:
-            del os.environ["CTRAN_BACKENDS"]
-        else:
-            os.environ["CTRAN_BACKENDS"] = before
+    # Host transports only for this communicator.
+    timeout = timedelta(seconds=float(os.environ.get("STAGED_TIMEOUT", "60")))
+    c = new_comm_on("socket,shm", DEV, "gpu_windows_staged", timeout=timeout)
     yield c
     torch.cuda.synchronize()
     c.finalize()
