@@ -92,6 +92,9 @@ pub enum Call {
         outputs: Vec<Tensor>,
         /// One tensor per destination rank.
         inputs: Vec<Tensor>,
+        /// Every rank passes blocks of one and the same size (`all_to_all_single`): engines may
+        /// then take paths that need it, which ranks cannot check on their own.
+        uniform: bool,
     },
     /// all_to_all_v whose row counts are tensors read when the operation runs: `input`'s blocks
     /// (by `input_split_sizes`) go to each rank, and what each rank sent lands packed in
@@ -191,7 +194,9 @@ impl Call {
             Call::ReduceScatter { output, inputs, .. } | Call::Scatter { output, inputs, .. } => {
                 inputs.iter().chain([output]).collect()
             }
-            Call::AllToAll { outputs, inputs } => inputs.iter().chain(outputs).collect(),
+            Call::AllToAll {
+                outputs, inputs, ..
+            } => inputs.iter().chain(outputs).collect(),
             Call::AllToAllDynamic {
                 output,
                 input,

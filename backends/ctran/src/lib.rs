@@ -240,16 +240,19 @@ impl Backend for CtranBackend {
         if let Some(work) = self.run_dynamic(&call, opts)? {
             return Ok(work);
         }
+        let uniform_call = matches!(call, Call::AllToAll { uniform: true, .. });
         let (op, keep) = lower::lower(call, self.comm().name())?;
         let timeout = opts.timeout_or(self.comm().config().timeout);
         // Hints for the engine's algorithm choice (ctran::algos::select::Hints): `algo`, and
-        // `uniform_blocks` (every rank passes equal blocks, as all_to_all_single does).
+        // uniform blocks (all_to_all_single, or the `uniform_blocks` hint of a caller that
+        // passes equal blocks on every rank).
         let hints = ctran::algos::select::Hints {
             algo: opts.hints.get("algo").map(String::as_str),
-            uniform: opts
-                .hints
-                .get("uniform_blocks")
-                .is_some_and(|v| matches!(v.as_str(), "1" | "true")),
+            uniform: uniform_call
+                || opts
+                    .hints
+                    .get("uniform_blocks")
+                    .is_some_and(|v| matches!(v.as_str(), "1" | "true")),
         };
         // A barrier on a CUDA device blocks the host, like ProcessGroupNCCL's.
         let blocking = matches!(op, Op::Barrier) && matches!(self.engine.device(), Device::Cuda(_));

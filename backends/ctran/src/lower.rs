@@ -47,7 +47,9 @@ pub(crate) fn lower(call: Call, comm: &str) -> Result<(Op, KeepAlive)> {
             dtype: output.dtype(),
             op,
         },
-        Call::AllToAll { outputs, inputs } => Op::AllToAll {
+        Call::AllToAll {
+            outputs, inputs, ..
+        } => Op::AllToAll {
             inputs: spans(&inputs),
             outputs: spans(&outputs),
         },

@@ -343,7 +343,9 @@ impl Backend for NcclBackend {
             Call::ReduceScatter { output, inputs, op } => {
                 self.reduce_scatter(&output, &inputs, op, opts)
             }
-            Call::AllToAll { outputs, inputs } => self.all_to_all(&outputs, &inputs, opts),
+            Call::AllToAll {
+                outputs, inputs, ..
+            } => self.all_to_all(&outputs, &inputs, opts),
             Call::Scatter {
                 output,
                 inputs,

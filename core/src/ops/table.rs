@@ -187,6 +187,7 @@ macro_rules! for_each_op {
                     Call::AllToAll {
                         outputs: output.blocks(c.size(), block),
                         inputs: input.blocks(c.size(), block),
+                        uniform: true,
                     }
                 }
 
@@ -223,6 +224,7 @@ macro_rules! for_each_op {
                     Call::AllToAll {
                         outputs: output.split_rows(output_split_sizes),
                         inputs: input.split_rows(input_split_sizes),
+                        uniform: false,
                     }
                 }
 
@@ -240,6 +242,7 @@ macro_rules! for_each_op {
                     Call::AllToAll {
                         outputs: output_tensor_list.to_vec(),
                         inputs: input_tensor_list.to_vec(),
+                        uniform: false,
                     }
                 }
 
