@@ -5,12 +5,16 @@ expert, and the reverse for combine), in one run.
 
     torchrun --nproc_per_node 4 scripts/bench/moe_bench.py [--tokens 128] [--hidden 7168]
         [--experts 256] [--top-k 8] [--fp8] [--mode high_throughput] [--iters 20]
-        [--peer gloo] [--device cpu] [--json OUT]
+        [--peer gloo] [--device cpu] [--json OUT] [--profile N]
 
 ``--device cuda --peer nccl`` times CUDA tensors (each rank on ``cuda:LOCAL_RANK % count``;
 ``MoeBuffer`` runs its kernels, torch.distributed its NCCL exchange with the host
 synchronisation), each iteration up to a device synchronize. Each iteration starts after a
 barrier; the figure per way is the median over iterations of the slowest rank's time.
+
+``--profile N`` (CUDA) then runs N more dispatches, and N combines, of ours under
+torch.profiler; rank 0 prints each call's host time and each kernel's median duration: where
+the time goes.
 """
 
 from __future__ import annotations
@@ -100,6 +104,37 @@ def timed(fn: Callable[[], Any], barrier: Callable[[], None], iters: int, cuda: 
     return out
 
 
+def profile_kernels(
+    label: str, step: Callable[[], Any], barrier: Callable[[], None], iters: int, rank: int
+) -> None:
+    """Rank 0 prints, over `iters` profiled calls of `step` (each after a barrier), the median
+    host time of the call, its time to a device synchronize, and each kernel's median
+    duration."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    host, wall = [], []
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            barrier()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            step()
+            host.append((time.perf_counter() - t0) * 1e6)
+            torch.cuda.synchronize()
+            wall.append((time.perf_counter() - t0) * 1e6)
+    if rank != 0:
+        return
+    spans: dict[str, list[float]] = {}
+    for e in prof.events():
+        if e.device_type == DeviceType.CUDA:
+            spans.setdefault(e.name, []).append(e.time_range.end - e.time_range.start)
+    print(f"{label} on rank 0, {iters} profiled calls: host {statistics.median(host):.1f} us, "
+          f"to a synchronize {statistics.median(wall):.1f} us; kernels (median us, count):")
+    for name, d in sorted(spans.items(), key=lambda kv: -statistics.median(kv[1])):
+        print(f"  {name[:56]:56s} {statistics.median(d):9.1f} {len(d):6d}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--tokens", type=int, default=128)
@@ -112,6 +147,7 @@ def main() -> None:
     p.add_argument("--peer", default="gloo")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--json", default=None)
+    p.add_argument("--profile", type=int, default=0)
     a = p.parse_args()
 
     cuda = a.device == "cuda"
@@ -181,6 +217,10 @@ def main() -> None:
         if a.json:
             with open(a.json, "w") as f:
                 json.dump({"args": vars(a), "world": world, "median_us": slowest}, f, indent=1)
+    if cuda and a.profile:
+        profile_kernels("dispatch", ours_dispatch, barrier, a.profile, rank)
+        d = ours_dispatch()
+        profile_kernels("combine", lambda: buf.combine(y_ours, d[4]), barrier, a.profile, rank)
     comm.finalize()
     dist.destroy_process_group()
 

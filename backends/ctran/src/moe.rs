@@ -114,8 +114,8 @@ impl MoeDeviceEngine for CtranMoe {
         Ok(self.moe.combine_receive(t.tokens, &d, stream)?)
     }
 
-    fn take_error(&self) -> Option<Error> {
-        self.moe.take_error().map(Error::Engine)
+    fn take_error(&self, broken_only: bool) -> Option<Error> {
+        self.moe.take_error(broken_only).map(Error::Engine)
     }
 
     fn is_mapped(&self) -> bool {

@@ -264,7 +264,9 @@ impl DeviceMoe {
         if !self.sym.is_mapped() {
             steps.push((Step::CombineScatter, (s.max_tokens * s.top_k).min(1024)));
         }
-        steps.push((Step::CombineReduce, tokens.min(1024)));
+        // Blocks per token: runs of 8 elements, one per thread (moe_combine_reduce).
+        let parts = (s.hidden / 8).div_ceil(Step::CombineReduce.block() as usize);
+        steps.push((Step::CombineReduce, tokens * parts));
         self.run(&steps, &p, stream)
     }
 
@@ -302,9 +304,15 @@ impl DeviceMoe {
         }
     }
 
-    /// The first error the device reported since the last call, cleared.
-    pub fn take_error(&self) -> Option<Error> {
-        let d = self.err.take()?;
+    /// The first error the device reported since the last call, cleared. With `broken_only`,
+    /// only an error that broke the exchange (a wait that timed out or saw the abort, a peer's
+    /// count beyond the buffer); an error about this rank's own inputs (a dropped expert id, a
+    /// combine row without a slot) then stays pending: the exchange completed on every rank,
+    /// and refusing this rank's next call for it would leave its peers waiting.
+    pub fn take_error(&self, broken_only: bool) -> Option<Error> {
+        let d = self
+            .err
+            .take_unless(|code| broken_only && INPUT_ERRORS.contains(&code))?;
         let what = |w: u64| {
             [
                 "moe",
@@ -350,6 +358,11 @@ impl DeviceMoe {
         })
     }
 }
+
+/// Codes of `kernels/moe.cu` about this rank's own inputs, after which the exchange completed:
+/// an expert id (1), a combine row answering no slot (3), a slot without a row (4), too few
+/// rows of `expert_out` (6).
+const INPUT_ERRORS: [u64; 4] = [1, 3, 4, 6];
 
 impl Drop for DeviceMoe {
     fn drop(&mut self) {

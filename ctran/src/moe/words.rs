@@ -93,11 +93,17 @@ impl ErrorWords {
 
     /// The first error reported since the last call, cleared.
     pub fn take(&self) -> Option<DeviceError> {
+        self.take_unless(|_| false)
+    }
+
+    /// The first error reported since the last call, cleared; with `keep(code)` true it
+    /// stays pending instead.
+    pub fn take_unless(&self, keep: impl Fn(u64) -> bool) -> Option<DeviceError> {
         let words = self.0.as_ptr().cast::<u64>();
         // SAFETY: four u64 words of pinned memory (32 bytes, 8-aligned) that the device writes
         // with system-scope stores; volatile reads see them.
         let [code, a, b, c] = std::array::from_fn(|i| unsafe { words.add(i).read_volatile() });
-        if code == 0 {
+        if code == 0 || keep(code) {
             return None;
         }
         // SAFETY: as above; clearing lets the next error through.

@@ -1,8 +1,9 @@
 //! [`DeviceMoeBuffer`]: dispatch and combine on CUDA tensors, with kernels on the caller's
 //! stream that the backend provides ([`MoeDeviceEngine`]). The same exchange as
 //! [`MoeBuffer`](super::MoeBuffer), bit for bit, but nothing waits on the host: counts and
-//! received rows stay on the device, and errors the kernels find surface at the next call or at
-//! [`DeviceMoeBuffer::check`].
+//! received rows stay on the device. Errors the kernels find surface at
+//! [`DeviceMoeBuffer::check`]; those that broke the exchange (a timeout, an abort) also at the
+//! next call.
 
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -59,8 +60,10 @@ pub trait MoeDeviceEngine: Send + Sync + Debug {
     fn dispatch(&self, comm: &TorchComm, t: &MoeDeviceTensors, opts: &OpOptions) -> Result<()>;
     /// Combine on `opts.stream`.
     fn combine(&self, comm: &TorchComm, t: &MoeDeviceTensors, opts: &OpOptions) -> Result<()>;
-    /// The first error the kernels reported since the last call, cleared.
-    fn take_error(&self) -> Option<Error>;
+    /// The first error the kernels reported since the last call, cleared. With `broken_only`,
+    /// only one that broke the exchange (a timeout, an abort, a peer beyond the buffer); errors
+    /// about this rank's inputs, after which the exchange completed, stay pending.
+    fn take_error(&self, broken_only: bool) -> Option<Error>;
     /// Whether peers write into each other's memory directly (no host transport involved,
     /// capturable in CUDA graphs).
     fn is_mapped(&self) -> bool;
@@ -95,6 +98,9 @@ pub struct DeviceMoeBuffer {
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
+/// The most experts per token on CUDA (the kernels keep a token's slots in shared memory).
+const MAX_TOP_K: usize = 256;
+
 impl DeviceMoeBuffer {
     /// A buffer for `comm` (collective: every rank calls it with the same configuration).
     pub fn new(comm: &TorchComm, cfg: MoeConfig) -> Result<DeviceMoeBuffer> {
@@ -115,6 +121,14 @@ impl DeviceMoeBuffer {
                 "hidden",
                 "a multiple of 8 on CUDA",
                 cfg.hidden,
+            ));
+        }
+        if cfg.top_k > MAX_TOP_K {
+            return Err(Error::invalid(
+                OP,
+                "top_k",
+                format!("at most {MAX_TOP_K} on CUDA"),
+                cfg.top_k,
             ));
         }
         Ok(DeviceMoeBuffer {
@@ -138,7 +152,15 @@ impl DeviceMoeBuffer {
 
     /// Raises the first error the kernels reported since the last call.
     pub fn check(&self) -> Result<()> {
-        self.engine.take_error().map_or(Ok(()), Err)
+        self.engine.take_error(false).map_or(Ok(()), Err)
+    }
+
+    /// Raises an error that broke the exchange (a timeout, an abort): a call after one would
+    /// wait for peers in a state nobody agrees on. Errors about this rank's own inputs wait
+    /// for [`DeviceMoeBuffer::check`]: the exchange completed on every rank, and refusing only
+    /// this rank's next call would leave its peers waiting for it.
+    fn check_broken(&self) -> Result<()> {
+        self.engine.take_error(true).map_or(Ok(()), Err)
     }
 
     fn tensor(&self, op: &str, arg: &str, t: &Tensor, dtype: DataType, numel: usize) -> Result<()> {
@@ -183,7 +205,7 @@ impl DeviceMoeBuffer {
         opts: &OpOptions,
     ) -> Result<DeviceHandle> {
         const OP: &str = "moe_dispatch";
-        self.check()?;
+        self.check_broken()?;
         let (h, k) = (self.cfg.hidden, self.cfg.top_k);
         let tokens = self.cfg.dispatch_tokens(OP, x)?;
         self.tensor(OP, "x", x, DataType::BF16, tokens * h)?;
@@ -244,7 +266,7 @@ impl DeviceMoeBuffer {
         opts: &OpOptions,
     ) -> Result<()> {
         const OP: &str = "moe_combine";
-        self.check()?;
+        self.check_broken()?;
         if handle.buffer != self.id || handle.round != self.round {
             return Err(Error::invalid(
                 OP,

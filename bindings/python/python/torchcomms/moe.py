@@ -40,7 +40,8 @@ step is a kernel on the current stream and nothing waits for the device:
   hosts the records move through ``device_alltoallv_single``.
 - Only the latest dispatch can be combined (its routing stays in the buffer).
 - An error the kernels find (an expert id out of range, a peer that never answers) is raised
-  by the next call, or by ``check()`` after a stream synchronize.
+  by ``check()`` after a stream synchronize; one that broke the exchange (a timeout, an abort)
+  also by the next call.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ typedef unsigned char u8;
 
 #define MOE_MAX_RANKS 64
 #define MOE_MAX_LOCAL 1024
+#define MOE_MAX_TOP_K 256  // DeviceMoeBuffer refuses more
 
 #define MOE_ERR_EXPERT 1    // a: token, b: slot, c: the id
 // DEV_ERR_TIMEOUT 2 and DEV_ERR_ABORTED 7 (report.cuh): b is what waited (1 ack, 2 dispatch,
@@ -591,8 +592,27 @@ extern "C" __global__ void __launch_bounds__(256) moe_combine_scatter(const __gr
     }
 }
 
-// A block per token (grid-strided): waits for every rank's rows (mapped), then sums the
-// token's slots in order, weighted, in f32, and rounds to bf16.
+// Blocks per token: each thread sums one run of 8 elements of a token's slots. Grid-strided
+// over (token, part), `parts` blocks per token (ceil(hidden / 8 / blockDim.x)).
+__device__ __forceinline__ u32 reduce_parts(const MoeParams& p) {
+    return (p.hidden / 8 + blockDim.x - 1) / blockDim.x;
+}
+
+// Adds 8 bf16 of `q`, weighted by `w`, to acc in f32 (product rounded, then the sum: the host
+// path's order, no FMA).
+__device__ __forceinline__ void add_weighted(float* acc, uint4 q, float w) {
+    u32 words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (u32 j = 0; j < 4; ++j) {
+        acc[2 * j] = __fadd_rn(acc[2 * j], __fmul_rn(w, bf16_to_f32((u16)(words[j] & 0xffff))));
+        acc[2 * j + 1] = __fadd_rn(acc[2 * j + 1], __fmul_rn(w, bf16_to_f32((u16)(words[j] >> 16))));
+    }
+}
+
+// Waits for every rank's rows (mapped), then writes each token's weighted sum of its slots,
+// in slot order, in f32, rounded to bf16. A token's slot states (routed and arrived, weight)
+// are read once per block into shared memory; rows are read 16 bytes at a time, four slots'
+// loads in flight together.
 extern "C" __global__ void __launch_bounds__(256) moe_combine_reduce(const __grid_constant__ MoeParams p) {
     MoeState* st = moe_state(p);
     u32 round = (u32)st->cround;
@@ -600,25 +620,48 @@ extern "C" __global__ void __launch_bounds__(256) moe_combine_reduce(const __gri
         moe_wait(p, sym<u64>(p, p.rank, p.at.cflag) + threadIdx.x, round, threadIdx.x, 3);
     __syncthreads();
     __threadfence();
+    __shared__ bool use[MOE_MAX_TOP_K];
+    __shared__ float weight[MOE_MAX_TOP_K];
     const int* idx = scratch<int>(p, p.at.idx);
     const float* w = scratch<float>(p, p.at.w);
     const volatile u32* stamp = sym<u32>(p, p.rank, p.at.stamp);
-    const u16* comb = sym<u16>(p, p.rank, p.at.crecv);
-    u16* out = (u16*)p.out;
-    u32 tokens = st->tokens;
-    for (u32 t = blockIdx.x; t < tokens; t += gridDim.x) {
-        if (threadIdx.x < p.top_k) {
-            u64 at = (u64)t * p.top_k + threadIdx.x;
-            if (idx[at] >= 0 && stamp[at] != round) moe_fail(p, MOE_ERR_MISSING, t, threadIdx.x, 0);
+    const uint4* comb = (const uint4*)sym<u8>(p, p.rank, p.at.crecv);
+    uint4* out = (uint4*)p.out;
+    u32 vecs = p.hidden / 8, parts = reduce_parts(p);
+    u64 blocks = (u64)st->tokens * parts;
+    for (u64 b = blockIdx.x; b < blocks; b += gridDim.x) {
+        u32 t = (u32)(b / parts), part = (u32)(b % parts);
+        __syncthreads();  // the previous token's slot states are no longer read
+        for (u32 k = threadIdx.x; k < p.top_k; k += blockDim.x) {
+            u64 at = (u64)t * p.top_k + k;
+            bool routed = idx[at] >= 0, arrived = stamp[at] == round;
+            if (routed && !arrived && part == 0) moe_fail(p, MOE_ERR_MISSING, t, k, 0);
+            use[k] = routed && arrived;
+            weight[k] = w[at];
         }
-        for (u32 h = threadIdx.x; h < p.hidden; h += blockDim.x) {
-            float acc = 0.0f;
-            for (u32 k = 0; k < p.top_k; ++k) {
-                u64 at = (u64)t * p.top_k + k;
-                if (idx[at] < 0 || stamp[at] != round) continue;
-                acc += w[at] * bf16_to_f32(comb[at * p.hidden + h]);
+        __syncthreads();
+        u32 v = part * blockDim.x + threadIdx.x;
+        if (v >= vecs) continue;
+        const uint4* row = comb + (u64)t * p.top_k * vecs + v;
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (u32 k0 = 0; k0 < p.top_k; k0 += 4) {
+            uint4 q[4];
+#pragma unroll
+            for (u32 j = 0; j < 4; ++j) {
+                u32 k = k0 + j;
+                if (k < p.top_k && use[k]) q[j] = row[(u64)k * vecs];
             }
-            out[(u64)t * p.hidden + h] = f32_to_bf16(acc);
+#pragma unroll
+            for (u32 j = 0; j < 4; ++j) {
+                u32 k = k0 + j;
+                if (k < p.top_k && use[k]) add_weighted(acc, q[j], weight[k]);
+            }
         }
+        uint4 r;
+        r.x = (u32)f32_to_bf16(acc[0]) | ((u32)f32_to_bf16(acc[1]) << 16);
+        r.y = (u32)f32_to_bf16(acc[2]) | ((u32)f32_to_bf16(acc[3]) << 16);
+        r.z = (u32)f32_to_bf16(acc[4]) | ((u32)f32_to_bf16(acc[5]) << 16);
+        r.w = (u32)f32_to_bf16(acc[6]) | ((u32)f32_to_bf16(acc[7]) << 16);
+        out[(u64)t * vecs + v] = r;
     }
 }
