@@ -123,16 +123,33 @@ def profile_kernels(
             host.append((time.perf_counter() - t0) * 1e6)
             torch.cuda.synchronize()
             wall.append((time.perf_counter() - t0) * 1e6)
+    barrier()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        step()
+    issued = (time.perf_counter() - t0) * 1e6 / iters
+    torch.cuda.synchronize()
+    back_to_back = (time.perf_counter() - t0) * 1e6 / iters
     if rank != 0:
         return
+    print(f"{label}: {iters} calls back to back, unprofiled: {issued:.1f} us per call to issue, "
+          f"{back_to_back:.1f} us per call to a synchronize")
     spans: dict[str, list[float]] = {}
+    api: dict[str, float] = {}
     for e in prof.events():
+        d = e.time_range.end - e.time_range.start
         if e.device_type == DeviceType.CUDA:
-            spans.setdefault(e.name, []).append(e.time_range.end - e.time_range.start)
+            spans.setdefault(e.name, []).append(d)
+        elif e.name.startswith("cu"):
+            api[e.name] = api.get(e.name, 0.0) + d
     print(f"{label} on rank 0, {iters} profiled calls: host {statistics.median(host):.1f} us, "
           f"to a synchronize {statistics.median(wall):.1f} us; kernels (median us, count):")
     for name, d in sorted(spans.items(), key=lambda kv: -statistics.median(kv[1])):
         print(f"  {name[:56]:56s} {statistics.median(d):9.1f} {len(d):6d}")
+    print("  CUDA API calls on the host (us per call of the step):")
+    for name, total in sorted(api.items(), key=lambda kv: -kv[1])[:8]:
+        print(f"    {name[:54]:54s} {total / iters:9.1f}")
 
 
 def main() -> None:

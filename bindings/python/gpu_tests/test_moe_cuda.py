@@ -217,7 +217,7 @@ def test_moe_cuda_bad_expert_id_is_reported_and_dropped(moe: SimpleNamespace) ->
     with pytest.raises(ValueError, match="multiple of 8"):
         MoeBuffer(moe.comm, experts, HIDDEN + 4, MAX_TOKENS, k)
     with pytest.raises(ValueError, match="top_k"):
-        MoeBuffer(moe.comm, 512, HIDDEN, MAX_TOKENS, 257)
+        MoeBuffer(moe.comm, 257 * WORLD, HIDDEN, MAX_TOKENS, 257)
     # Still usable afterwards.
     none = torch.full((2, k), -1, dtype=torch.int64, device=DEV)
     recv_x, _, _, tpe, handle = buf.dispatch(x, none, w)

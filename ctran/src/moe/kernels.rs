@@ -74,10 +74,9 @@ pub enum Step {
     Route,
     /// Writes every token's records (a block per token).
     DispatchSend,
-    /// Lists each local expert's records (a block per local expert).
+    /// Lists each local expert's records (a block per local expert); the last block lays out
+    /// the rows.
     DispatchIndex,
-    /// Row offsets per expert and source (one block).
-    DispatchPlan,
     /// Copies received rows into the caller's tensors (a warp per row).
     DispatchCopy,
     /// Sends expert outputs back (a warp per row).
@@ -89,11 +88,10 @@ pub enum Step {
 }
 
 impl Step {
-    const ALL: [Step; 8] = [
+    const ALL: [Step; 7] = [
         Step::Route,
         Step::DispatchSend,
         Step::DispatchIndex,
-        Step::DispatchPlan,
         Step::DispatchCopy,
         Step::CombineSend,
         Step::CombineScatter,
@@ -105,7 +103,6 @@ impl Step {
             Step::Route => "moe_route",
             Step::DispatchSend => "moe_dispatch_send",
             Step::DispatchIndex => "moe_dispatch_index",
-            Step::DispatchPlan => "moe_dispatch_plan",
             Step::DispatchCopy => "moe_dispatch_copy",
             Step::CombineSend => "moe_combine_send",
             Step::CombineScatter => "moe_combine_scatter",
@@ -116,7 +113,7 @@ impl Step {
     /// Threads per block (the kernels' `__launch_bounds__`).
     pub fn block(self) -> u32 {
         match self {
-            Step::Route | Step::DispatchPlan => 1024,
+            Step::Route => 1024,
             _ => 256,
         }
     }

@@ -241,7 +241,6 @@ impl DeviceMoe {
         self.run(
             &[
                 (Step::DispatchIndex, self.shape.local()),
-                (Step::DispatchPlan, 1),
                 (Step::DispatchCopy, self.row_grid()),
             ],
             &p,

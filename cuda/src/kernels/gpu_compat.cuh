@@ -65,6 +65,8 @@ __device__ __forceinline__ unsigned short tc_f32_to_f16(float f) {
 // The lanes of this thread's wavefront (64 on gfx9) whose `pred` holds, as a mask.
 #define TC_WARP_SIZE 64
 __device__ __forceinline__ unsigned long long tc_ballot(bool pred) { return __ballot(pred); }
+// `v` of the lane `d` below this one (this lane's own where there is none).
+__device__ __forceinline__ unsigned tc_shfl_up(unsigned v, unsigned d) { return __shfl_up(v, d); }
 
 #else  // CUDA
 
@@ -109,6 +111,11 @@ __device__ __forceinline__ unsigned short tc_f32_to_f16(float f) {
 #define TC_WARP_SIZE 32
 __device__ __forceinline__ unsigned long long tc_ballot(bool pred) {
     return (unsigned long long)__ballot_sync(0xffffffffu, pred);
+}
+// `v` of the lane `d` below this one (this lane's own where there is none); every lane must
+// call it.
+__device__ __forceinline__ unsigned tc_shfl_up(unsigned v, unsigned d) {
+    return __shfl_up_sync(0xffffffffu, v, d);
 }
 
 #endif

@@ -107,6 +107,7 @@ class MoeBuffer:
             [self._buffers[name] for name, _, _ in specs],
         )
         self._recv_rows = specs[0][2] // hidden if self._cuda else 0
+        self._views: dict = {}
 
     @property
     def is_mapped(self) -> bool:
@@ -134,7 +135,17 @@ class MoeBuffer:
         """Sends each token to the ranks of its experts. Returns ``(recv_x, recv_scales,
         recv_weights, tokens_per_expert, handle)``; ``recv_scales`` is None without FP8."""
         counts, handle = self._impl.dispatch(x, topk_idx, topk_weights, use_fp8)
-        rows = sum(counts) if counts is not None else self._recv_rows
+        if counts is None:
+            # CUDA: the counts stay on the device, so the returned views are always the same.
+            views = self._views.get(use_fp8)
+            if views is None:
+                views = self._views[use_fp8] = self._returns(self._recv_rows, use_fp8)
+            return (*views, handle)
+        recv_x, scales, weights = self._returns(sum(counts), use_fp8)
+        return recv_x, scales, weights, torch.tensor(counts, dtype=torch.int64), handle
+
+    def _returns(self, rows: int, use_fp8: bool) -> Tuple[Any, ...]:
+        """The received rows, scales and weights (and, on CUDA, tokens_per_expert) as views."""
         h = self.hidden
         if use_fp8:
             recv_x = self._rows(self._buffers["recv_x_fp8"], rows, h).view(torch.float8_e4m3fn)
@@ -143,11 +154,9 @@ class MoeBuffer:
             recv_x = self._rows(self._buffers["recv_x"], rows, h)
             scales = None
         weights = self._rows(self._buffers["recv_weights"], rows, 1)
-        if counts is None:
-            tokens_per_expert = self._buffers["tokens_per_expert"]
-        else:
-            tokens_per_expert = torch.tensor(counts, dtype=torch.int64)
-        return recv_x, scales, weights, tokens_per_expert, handle
+        if self._cuda:
+            return recv_x, scales, weights, self._buffers["tokens_per_expert"]
+        return recv_x, scales, weights
 
     def combine(
         self, expert_out: torch.Tensor, handle: MoeHandle, out: Optional[torch.Tensor] = None

@@ -70,7 +70,7 @@ struct MoeLayout {
 
 struct MoeState {
     u64 dround, cround;  // rounds started
-    u32 send_done, copy_done, csend_done, pad;
+    u32 send_done, copy_done, csend_done, index_done;
     u32 rows;            // rows of the last dispatch
     u32 tokens;          // tokens of the last dispatch
 };
@@ -345,8 +345,57 @@ extern "C" __global__ void __launch_bounds__(256) moe_dispatch_send(const __grid
     }
 }
 
-// A block per local expert: waits for every source's records (mapped), then lists the
-// records naming the expert, in order of source and record.
+// Exclusive prefix sum of every thread's `v` over the block (blockDim.x a multiple of the warp
+// size, at most 1024); *total gets the sum. Every thread must call it.
+__device__ u32 block_exclusive_sum(u32 v, u32* total) {
+    __shared__ u32 warp_sum[1024 / TC_WARP_SIZE];
+    __shared__ u32 sum;
+    u32 lane = threadIdx.x % TC_WARP_SIZE, warp = threadIdx.x / TC_WARP_SIZE;
+    u32 incl = v;
+    for (u32 d = 1; d < TC_WARP_SIZE; d *= 2) {
+        u32 other = tc_shfl_up(incl, d);
+        if (lane >= d) incl += other;
+    }
+    if (lane == TC_WARP_SIZE - 1) warp_sum[warp] = incl;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        u32 acc = 0;
+        for (u32 i = 0; i < blockDim.x / TC_WARP_SIZE; ++i) {
+            u32 w = warp_sum[i];
+            warp_sum[i] = acc;
+            acc += w;
+        }
+        sum = acc;
+    }
+    __syncthreads();
+    u32 r = warp_sum[warp] + incl - v;
+    *total = sum;
+    __syncthreads();
+    return r;
+}
+
+// Exclusive prefix over i in [0, n) of value(i), written to out(i, prefix): each thread takes
+// a contiguous run of i. Returns the total. Every thread of the block must call it.
+template <typename Value, typename Out>
+__device__ u32 block_scan_runs(u32 n, Value value, Out out) {
+    u32 per = (n + blockDim.x - 1) / blockDim.x;
+    u32 lo = min(n, threadIdx.x * per), hi = min(n, lo + per);
+    u32 mine = 0;
+    for (u32 i = lo; i < hi; ++i) mine += value(i);
+    u32 total;
+    u32 acc = block_exclusive_sum(mine, &total);
+    for (u32 i = lo; i < hi; ++i) {
+        u32 v = value(i);
+        out(i, acc);
+        acc += v;
+    }
+    return total;
+}
+
+// A block per local expert: waits for every source's records (mapped), lists the records
+// naming the expert (in order of source and record), and writes its row counts. The last block
+// to finish lays the rows out: the first row of each expert (`eoff`) and, staged, where each
+// row goes back to in combine's packed records.
 extern "C" __global__ void __launch_bounds__(256) moe_dispatch_index(const __grid_constant__ MoeParams p) {
     MoeState* st = moe_state(p);
     u64 round = st->dround;
@@ -381,6 +430,7 @@ extern "C" __global__ void __launch_bounds__(256) moe_dispatch_index(const __gri
     if (e == 0 && threadIdx.x < p.size) scratch<u64>(p, p.at.rbase)[threadIdx.x] = first[threadIdx.x];
     u64* list = scratch<u64>(p, p.at.elist) + (u64)e * p.slab;
     u32* ecnt = scratch<u32>(p, p.at.ecnt) + (u64)e * p.size;
+    u32* efirst = scratch<u32>(p, p.at.efirst) + (u64)e * p.size;
     const u8* recv = sym<u8>(p, p.rank, p.at.drecv);
     u32 rows = 0;
     for (u32 s = 0; s < p.size; ++s) {
@@ -390,8 +440,11 @@ extern "C" __global__ void __launch_bounds__(256) moe_dispatch_index(const __gri
             int slot = -1;
             if (j < count[s]) {
                 const u8* rec = recv + (first[s] + j) * p.rec_stride;
-                for (u32 k = 0; k < p.top_k && slot < 0; ++k)
-                    if (*(const volatile int*)(rec + slot_at(p, k)) == (int)e) slot = (int)k;
+                // Every slot read without stopping at a match: the loads go out together.
+                for (u32 k = 0; k < p.top_k; ++k) {
+                    int id = *(const volatile int*)(rec + slot_at(p, k));
+                    if (slot < 0 && id == (int)e) slot = (int)k;
+                }
             }
             u32 total;
             u32 before = block_prefix(slot >= 0, &total);
@@ -400,44 +453,37 @@ extern "C" __global__ void __launch_bounds__(256) moe_dispatch_index(const __gri
             rows += total;
             from_s += total;
         }
-        if (threadIdx.x == 0) ecnt[s] = from_s;
+        if (threadIdx.x == 0) {
+            efirst[s] = rows - from_s;
+            ecnt[s] = from_s;
+        }
     }
-}
-
-// One block: row offsets per expert and per source from the counts of moe_dispatch_index.
-extern "C" __global__ void __launch_bounds__(1024) moe_dispatch_plan(const __grid_constant__ MoeParams p) {
-    const u32* ecnt = scratch<u32>(p, p.at.ecnt);
+    if (threadIdx.x == 0) ((long long*)p.tokens_per_expert)[e] = rows;
+    if (!moe_last_block(&st->index_done)) return;
+    // The last block: every expert's counts are in.
+    const long long* tpe = (const long long*)p.tokens_per_expert;
     u32* eoff = scratch<u32>(p, p.at.eoff);
-    u32* epos = scratch<u32>(p, p.at.epos);
-    u32* efirst = scratch<u32>(p, p.at.efirst);
-    long long* per_src = scratch<long long>(p, p.at.rows_per_src);
-    u64* csend_off = scratch<u64>(p, p.at.csend_off);
-    long long* tpe = (long long*)p.tokens_per_expert;
-    for (u32 e = threadIdx.x; e < p.local; e += blockDim.x) {
-        u32 acc = 0;
-        for (u32 s = 0; s < p.size; ++s) {
-            efirst[(u64)e * p.size + s] = acc;
-            acc += ecnt[(u64)e * p.size + s];
-        }
-        tpe[e] = acc;
+    u32 all = block_scan_runs(
+        p.local, [&](u32 i) { return (u32)tpe[i]; }, [&](u32 i, u32 at) { eoff[i] = at; });
+    if (threadIdx.x == 0) {
+        eoff[p.local] = all;
+        st->rows = all;
     }
-    for (u32 s = threadIdx.x; s < p.size; s += blockDim.x) {
-        u32 acc = 0;
-        for (u32 e = 0; e < p.local; ++e) {
-            epos[(u64)e * p.size + s] = acc;
-            acc += ecnt[(u64)e * p.size + s];
-        }
-        per_src[s] = acc;
+    if (p.mapped) return;  // combine writes rows straight to (token, slot): no packing
+    // Staged combine packs rows by source, then expert, then token: for each source, the
+    // rows of experts before (`epos`), and how many rows go back to it.
+    const u32* counts = scratch<u32>(p, p.at.ecnt);
+    u32* epos = scratch<u32>(p, p.at.epos);
+    long long* per_src = scratch<long long>(p, p.at.rows_per_src);
+    for (u32 s = 0; s < p.size; ++s) {
+        u32 n = block_scan_runs(
+            p.local, [&](u32 i) { return counts[(u64)i * p.size + s]; },
+            [&](u32 i, u32 at) { epos[(u64)i * p.size + s] = at; });
+        if (threadIdx.x == 0) per_src[s] = n;
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-        u32 acc = 0;
-        for (u32 e = 0; e < p.local; ++e) {
-            eoff[e] = acc;
-            acc += (u32)tpe[e];
-        }
-        eoff[p.local] = acc;
-        moe_state(p)->rows = acc;
+        u64* csend_off = scratch<u64>(p, p.at.csend_off);
         u64 c = 0;
         for (u32 s = 0; s < p.size; ++s) {
             csend_off[s] = c;
