@@ -43,7 +43,8 @@ pub fn with_compat(cell: &'static OnceLock<String>, parts: &[&str]) -> &'static 
 /// Its name in logs and cache files.
 pub const REDUCE_SOURCE_NAME: &str = "cuda/src/kernels/reduce.cu";
 
-const BLOCK: u32 = 512;
+/// Threads per block of the reduction kernels (their `__launch_bounds__`).
+pub const BLOCK: u32 = 512;
 
 /// Kernels of one source loaded per device ordinal.
 pub type PerDevice<T> = OnceLock<Mutex<HashMap<u32, Arc<T>>>>;
@@ -82,6 +83,26 @@ pub fn load_once<T>(
     let k = Arc::new(make(module, image)?);
     map.insert(ctx.ordinal(), Arc::clone(&k));
     Ok(k)
+}
+
+/// The kernel of `reduce.cu` that combines two partials of `op` over `dtype`
+/// (`tc_combine_<pair>_<type>`, taking `(T* dst, const T* a, const T* b, u64 n)`), and its
+/// pairwise step's name: the same on CUDA and HIP.
+pub fn combine_kernel(dtype: DataType, op: ReduceOp) -> Result<(String, &'static str)> {
+    op.check_dtype(dtype).map_err(|e| CudaError::BadArgument {
+        call: "combine",
+        detail: e.to_string(),
+    })?;
+    let pair = match op {
+        ReduceOp::Sum | ReduceOp::Avg | ReduceOp::PremulSum { .. } => "sum",
+        ReduceOp::Product => "prod",
+        ReduceOp::Min => "min",
+        ReduceOp::Max => "max",
+        ReduceOp::BAnd => "band",
+        ReduceOp::BOr => "bor",
+        ReduceOp::BXor => "bxor",
+    };
+    Ok((format!("tc_combine_{pair}_{}", dtype.name()), pair))
 }
 
 /// The reduction kernels loaded on one device.
@@ -164,23 +185,11 @@ impl ReduceKernels {
         n: usize,
         stream: RawStream,
     ) -> Result<()> {
-        op.check_dtype(dtype).map_err(|e| CudaError::BadArgument {
-            call: "combine",
-            detail: e.to_string(),
-        })?;
+        let (name, pair) = combine_kernel(dtype, op)?;
         if n == 0 {
             return Ok(());
         }
-        let pair = match op {
-            ReduceOp::Sum | ReduceOp::Avg | ReduceOp::PremulSum { .. } => "sum",
-            ReduceOp::Product => "prod",
-            ReduceOp::Min => "min",
-            ReduceOp::Max => "max",
-            ReduceOp::BAnd => "band",
-            ReduceOp::BOr => "bor",
-            ReduceOp::BXor => "bxor",
-        };
-        let f = self.function(&format!("tc_combine_{pair}_{}", dtype.name()), dtype, pair)?;
+        let f = self.function(&name, dtype, pair)?;
         let count = n as u64;
         self.ctx.bind()?;
         // SAFETY: the kernel takes (T*, const T*, const T*, u64); the caller vouches for the

@@ -7,7 +7,9 @@
 //!   `TORCHCOMMS_HIPRTC_LIB` override the search); why no binding crate is used is said there.
 //! - [`runtime`]: [`availability`] ("ROCm not found" / "no AMD GPU" / the GPU count), device
 //!   memory, streams, events and IPC mappings, each released on drop.
-//! - [`rtc`]: the project's kernel sources compiled for an AMD architecture.
+//! - [`rtc`]: the project's kernel sources compiled for an AMD architecture;
+//!   [`module`]: code objects loaded and their kernels launched, and the architecture to
+//!   compile for ([`target_arch`]).
 //!
 //! **What has run**: loading, the "no AMD GPU" report and hiprtc compilation on machines
 //! without an AMD GPU (ROCm 5.2 from Debian). **What never ran**: everything that needs an AMD
@@ -24,13 +26,15 @@
 //! ```
 
 pub mod error;
+pub mod module;
 pub mod rtc;
 pub mod runtime;
 pub mod sys;
 
 pub use error::{HipError, Result};
+pub use module::{target_arch, Function, Module};
 pub use runtime::{
-    availability, is_available, runtime_version, set_device, DeviceBuffer, Event, IpcMapping,
-    Stream,
+    availability, copy_async, is_available, relax_capture_mode_for_this_thread, runtime_version,
+    set_device, stream_is_capturing, stream_wait_event, DeviceBuffer, Event, IpcMapping, Stream,
 };
 pub use sys::HipIpcMemHandle;

@@ -102,6 +102,16 @@ impl DeviceBuffer {
         check(hip, "hipMalloc", unsafe { (hip.hipMalloc)(&mut ptr, len) })?;
         Ok(Self { ptr, len })
     }
+    /// `len` bytes on the current device, set to zero.
+    pub fn zeroed(len: usize) -> Result<Self> {
+        let b = Self::new(len)?;
+        if len > 0 {
+            let hip = sys::hip()?;
+            // SAFETY: the buffer holds `len` bytes.
+            check(hip, "hipMemset", unsafe { (hip.hipMemset)(b.ptr, 0, len) })?;
+        }
+        Ok(b)
+    }
     /// Copies `src` into the buffer from offset 0 (synchronously).
     pub fn write(&self, src: &[u8]) -> Result<()> {
         self.check_len("write", src.len())?;
@@ -249,6 +259,25 @@ impl Stream {
         })?;
         Ok(Self { raw })
     }
+    /// A non-blocking stream on the current device, of the highest priority with `high`.
+    pub fn with_priority(high: bool) -> Result<Self> {
+        if !high {
+            return Self::new();
+        }
+        availability()?;
+        let hip = sys::hip()?;
+        let (mut least, mut greatest) = (0, 0);
+        // SAFETY: valid out-pointers.
+        check(hip, "hipDeviceGetStreamPriorityRange", unsafe {
+            (hip.hipDeviceGetStreamPriorityRange)(&mut least, &mut greatest)
+        })?;
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: `raw` is a valid out-pointer; `greatest` is a priority HIP reported.
+        check(hip, "hipStreamCreateWithPriority", unsafe {
+            (hip.hipStreamCreateWithPriority)(&mut raw, sys::HIP_STREAM_NON_BLOCKING, greatest)
+        })?;
+        Ok(Self { raw })
+    }
     /// Blocks until the stream's work is done.
     pub fn synchronize(&self) -> Result<()> {
         let hip = sys::hip()?;
@@ -269,6 +298,61 @@ impl Stream {
     pub fn as_raw(&self) -> *mut c_void {
         self.raw
     }
+}
+
+/// Makes later work on `stream` (null: the null stream) wait for `event`.
+///
+/// # Safety
+/// `stream` must be null or a live `hipStream_t` of the current device.
+pub unsafe fn stream_wait_event(stream: *mut c_void, event: &Event) -> Result<()> {
+    let hip = sys::hip()?;
+    // SAFETY: the caller vouches for `stream`; `event` is live.
+    check(hip, "hipStreamWaitEvent", unsafe {
+        (hip.hipStreamWaitEvent)(stream, event.raw, 0)
+    })
+}
+
+/// Whether `stream` is being captured into a HIP graph.
+///
+/// # Safety
+/// `stream` must be null or a live `hipStream_t` of the current device.
+pub unsafe fn stream_is_capturing(stream: *mut c_void) -> Result<bool> {
+    let hip = sys::hip()?;
+    let mut status = sys::HIP_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: the caller vouches for `stream`; `status` is a valid out-pointer.
+    check(hip, "hipStreamIsCapturing", unsafe {
+        (hip.hipStreamIsCapturing)(stream, &mut status)
+    })?;
+    Ok(status != sys::HIP_STREAM_CAPTURE_STATUS_NONE)
+}
+
+/// Lets this thread make HIP calls that a capture in global mode elsewhere would refuse (event
+/// queries of a watchdog): the mode of PyTorch's own background threads.
+pub fn relax_capture_mode_for_this_thread() -> Result<()> {
+    let hip = sys::hip()?;
+    let mut mode = sys::HIP_STREAM_CAPTURE_MODE_RELAXED;
+    // SAFETY: `mode` is a valid in/out pointer.
+    check(hip, "hipThreadExchangeStreamCaptureMode", unsafe {
+        (hip.hipThreadExchangeStreamCaptureMode)(&mut mode)
+    })
+}
+
+/// Copies `bytes` from `src` to `dst` (device or host addresses, unified) in order on `stream`.
+///
+/// # Safety
+/// Both ranges must stay valid until the copy has run; `stream` must be null or live.
+pub unsafe fn copy_async(dst: u64, src: u64, bytes: usize, stream: *mut c_void) -> Result<()> {
+    let hip = sys::hip()?;
+    // SAFETY: forwarded to the caller.
+    check(hip, "hipMemcpyAsync", unsafe {
+        (hip.hipMemcpyAsync)(
+            dst as *mut c_void,
+            src as *const c_void,
+            bytes,
+            sys::HIP_MEMCPY_DEFAULT,
+            stream,
+        )
+    })
 }
 
 impl Drop for Stream {
@@ -310,10 +394,19 @@ impl Event {
     }
     /// Records the work enqueued on `stream` so far.
     pub fn record(&self, stream: &Stream) -> Result<()> {
+        // SAFETY: `stream` is live while borrowed.
+        unsafe { self.record_raw(stream.raw) }
+    }
+    /// Records the work enqueued so far on a stream another library owns (PyTorch's current
+    /// stream; null is the null stream).
+    ///
+    /// # Safety
+    /// `stream` must be null or a live `hipStream_t` of the current device.
+    pub unsafe fn record_raw(&self, stream: *mut c_void) -> Result<()> {
         let hip = sys::hip()?;
-        // SAFETY: both handles are live.
+        // SAFETY: `raw` is live; the caller vouches for `stream`.
         check(hip, "hipEventRecord", unsafe {
-            (hip.hipEventRecord)(self.raw, stream.raw)
+            (hip.hipEventRecord)(self.raw, stream)
         })
     }
     /// Whether the recorded work is done.

@@ -56,6 +56,11 @@ pub const HIP_MEMCPY_DEVICE_TO_HOST: c_int = 2;
 /// `hipMemcpyDefault` (direction from the pointers; unified addressing).
 pub const HIP_MEMCPY_DEFAULT: c_int = 4;
 
+/// `hipStreamCaptureStatusNone`: the stream is not being captured.
+pub const HIP_STREAM_CAPTURE_STATUS_NONE: c_int = 0;
+/// `hipStreamCaptureModeRelaxed`.
+pub const HIP_STREAM_CAPTURE_MODE_RELAXED: c_int = 2;
+
 /// `HIP_IPC_HANDLE_SIZE`.
 pub const HIP_IPC_HANDLE_SIZE: usize = 64;
 /// `hipIpcMemHandle_t`: 64 opaque bytes, passed by value to `hipIpcOpenMemHandle`.
@@ -99,6 +104,26 @@ pub struct Hip {
     pub hipModuleUnload: unsafe extern "C" fn(HipModule) -> HipStatus,
     pub hipModuleGetFunction:
         unsafe extern "C" fn(*mut HipFunction, HipModule, *const c_char) -> HipStatus,
+    #[allow(clippy::type_complexity)]
+    pub hipModuleLaunchKernel: unsafe extern "C" fn(
+        HipFunction,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        HipStream,
+        *mut *mut c_void,
+        *mut *mut c_void,
+    ) -> HipStatus,
+    pub hipStreamCreateWithPriority:
+        unsafe extern "C" fn(*mut HipStream, c_uint, c_int) -> HipStatus,
+    pub hipDeviceGetStreamPriorityRange: unsafe extern "C" fn(*mut c_int, *mut c_int) -> HipStatus,
+    pub hipStreamIsCapturing: unsafe extern "C" fn(HipStream, *mut c_int) -> HipStatus,
+    pub hipThreadExchangeStreamCaptureMode: unsafe extern "C" fn(*mut c_int) -> HipStatus,
+    pub hipMemset: unsafe extern "C" fn(*mut c_void, c_int, usize) -> HipStatus,
     /// Kept loaded as long as the pointers above are used (the table lives in a static).
     _lib: libloading::Library,
 }
@@ -292,6 +317,12 @@ fn load_hip(path: PathBuf, lib: libloading::Library) -> Result<Hip> {
         hipModuleLoadData: s!(hipModuleLoadData),
         hipModuleUnload: s!(hipModuleUnload),
         hipModuleGetFunction: s!(hipModuleGetFunction),
+        hipModuleLaunchKernel: s!(hipModuleLaunchKernel),
+        hipStreamCreateWithPriority: s!(hipStreamCreateWithPriority),
+        hipDeviceGetStreamPriorityRange: s!(hipDeviceGetStreamPriorityRange),
+        hipStreamIsCapturing: s!(hipStreamIsCapturing),
+        hipThreadExchangeStreamCaptureMode: s!(hipThreadExchangeStreamCaptureMode),
+        hipMemset: s!(hipMemset),
         path,
         _lib: lib,
     })

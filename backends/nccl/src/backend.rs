@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use torchcomms::{Backend, Call, CommOptions, InitArgs, OpOptions, Result, Tensor, Work};
 use torchcomms_core::bootstrap::{env, rendezvous, PrefixStore, Store};
 use torchcomms_core::{Device, ReduceOp};
-use torchcomms_cuda::{Context, DeviceBuffer, Event, RawStream};
+use torchcomms_cuda::RawStream;
+
+use crate::gpu::{Gpu, GpuBuffer};
 
 use crate::comm::{AbortChannel, Shared};
 use crate::enqueue::{invalid, ptr, Enq};
@@ -26,7 +28,7 @@ pub struct NcclBackend {
     /// the store came from the environment.
     _boot: Option<rendezvous::BootstrapStore>,
     /// One i32 on the device: what a barrier all-reduces.
-    pub(crate) barrier_buf: Arc<DeviceBuffer>,
+    pub(crate) barrier_buf: Arc<GpuBuffer>,
     watchdog: Watchdog,
     finalized: AtomicBool,
 }
@@ -71,9 +73,6 @@ impl NcclBackend {
             )));
         };
         let nccl = sys::library(vendor)?;
-        if vendor == Vendor::Rccl {
-            return Err(rccl_stream_layer_missing(nccl, ordinal));
-        }
         let o = &args.options;
         let (rank, size) = match (o.rank, o.size) {
             (Some(r), Some(s)) => (r, s),
@@ -108,14 +107,8 @@ impl NcclBackend {
         };
         let prefix = format!("torchcomms_nccl/{}/{}", args.name, generation(&args.name));
         let store: Arc<dyn Store> = Arc::new(PrefixStore::new(prefix, store));
-        let ctx = Context::get(ordinal).map_err(|source| NcclError::Cuda {
-            op: "opening the device".into(),
-            rank,
-            comm: args.name.clone(),
-            source: Box::new(source),
-        })?;
-        ctx.bind().map_err(|source| NcclError::Cuda {
-            op: "binding the device".into(),
+        let gpu = Gpu::open(vendor, ordinal).map_err(|source| NcclError::Gpu {
+            op: format!("opening device {ordinal} for {}", vendor.backend_name()),
             rank,
             comm: args.name.clone(),
             source: Box::new(source),
@@ -143,7 +136,7 @@ impl NcclBackend {
             size,
             &args.name,
             args.device,
-            ctx,
+            gpu,
             o,
             Some(channel),
             boot,
@@ -158,7 +151,7 @@ impl NcclBackend {
         size: usize,
         name: &str,
         device: Device,
-        ctx: Arc<Context>,
+        gpu: Gpu,
         o: &CommOptions,
         channel: Option<AbortChannel>,
         boot: Option<rendezvous::BootstrapStore>,
@@ -169,7 +162,7 @@ impl NcclBackend {
             rank,
             size,
             name.into(),
-            Arc::clone(&ctx),
+            gpu,
             o.high_priority_stream,
             channel,
             o.timeout,
@@ -180,8 +173,10 @@ impl NcclBackend {
             unsafe { (nccl.comm_destroy)(raw) };
         })?;
         let shared = Arc::new(shared);
-        let barrier_buf = DeviceBuffer::zeroed(&ctx, 4)
-            .map_err(|e| shared.cuda("allocating the barrier buffer", e))?;
+        let barrier_buf = shared
+            .gpu
+            .zeroed(4)
+            .map_err(|e| shared.gpu_err("allocating the barrier buffer", e))?;
         let watchdog = Watchdog::start(Arc::clone(&shared))?;
         Ok(NcclBackend {
             shared,
@@ -212,17 +207,19 @@ impl NcclBackend {
             let mut enq = Enq {
                 s,
                 comm,
-                stream: s.stream.as_raw().0 as usize as *mut c_void,
+                stream: s.stream.raw().0 as usize as *mut c_void,
                 keep,
             };
             body(&mut enq)?;
-            let event = Event::new(&s.ctx)
-                .and_then(|e| e.record(s.stream.as_raw()).map(|()| e))
-                .map_err(|e| s.cuda(op, e))?;
+            let event = s
+                .gpu
+                .event()
+                .and_then(|e| e.record(s.stream.raw()).map(|()| e))
+                .map_err(|e| s.gpu_err(op, e))?;
             (Arc::new(event), enq.keep)
         };
         let seq = s.next_seq();
-        let capturing = caller.is_capturing().unwrap_or(false);
+        let capturing = s.gpu.is_capturing(caller).unwrap_or(false);
         if capturing {
             // TODO(issue 7, graphs): captured work completes at replay; the caller keeps the
             // tensors of a graph alive, as with PyTorch.
@@ -426,7 +423,7 @@ impl Backend for NcclBackend {
             ranks.len(),
             name,
             self.device,
-            Arc::clone(&s.ctx),
+            s.gpu.clone(),
             &options,
             channel,
             None,
@@ -466,28 +463,12 @@ impl Backend for NcclBackend {
 impl NcclBackend {
     /// The communicator's stream (operations run there), as a `CUstream` integer.
     pub fn stream(&self) -> u64 {
-        self.shared.stream.as_raw().0
+        self.shared.stream.raw().0
     }
 
     /// True when the communicator's stream was created with the greatest priority.
     pub fn high_priority_stream(&self) -> bool {
         self.shared.high_priority
-    }
-}
-
-/// Why an `rccl` communicator cannot be made past loading RCCL: no AMD GPU (or no HIP runtime),
-/// else the part not built yet. The backend's streams, events and scratch memory go through
-/// CUDA (`torchcomms_cuda`); on AMD they must go through HIP (`torchcomms_hip`), which is not
-/// wired in yet (docs/amd.md). Saying so beats handing CUDA handles to RCCL.
-fn rccl_stream_layer_missing(rccl: &Nccl, ordinal: u32) -> NcclError {
-    match torchcomms_hip::availability() {
-        Err(e) => NcclError::Hip(Box::new(e)),
-        Ok(n) => NcclError::NotSupported(format!(
-            "rccl: {} ({}) and {n} AMD GPUs found (device cuda:{ordinal}), but the backend's \
-             streams and events do not run on HIP yet (docs/amd.md)",
-            rccl.path.display(),
-            rccl.version_string()
-        )),
     }
 }
 

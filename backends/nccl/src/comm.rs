@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use torchcomms_core::bootstrap::Store;
-use torchcomms_cuda::{Context, Event, RawStream, Stream};
+use torchcomms_cuda::RawStream;
+
+use crate::gpu::{Gpu, GpuError, GpuEvent, GpuStream};
 
 use crate::error::NcclError;
 use crate::sys::{self, ncclComm_t, ncclResult_t, Nccl};
@@ -30,11 +32,12 @@ pub(crate) struct Shared {
     pub(crate) rank: usize,
     pub(crate) size: usize,
     pub(crate) name: String,
-    pub(crate) ctx: Arc<Context>,
+    /// The device (CUDA for nccl, HIP for rccl).
+    pub(crate) gpu: Gpu,
     /// The communicator's stream, where every operation runs.
-    pub(crate) stream: Stream,
+    pub(crate) stream: GpuStream,
     /// Recorded on the caller's stream, waited on by ours, under `issue`.
-    pre: Event,
+    pre: GpuEvent,
     /// Serialises enqueues: an NCCL communicator takes calls from one thread at a time.
     issue: Mutex<()>,
     failed: AtomicBool,
@@ -62,27 +65,27 @@ impl Shared {
         rank: usize,
         size: usize,
         name: String,
-        ctx: Arc<Context>,
+        gpu: Gpu,
         high_priority: bool,
         abort_channel: Option<AbortChannel>,
         timeout: Duration,
         abort_process: bool,
     ) -> Result<Shared, NcclError> {
-        let cuda = |source| NcclError::Cuda {
+        let gpu_err = |source| NcclError::Gpu {
             op: "creating the communicator's stream".into(),
             rank,
             comm: name.clone(),
             source: Box::new(source),
         };
-        let stream = Stream::new(&ctx, high_priority).map_err(cuda)?;
-        let pre = Event::new(&ctx).map_err(cuda)?;
+        let stream = gpu.stream(high_priority).map_err(gpu_err)?;
+        let pre = gpu.event().map_err(gpu_err)?;
         Ok(Shared {
             nccl,
             raw: AtomicPtr::new(raw),
             rank,
             size,
             name,
-            ctx,
+            gpu,
             stream,
             pre,
             issue: Mutex::new(()),
@@ -121,7 +124,7 @@ impl Shared {
                 reason: format!("{op} after the communicator was destroyed"),
             });
         }
-        self.ctx.bind().map_err(|source| self.cuda(op, source))?;
+        self.gpu.bind().map_err(|source| self.gpu_err(op, source))?;
         Ok((g, raw))
     }
 
@@ -129,8 +132,8 @@ impl Shared {
     pub(crate) fn follow(&self, op: &str, caller: RawStream) -> Result<(), NcclError> {
         self.pre
             .record(caller)
-            .and_then(|()| self.stream.as_raw().wait_event(&self.pre))
-            .map_err(|source| self.cuda(op, source))
+            .and_then(|()| self.gpu.wait_event(self.stream.raw(), &self.pre))
+            .map_err(|source| self.gpu_err(op, source))
     }
 
     /// The next sequence number.
@@ -138,12 +141,13 @@ impl Shared {
         self.seq.fetch_add(1, Ordering::Relaxed)
     }
 
-    pub(crate) fn cuda(&self, op: &str, source: torchcomms_cuda::CudaError) -> NcclError {
-        NcclError::Cuda {
+    /// A failed call of the GPU runtime in `op`.
+    pub(crate) fn gpu_err(&self, op: &str, source: impl Into<GpuError>) -> NcclError {
+        NcclError::Gpu {
             op: op.into(),
             rank: self.rank,
             comm: self.name.clone(),
-            source: Box::new(source),
+            source: Box::new(source.into()),
         }
     }
 
@@ -222,7 +226,7 @@ impl Shared {
         };
         let raw = self.raw.swap(ptr::null_mut(), Ordering::AcqRel);
         if !raw.is_null() {
-            if let Err(e) = self.ctx.bind() {
+            if let Err(e) = self.gpu.bind() {
                 tracing::warn!("{e}");
             }
             // SAFETY: `raw` was live and is now unreachable by others (swapped out).
@@ -241,9 +245,9 @@ impl Shared {
         if raw.is_null() {
             return Ok(());
         }
-        self.ctx
+        self.gpu
             .bind()
-            .map_err(|source| self.cuda("finalize", source))?;
+            .map_err(|source| self.gpu_err("finalize", source))?;
         if let Some(fin) = self.nccl.comm_finalize {
             // SAFETY: `raw` is live and only we hold it now.
             let rc = unsafe { fin(raw) };
@@ -273,7 +277,7 @@ impl Drop for Shared {
         if raw.is_null() {
             return;
         }
-        if let Err(e) = self.ctx.bind() {
+        if let Err(e) = self.gpu.bind() {
             tracing::warn!("{e}");
             return;
         }

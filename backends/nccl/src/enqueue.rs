@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use torchcomms::Tensor;
 use torchcomms_core::{DataType, ReduceOp};
-use torchcomms_cuda::{self as cuda, DeviceBuffer, RawStream, ReduceKernels};
+use torchcomms_cuda::RawStream;
 
 use crate::comm::Shared;
 use crate::error::NcclError;
@@ -305,18 +305,17 @@ impl Enq<'_> {
 
     /// A scratch buffer kept alive until the operation completes.
     pub(crate) fn scratch(&mut self, bytes: usize) -> Result<u64, NcclError> {
-        let b = DeviceBuffer::alloc(&self.s.ctx, bytes)
-            .map_err(|e| self.s.cuda("allocating scratch memory", e))?;
+        let b = self
+            .s
+            .gpu
+            .alloc(bytes)
+            .map_err(|e| self.s.gpu_err("allocating scratch memory", e))?;
         let p = b.as_ptr();
         self.keep.push(Arc::new(b));
         Ok(p)
     }
 
-    pub(crate) fn kernels(&self) -> Result<Arc<ReduceKernels>, NcclError> {
-        ReduceKernels::get(&self.s.ctx).map_err(|e| self.s.cuda("loading the reduction kernels", e))
-    }
-
-    /// `dst = c[0] ⊕ c[1] ⊕ ...` over `n` elements with the project's CUDA kernels, on our stream.
+    /// `dst = c[0] ⊕ c[1] ⊕ ...` over `n` elements with the project's kernels, on our stream.
     pub(crate) fn combine_blocks(
         &self,
         dtype: DataType,
@@ -325,21 +324,21 @@ impl Enq<'_> {
         blocks: &[u64],
         n: usize,
     ) -> Result<(), NcclError> {
-        let k = self.kernels()?;
         let st = RawStream(self.stream as u64);
-        let cuda = |e| self.s.cuda("combine", e);
+        let gpu = &self.s.gpu;
+        let err = |e| self.s.gpu_err("combine", e);
         match blocks {
             [] => Ok(()),
             [only] => {
                 // SAFETY: scratch and tensors are alive until the op completes (keep/owners).
-                unsafe { cuda::copy_async(dst, *only, n * dtype.size_bytes(), st) }.map_err(cuda)
+                unsafe { gpu.copy_async(dst, *only, n * dtype.size_bytes(), st) }.map_err(err)
             }
             [a, b, rest @ ..] => {
                 // SAFETY: as above; every block holds n elements.
-                unsafe { k.combine(dtype, op, dst, *a, *b, n, st) }.map_err(cuda)?;
+                unsafe { gpu.combine(dtype, op, dst, *a, *b, n, st) }.map_err(err)?;
                 for c in rest {
                     // SAFETY: as above.
-                    unsafe { k.combine(dtype, op, dst, dst, *c, n, st) }.map_err(cuda)?;
+                    unsafe { gpu.combine(dtype, op, dst, dst, *c, n, st) }.map_err(err)?;
                 }
                 Ok(())
             }

@@ -5,6 +5,9 @@ use std::time::Duration;
 use torchcomms::ErrorKind;
 use torchcomms_cuda::CudaError;
 
+pub use crate::gpu::GpuError;
+use torchcomms_hip::HipError;
+
 /// What can go wrong in the `nccl` backend.
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
@@ -15,9 +18,6 @@ pub enum NcclError {
     /// The RCCL library (ROCm) could not be found or loaded (the `rccl` backend).
     #[error("RCCL is not available: {0} (install ROCm's RCCL, or set RCCL_LIB_PATH to librccl.so.1 or its folder)")]
     RcclLoad(#[source] Box<torchcomms_hip::HipError>),
-    /// The `rccl` backend found no usable AMD GPU: ROCm's HIP runtime is missing, or sees none.
-    #[error("rccl backend: {0}")]
-    Hip(#[source] Box<torchcomms_hip::HipError>),
     /// A required symbol is missing from the library.
     #[error("{path} lacks {name}: {reason}")]
     Symbol {
@@ -40,18 +40,18 @@ pub enum NcclError {
         /// NCCL's text and last error.
         message: String,
     },
-    /// A CUDA call failed.
+    /// A CUDA or HIP call failed.
     #[error("{op} on rank {rank} of communicator `{comm}`: {source}")]
-    Cuda {
+    Gpu {
         /// The operation.
         op: String,
         /// This rank.
         rank: usize,
         /// Communicator name.
         comm: String,
-        /// The driver's error.
+        /// The runtime's error.
         #[source]
-        source: Box<CudaError>,
+        source: Box<GpuError>,
     },
     /// An operation did not complete before its deadline; the communicator was aborted.
     #[error("{op} (seq {seq}) on rank {rank} of communicator `{comm}` did not complete within {timeout:?}; the communicator was aborted (ncclCommAbort)")]
@@ -110,9 +110,17 @@ impl NcclError {
             NcclError::Timeout { .. } => ErrorKind::Timeout,
             NcclError::Load(_)
             | NcclError::RcclLoad(_)
-            | NcclError::Hip(_)
             | NcclError::Symbol { .. }
             | NcclError::NotSupported(_) => ErrorKind::NotSupported,
+            // No ROCm, or no AMD GPU: the rccl backend cannot run here.
+            NcclError::Gpu { source, .. }
+                if matches!(
+                    **source,
+                    GpuError::Hip(HipError::LibraryNotFound { .. } | HipError::NoDevice { .. })
+                ) =>
+            {
+                ErrorKind::NotSupported
+            }
             NcclError::InvalidArgument { .. } => ErrorKind::InvalidArgument,
             NcclError::Bootstrap { source, .. } if source.is_timeout() => ErrorKind::Timeout,
             _ => ErrorKind::Communication,
@@ -122,8 +130,9 @@ impl NcclError {
 
 impl From<NcclError> for torchcomms::Error {
     fn from(e: NcclError) -> Self {
-        let backend = match e {
-            NcclError::RcclLoad(_) | NcclError::Hip(_) => "rccl",
+        let backend = match &e {
+            NcclError::RcclLoad(_) => "rccl",
+            NcclError::Gpu { source, .. } if matches!(**source, GpuError::Hip(_)) => "rccl",
             _ => "nccl",
         };
         torchcomms::Error::Backend {

@@ -27,10 +27,11 @@
 //! ## `rccl`: AMD GPUs
 //! The same crate registers `rccl`: RCCL (ROCm) exports NCCL's API under the same names, so the
 //! symbol table and the backend are shared; `librccl.so.1` is looked for through `RCCL_LIB_PATH`,
-//! `LD_LIBRARY_PATH`, `$ROCM_PATH/lib`, `/opt/rocm/lib` and the system loader. Today it loads
-//! RCCL and checks for an AMD GPU (`torchcomms_hip`), failing with "RCCL is not available" or
-//! "no AMD GPU"; past that it refuses, because the streams and events below still go through
-//! CUDA (docs/amd.md says what is missing and that none of it ran on AMD hardware).
+//! `LD_LIBRARY_PATH`, `$ROCM_PATH/lib`, `/opt/rocm/lib` and the system loader. The backend's
+//! streams, events, scratch memory and bitwise-reduction kernels go through HIP for `rccl`
+//! (`torchcomms_hip`, behind the crate's `gpu` module) and CUDA for `nccl`. Without RCCL or an
+//! AMD GPU it fails with "RCCL is not available" or "no AMD GPU"; none of the HIP half has run
+//! on AMD hardware (docs/amd.md).
 //!
 //! ## Semantics (ProcessGroupNCCL's)
 //! Each communicator has its own stream (high priority with
@@ -55,6 +56,7 @@ mod backend;
 mod comm;
 mod enqueue;
 pub mod error;
+mod gpu;
 mod ops;
 mod sys;
 mod work;

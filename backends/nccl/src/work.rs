@@ -19,7 +19,9 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use torchcomms::{Error, Result, WorkHandle, WorkStatus};
-use torchcomms_cuda::{Event, RawStream};
+use torchcomms_cuda::RawStream;
+
+use crate::gpu::GpuEvent;
 
 use crate::comm::Shared;
 use crate::error::NcclError;
@@ -29,7 +31,7 @@ pub(crate) type KeepAlive = Vec<Arc<dyn std::any::Any + Send + Sync>>;
 
 /// An operation the watchdog follows.
 pub(crate) struct Pending {
-    pub(crate) event: Arc<Event>,
+    pub(crate) event: Arc<GpuEvent>,
     pub(crate) keep: KeepAlive,
     pub(crate) issued: Instant,
     pub(crate) timeout: Duration,
@@ -89,11 +91,11 @@ impl Drop for Watchdog {
 }
 
 fn run(s: &Shared, rx: &Receiver<Msg>) {
-    if let Err(e) = s.ctx.bind() {
+    if let Err(e) = s.gpu.bind() {
         tracing::error!("watchdog: {e}");
     }
-    // The user may capture a CUDA graph (global mode) while we poll events: stay exempt.
-    if let Err(e) = torchcomms_cuda::relax_capture_mode_for_this_thread() {
+    // The user may capture a graph (global mode) while we poll events: stay exempt.
+    if let Err(e) = s.gpu.relax_capture_mode_for_this_thread() {
         tracing::warn!("watchdog: cannot relax the stream capture mode: {e}");
     }
     let mut queue: VecDeque<Pending> = VecDeque::new();
@@ -144,7 +146,7 @@ fn run(s: &Shared, rx: &Receiver<Msg>) {
                     break;
                 }
                 Err(e) => {
-                    s.fail(s.cuda(front.op, e), true);
+                    s.fail(s.gpu_err(front.op, e), true);
                     break;
                 }
             }
@@ -220,7 +222,7 @@ fn settle(queue: &mut VecDeque<Pending>) {
 #[derive(Debug)]
 pub(crate) struct NcclWork {
     pub(crate) shared: Arc<Shared>,
-    pub(crate) event: Arc<Event>,
+    pub(crate) event: Arc<GpuEvent>,
     pub(crate) caller: RawStream,
     pub(crate) op: &'static str,
     /// Barriers block the host in `wait()`.
@@ -245,9 +247,10 @@ impl WorkHandle for NcclWork {
         if let Some(e) = self.failed() {
             return Err(e);
         }
-        self.caller
-            .wait_event(&self.event)
-            .map_err(|e| self.shared.cuda(self.op, e).into())
+        self.shared
+            .gpu
+            .wait_event(self.caller, &self.event)
+            .map_err(|e| self.shared.gpu_err(self.op, e).into())
     }
 
     fn wait_on_stream(&self, stream: u64, timeout: Duration) -> Result<()> {
@@ -257,9 +260,10 @@ impl WorkHandle for NcclWork {
         if let Some(e) = self.failed() {
             return Err(e);
         }
-        RawStream(stream)
-            .wait_event(&self.event)
-            .map_err(|e| self.shared.cuda(self.op, e).into())
+        self.shared
+            .gpu
+            .wait_event(RawStream(stream), &self.event)
+            .map_err(|e| self.shared.gpu_err(self.op, e).into())
     }
 
     fn wait_blocking(&self, timeout: Duration) -> Result<()> {
@@ -272,7 +276,7 @@ impl WorkHandle for NcclWork {
             match self.event.query() {
                 Ok(true) => return Ok(()),
                 Ok(false) => {}
-                Err(e) => return Err(self.shared.cuda(self.op, e).into()),
+                Err(e) => return Err(self.shared.gpu_err(self.op, e).into()),
             }
             if let Some(e) = self.failed() {
                 return Err(e);
