@@ -5,6 +5,9 @@
 //! Stream handles cross this boundary as [`RawStream`] (a `CUstream` or a `hipStream_t`, 0 for
 //! the null stream): PyTorch's current stream arrives that way from Python on either platform.
 //!
+//! HIP creates streams, events and memory on the calling thread's current device, so the HIP
+//! half binds the device first (a split may run on another thread than the parent's creation).
+//!
 //! The HIP half has never run on an AMD GPU (docs/amd.md): on machines without one, opening a
 //! device reports "ROCm not found" or "no AMD GPU".
 
@@ -98,7 +101,10 @@ impl Gpu {
     pub(crate) fn stream(&self, high: bool) -> Result<GpuStream, GpuError> {
         Ok(match self {
             Gpu::Cuda(ctx) => GpuStream::Cuda(cuda::Stream::new(ctx, high)?),
-            Gpu::Hip { .. } => GpuStream::Hip(hip::Stream::with_priority(high)?),
+            Gpu::Hip { .. } => {
+                self.bind()?;
+                GpuStream::Hip(hip::Stream::with_priority(high)?)
+            }
         })
     }
 
@@ -106,7 +112,10 @@ impl Gpu {
     pub(crate) fn event(&self) -> Result<GpuEvent, GpuError> {
         Ok(match self {
             Gpu::Cuda(ctx) => GpuEvent::Cuda(cuda::Event::new(ctx)?),
-            Gpu::Hip { .. } => GpuEvent::Hip(hip::Event::new()?),
+            Gpu::Hip { .. } => {
+                self.bind()?;
+                GpuEvent::Hip(hip::Event::new()?)
+            }
         })
     }
 
@@ -114,7 +123,10 @@ impl Gpu {
     pub(crate) fn alloc(&self, bytes: usize) -> Result<GpuBuffer, GpuError> {
         Ok(match self {
             Gpu::Cuda(ctx) => GpuBuffer::Cuda(cuda::DeviceBuffer::alloc(ctx, bytes)?),
-            Gpu::Hip { .. } => GpuBuffer::Hip(hip::DeviceBuffer::new(bytes)?),
+            Gpu::Hip { .. } => {
+                self.bind()?;
+                GpuBuffer::Hip(hip::DeviceBuffer::new(bytes)?)
+            }
         })
     }
 
@@ -122,7 +134,10 @@ impl Gpu {
     pub(crate) fn zeroed(&self, bytes: usize) -> Result<GpuBuffer, GpuError> {
         Ok(match self {
             Gpu::Cuda(ctx) => GpuBuffer::Cuda(cuda::DeviceBuffer::zeroed(ctx, bytes)?),
-            Gpu::Hip { .. } => GpuBuffer::Hip(hip::DeviceBuffer::zeroed(bytes)?),
+            Gpu::Hip { .. } => {
+                self.bind()?;
+                GpuBuffer::Hip(hip::DeviceBuffer::zeroed(bytes)?)
+            }
         })
     }
 
