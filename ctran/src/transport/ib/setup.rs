@@ -15,6 +15,48 @@ use super::{IbTransport, POOL_BYTES};
 use crate::transport::region::RegionTable;
 use crate::transport::requests::Requests;
 use crate::transport::OpTag;
+use torchcomms_core::bootstrap::auth::{mac, verify_mac};
+
+/// Bytes of the MAC that follows an endpoint in the store.
+const ENDPOINT_MAC_BYTES: usize = 32;
+
+/// Label of the MAC of an endpoint: `from`'s for `to`, over the prefix, both ranks and the bytes.
+const ENDPOINT_LABEL: &[u8] = b"torchcomms-rs ib endpoint v1";
+
+fn rank_pair(from: usize, to: usize) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    b[..8].copy_from_slice(&(from as u64).to_le_bytes());
+    b[8..].copy_from_slice(&(to as u64).to_le_bytes());
+    b
+}
+
+pub(super) fn endpoint_mac(
+    key: &[u8],
+    prefix: &str,
+    from: usize,
+    to: usize,
+    ep: &[u8],
+) -> [u8; 32] {
+    mac(
+        key,
+        &[ENDPOINT_LABEL, prefix.as_bytes(), &rank_pair(from, to), ep],
+    )
+}
+
+fn endpoint_mac_ok(
+    key: &[u8],
+    prefix: &str,
+    from: usize,
+    to: usize,
+    ep: &[u8],
+    tag: &[u8],
+) -> bool {
+    verify_mac(
+        key,
+        &[ENDPOINT_LABEL, prefix.as_bytes(), &rank_pair(from, to), ep],
+        tag,
+    )
+}
 
 /// Why setting the transport up failed.
 #[derive(Debug, thiserror::Error)]
@@ -210,26 +252,44 @@ impl<B: IbBackend> IbTransport<B> {
 
     /// Connects every peer through `store`: publishes this rank's endpoint for each peer under
     /// `{prefix}/ib/{rank}/{peer}`, then reads each peer's for this rank, waiting up to
-    /// `timeout` for it. The endpoints are not authenticated (see docs/ib.md).
+    /// `timeout` for it.
+    ///
+    /// Each endpoint travels with a MAC under `key` (the communicator's mesh key) over the
+    /// prefix, both ranks and the bytes: the store is shared with anyone who can reach it, and
+    /// an endpoint names QP numbers and a ring's rkey that a forger could point elsewhere. An
+    /// endpoint that fails the check is refused before any QP is touched.
     pub fn connect_through_store(
         &mut self,
         store: &dyn crate::bootstrap::Store,
         prefix: &str,
+        key: &[u8],
         timeout: Duration,
     ) -> Result<(), IbError> {
         let rank = self.rank;
         let others: Vec<usize> = (0..self.peers.len()).filter(|&p| p != rank).collect();
         for &peer in &others {
-            let ep = self.endpoint(peer)?;
+            let mut ep = self.endpoint(peer)?;
+            ep.extend_from_slice(&endpoint_mac(key, prefix, rank, peer, &ep));
             store
                 .set(&format!("{prefix}/ib/{rank}/{peer}"), &ep)
                 .map_err(|source| IbError::Store { rank, peer, source })?;
         }
         for &peer in &others {
-            let ep = store
+            let signed = store
                 .get(&format!("{prefix}/ib/{peer}/{rank}"), timeout)
                 .map_err(|source| IbError::Store { rank, peer, source })?;
-            self.connect(peer, &ep)?;
+            let ep = signed
+                .len()
+                .checked_sub(ENDPOINT_MAC_BYTES)
+                .map(|at| signed.split_at(at))
+                .filter(|(ep, tag)| endpoint_mac_ok(key, prefix, peer, rank, ep, tag))
+                .map(|(ep, _)| ep)
+                .ok_or_else(|| IbError::BadEndpoint {
+                    rank,
+                    peer,
+                    reason: "its endpoint failed authentication (another job's, or forged)".into(),
+                })?;
+            self.connect(peer, ep)?;
         }
         Ok(())
     }

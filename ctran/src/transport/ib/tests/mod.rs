@@ -456,7 +456,8 @@ fn endpoints_travel_through_the_store() {
                 s.spawn(move || {
                     let b = SoftBackend::new(fabric.device(&format!("rank{r}")));
                     let mut t = IbTransport::new(b, r, N, settings(VcMode::Spray)).unwrap();
-                    t.connect_through_store(store, "comm0", DEADLINE).unwrap();
+                    t.connect_through_store(store, "comm0", KEY, DEADLINE)
+                        .unwrap();
                     t
                 })
             })
@@ -474,6 +475,59 @@ fn endpoints_travel_through_the_store() {
         ok_all(t, &[s.unwrap(), q]);
         assert_eq!(inp, pattern((r + N - 1) % N, r, 0, 5000));
     });
+}
+
+/// The communicator's mesh key in the store tests.
+const KEY: &[u8] = b"the mesh key of communicator 0 ";
+
+#[test]
+fn endpoints_that_fail_authentication_are_refused() {
+    use super::setup::endpoint_mac;
+    use crate::bootstrap::{HashStore, Store};
+    let fabric = SoftFabric::new(SoftConfig::default());
+    let ib = |r: usize| {
+        let b = SoftBackend::new(fabric.device(&format!("rank{r}")));
+        IbTransport::new(b, r, 2, settings(VcMode::Dqplb)).unwrap()
+    };
+    let short = Duration::from_millis(200);
+    // Rank 1 published under another key (another job's, or a forger without the key).
+    let store = HashStore::new();
+    let mut other = ib(1);
+    let mut ep = other.endpoint(0).unwrap();
+    ep.extend_from_slice(&endpoint_mac(b"another key", "comm0", 1, 0, &ep));
+    store.set("comm0/ib/1/0", &ep).unwrap();
+    let e = ib(0)
+        .connect_through_store(&store, "comm0", KEY, short)
+        .unwrap_err();
+    assert!(
+        matches!(&e, IbError::BadEndpoint { peer: 1, reason, .. } if reason.contains("authentication")),
+        "{e}"
+    );
+    // The right key, but one byte of the endpoint changed (a QP number pointed elsewhere).
+    let mut ep = other.endpoint(0).unwrap();
+    let tag = endpoint_mac(KEY, "comm0", 1, 0, &ep);
+    ep[12] ^= 1;
+    ep.extend_from_slice(&tag);
+    store.set("comm0/ib/1/0", &ep).unwrap();
+    let e = ib(0)
+        .connect_through_store(&store, "comm0", KEY, short)
+        .unwrap_err();
+    assert!(matches!(e, IbError::BadEndpoint { peer: 1, .. }), "{e}");
+    // An endpoint signed for another pair of ranks (replayed from rank 1 to rank 2).
+    let ep = other.endpoint(0).unwrap();
+    let mut signed = ep.clone();
+    signed.extend_from_slice(&endpoint_mac(KEY, "comm0", 1, 2, &ep));
+    store.set("comm0/ib/1/0", &signed).unwrap();
+    let e = ib(0)
+        .connect_through_store(&store, "comm0", KEY, short)
+        .unwrap_err();
+    assert!(matches!(e, IbError::BadEndpoint { peer: 1, .. }), "{e}");
+    // Shorter than a MAC.
+    store.set("comm0/ib/1/0", b"short").unwrap();
+    let e = ib(0)
+        .connect_through_store(&store, "comm0", KEY, short)
+        .unwrap_err();
+    assert!(matches!(e, IbError::BadEndpoint { peer: 1, .. }), "{e}");
 }
 
 #[test]
