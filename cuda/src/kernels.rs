@@ -93,14 +93,10 @@ pub fn combine_kernel(dtype: DataType, op: ReduceOp) -> Result<(String, &'static
         call: "combine",
         detail: e.to_string(),
     })?;
+    // Averages and pre-multiplied sums combine as sums (their scaling is a step of its own).
     let pair = match op {
-        ReduceOp::Sum | ReduceOp::Avg | ReduceOp::PremulSum { .. } => "sum",
-        ReduceOp::Product => "prod",
-        ReduceOp::Min => "min",
-        ReduceOp::Max => "max",
-        ReduceOp::BAnd => "band",
-        ReduceOp::BOr => "bor",
-        ReduceOp::BXor => "bxor",
+        ReduceOp::Avg | ReduceOp::PremulSum { .. } => ReduceOp::Sum.name(),
+        _ => op.name(),
     };
     Ok((format!("tc_combine_{pair}_{}", dtype.name()), pair))
 }

@@ -22,6 +22,31 @@ def busbw_factor(op: str, n: int) -> float:
     return 1.0
 
 
+def paired_calls(big, part, out, comm) -> dict:
+    """Per op, (torch.distributed call, the same call on torchcomms `comm`) on the same
+    tensors: `big` (the largest buffer), `part` (a rank's share of it), `out` (like `big`).
+    The scripts that time both stacks in one Python loop share it."""
+    import torchcomms
+
+    s = torchcomms.ReduceOp.SUM
+    return {
+        "all_reduce": (lambda: dist.all_reduce(big), lambda: comm.all_reduce(big, s, False)),
+        "broadcast": (lambda: dist.broadcast(big, 0), lambda: comm.broadcast(big, 0, False)),
+        "all_gather": (
+            lambda: dist.all_gather_into_tensor(big, part),
+            lambda: comm.all_gather_single(big, part, False),
+        ),
+        "reduce_scatter": (
+            lambda: dist.reduce_scatter_tensor(part, big),
+            lambda: comm.reduce_scatter_single(part, big, s, False),
+        ),
+        "all_to_all": (
+            lambda: dist.all_to_all_single(out, big),
+            lambda: comm.all_to_all_single(out, big, False),
+        ),
+    }
+
+
 def make(op: str, nbytes: int, n: int, rank: int):
     """Buffers for one op of `nbytes` (nccl-tests convention: the largest buffer)."""
     count = nbytes // 4

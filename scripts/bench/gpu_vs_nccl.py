@@ -32,7 +32,7 @@ import time
 import torch
 import torch.distributed as dist
 import torchcomms
-from gloo_bench import busbw_factor
+from gloo_bench import busbw_factor, paired_calls
 
 OPS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"]
 
@@ -51,24 +51,7 @@ def calls(op: str, nbytes: int, n: int, comm, dev: torch.device):
     big = torch.ones(count, dtype=torch.float32, device=dev)
     part = torch.ones(count // n, dtype=torch.float32, device=dev)
     out = torch.empty_like(big)
-    s = torchcomms.ReduceOp.SUM
-    table = {
-        "all_reduce": (lambda: dist.all_reduce(big), lambda: comm.all_reduce(big, s, False)),
-        "broadcast": (lambda: dist.broadcast(big, 0), lambda: comm.broadcast(big, 0, False)),
-        "all_gather": (
-            lambda: dist.all_gather_into_tensor(big, part),
-            lambda: comm.all_gather_single(big, part, False),
-        ),
-        "reduce_scatter": (
-            lambda: dist.reduce_scatter_tensor(part, big),
-            lambda: comm.reduce_scatter_single(part, big, s, False),
-        ),
-        "all_to_all": (
-            lambda: dist.all_to_all_single(out, big),
-            lambda: comm.all_to_all_single(out, big, False),
-        ),
-    }
-    nccl, ours = table[op]
+    nccl, ours = paired_calls(big, part, out, comm)[op]
     return nccl, ours, count * 4
 
 
