@@ -132,7 +132,7 @@ impl Shared {
     pub(crate) fn follow(&self, op: &str, caller: RawStream) -> Result<(), NcclError> {
         self.pre
             .record(caller)
-            .and_then(|()| self.gpu.wait_event(self.stream.raw(), &self.pre))
+            .and_then(|()| self.pre.wait_on(self.stream.raw()))
             .map_err(|source| self.gpu_err(op, source))
     }
 

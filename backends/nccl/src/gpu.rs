@@ -158,18 +158,6 @@ impl Gpu {
         }
     }
 
-    /// Makes later work on `stream` wait for `event`.
-    pub(crate) fn wait_event(&self, stream: RawStream, event: &GpuEvent) -> Result<(), GpuError> {
-        match (self, event) {
-            (Gpu::Cuda(_), GpuEvent::Cuda(e)) => Ok(stream.wait_event(e)?),
-            (Gpu::Hip { .. }, GpuEvent::Hip(e)) => {
-                // SAFETY: as in `is_capturing`.
-                Ok(unsafe { hip::stream_wait_event(hip_stream(stream), e) }?)
-            }
-            _ => unreachable!("an event of the other runtime"),
-        }
-    }
-
     /// Copies `bytes` from `src` to `dst` on `stream`.
     ///
     /// # Safety
@@ -247,6 +235,15 @@ impl GpuEvent {
             GpuEvent::Cuda(e) => Ok(e.record(stream)?),
             // SAFETY: a stream of this event's device (ours or the caller's).
             GpuEvent::Hip(e) => Ok(unsafe { e.record_raw(hip_stream(stream)) }?),
+        }
+    }
+
+    /// Makes later work on `stream` wait for the recorded work.
+    pub(crate) fn wait_on(&self, stream: RawStream) -> Result<(), GpuError> {
+        match self {
+            GpuEvent::Cuda(e) => Ok(stream.wait_event(e)?),
+            // SAFETY: a stream of this event's device (ours or the caller's).
+            GpuEvent::Hip(e) => Ok(unsafe { hip::stream_wait_event(hip_stream(stream), e) }?),
         }
     }
 

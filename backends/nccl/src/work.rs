@@ -247,9 +247,8 @@ impl WorkHandle for NcclWork {
         if let Some(e) = self.failed() {
             return Err(e);
         }
-        self.shared
-            .gpu
-            .wait_event(self.caller, &self.event)
+        self.event
+            .wait_on(self.caller)
             .map_err(|e| self.shared.gpu_err(self.op, e).into())
     }
 
@@ -260,9 +259,8 @@ impl WorkHandle for NcclWork {
         if let Some(e) = self.failed() {
             return Err(e);
         }
-        self.shared
-            .gpu
-            .wait_event(RawStream(stream), &self.event)
+        self.event
+            .wait_on(RawStream(stream))
             .map_err(|e| self.shared.gpu_err(self.op, e).into())
     }
 
