@@ -288,11 +288,8 @@ impl Stream {
     }
     /// Makes later work on this stream wait for `event`.
     pub fn wait(&self, event: &Event) -> Result<()> {
-        let hip = sys::hip()?;
-        // SAFETY: both handles are live.
-        check(hip, "hipStreamWaitEvent", unsafe {
-            (hip.hipStreamWaitEvent)(self.raw, event.raw, 0)
-        })
+        // SAFETY: this stream is live while borrowed.
+        unsafe { stream_wait_event(self.raw, event) }
     }
     /// The `hipStream_t`, valid while `self` lives.
     pub fn as_raw(&self) -> *mut c_void {
