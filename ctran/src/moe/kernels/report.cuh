@@ -23,24 +23,27 @@ __device__ void dev_report(u64 err, u64 code, u64 a, u64 b, u64 c) {
 }
 
 // Waits until the word at `flag` reaches `round`; false (and an error) after `timeout_ns` or
-// once `*abort` is nonzero.
+// once `*abort` is nonzero. The abort word lives in mapped host memory: every read of it
+// crosses PCIe, and with hundreds of blocks waiting at once those reads queue for hundreds of
+// microseconds, delaying every waiter. So it is read, like the clock, once every 256 polls.
 __device__ bool dev_wait(u64 err, u64 abort, u64 timeout_ns, u64* flag, u64 round, u64 peer,
                          u64 what) {
     u64 start = 0;
-    u32 ns = 32;
-    while (tc_ld_acquire_sys(flag) < round) {
+    for (u32 i = 0;; ++i) {
+        if (tc_ld_acquire_sys(flag) >= round) return true;
+        if ((i & 255u) != 0) continue;
+        u64 now = tc_globaltimer();
+        if (i == 0) {
+            start = now;
+            continue;
+        }
         if (*(volatile u64*)abort != 0) {
             dev_report(err, DEV_ERR_ABORTED, peer, what, round);
             return false;
         }
-        u64 now = tc_globaltimer();
-        if (start == 0) start = now;
         if (now - start > timeout_ns) {
             dev_report(err, DEV_ERR_TIMEOUT, peer, what, round);
             return false;
         }
-        tc_nanosleep(ns);
-        if (ns < 1024) ns *= 2;
     }
-    return true;
 }
