@@ -1,7 +1,8 @@
 //! Every algorithm of every collective, chosen explicitly per call, checked against a reference
 //! over each transport between ranks of one host (ranks are threads of this process): real TCP
 //! on loopback (tests `*_over_tcp`, rank counts 1 to 9 and 16) and shared memory (`*_over_shm`,
-//! rank counts 2 to 9, see [`SHM_RANKS`]), with sizes 0, 1, odd and large (staging chunks
+//! rank counts 2 to 9, see [`SHM_RANKS`]) and ib over ibverbx's software fabric (`*_over_ib`,
+//! the mapper routing every peer through the ib transport, see [`IB_RANKS`]), with sizes 0, 1, odd and large (staging chunks
 //! of 4 KiB, so large messages run the chunked and pipelined paths), every (dtype, op) pair at
 //! small sizes and a few at large ones; all_reduce results are compared byte for byte across
 //! ranks. Each rank's trace (colltrace) must show every algorithm of the collective run, and every
@@ -14,6 +15,7 @@ use std::time::Duration;
 use ctran::algos::select::{AlgoConfig, Choice, Collective, Hints};
 use ctran::bootstrap::HashStore;
 use ctran::kernels::Reducer;
+use ctran::transport::ib::IbProvider;
 use ctran::{Comm, CommConfig, DataType, Op, ReduceOp, Span};
 
 const CHUNK: usize = 4096;
@@ -25,6 +27,11 @@ const RANKS: [usize; 10] = [1, 2, 3, 4, 5, 6, 7, 8, 9, 16];
 /// with it; the whole file 30 s over TCP alone, 46 s with this list, 60 s with 16), and odd,
 /// even, power-of-two and other counts are all here.
 const SHM_RANKS: [usize; 8] = [2, 3, 4, 5, 6, 7, 8, 9];
+
+/// Rank counts of the matrix over ib (the software fabric): two, odd, even and a power of two.
+/// The ib transport's own tests cover its protocol; these check that the mapper routes every
+/// algorithm through it.
+const IB_RANKS: [usize; 4] = [2, 3, 4, 5];
 
 /// Records each rank's trace keeps: more than any matrix test runs on one communicator, so that
 /// the check of the algorithms that ran sees every operation.
@@ -42,6 +49,9 @@ enum Transport {
     /// shm transport's FIFOs (`CTRAN_BACKENDS=socket,shm`; an explicit algorithm never takes
     /// the shared-memory collectives).
     Shm,
+    /// ib over the process's software fabric (`CTRAN_BACKENDS=socket,ib`,
+    /// `CTRAN_IB_PROVIDER=soft`): the mapper routes every peer through the ib transport.
+    Ib,
 }
 
 impl Transport {
@@ -50,6 +60,7 @@ impl Transport {
         match self {
             Transport::Tcp => "socket",
             Transport::Shm => "shm",
+            Transport::Ib => "ib",
         }
     }
 
@@ -58,6 +69,7 @@ impl Transport {
         match self {
             Transport::Tcp => &RANKS,
             Transport::Shm => &SHM_RANKS,
+            Transport::Ib => &IB_RANKS,
         }
     }
 }
@@ -77,6 +89,8 @@ fn with_ranks_over<R: Send>(
         &format!("{name}-{}", t.name()),
         |cfg| {
             cfg.use_shm = t == Transport::Shm;
+            cfg.want_ib = t == Transport::Ib;
+            cfg.ib_provider = IbProvider::Soft;
             cfg.trace.buffer_size = TRACE_RECORDS;
         },
         |c| {
@@ -363,6 +377,11 @@ fn all_reduce_every_algorithm_is_exact_and_bitwise_identical_on_every_rank_over_
     all_reduce_every_algorithm_is_exact_and_bitwise_identical_on_every_rank(Transport::Shm);
 }
 
+#[test]
+fn all_reduce_every_algorithm_is_exact_and_bitwise_identical_on_every_rank_over_ib() {
+    all_reduce_every_algorithm_is_exact_and_bitwise_identical_on_every_rank(Transport::Ib);
+}
+
 /// all_reduce: every algorithm, every (dtype, op) pair at sizes 0, 1, 7 and a few large; exact
 /// results, bitwise the same on every rank.
 fn all_reduce_every_algorithm_is_exact_and_bitwise_identical_on_every_rank(t: Transport) {
@@ -426,6 +445,11 @@ fn reduce_every_algorithm_root_and_pair_over_shm() {
     reduce_every_algorithm_root_and_pair(Transport::Shm);
 }
 
+#[test]
+fn reduce_every_algorithm_root_and_pair_over_ib() {
+    reduce_every_algorithm_root_and_pair(Transport::Ib);
+}
+
 /// reduce: every algorithm, three roots, every (dtype, op) pair; non-roots' buffers untouched.
 fn reduce_every_algorithm_root_and_pair(t: Transport) {
     for &n in t.ranks() {
@@ -473,6 +497,11 @@ fn reduce_scatter_every_algorithm_equal_uneven_and_in_place_over_tcp() {
 #[test]
 fn reduce_scatter_every_algorithm_equal_uneven_and_in_place_over_shm() {
     reduce_scatter_every_algorithm_equal_uneven_and_in_place(Transport::Shm);
+}
+
+#[test]
+fn reduce_scatter_every_algorithm_equal_uneven_and_in_place_over_ib() {
+    reduce_scatter_every_algorithm_equal_uneven_and_in_place(Transport::Ib);
 }
 
 /// reduce_scatter: every algorithm, equal blocks in place and uneven blocks (reduce_scatter_v).
@@ -574,6 +603,11 @@ fn all_gather_every_algorithm_equal_uneven_and_split_buffers_over_shm() {
     all_gather_every_algorithm_equal_uneven_and_split_buffers(Transport::Shm);
 }
 
+#[test]
+fn all_gather_every_algorithm_equal_uneven_and_split_buffers_over_ib() {
+    all_gather_every_algorithm_equal_uneven_and_split_buffers(Transport::Ib);
+}
+
 /// all_gather: every algorithm, equal blocks into one tensor and uneven ones into separate buffers.
 fn all_gather_every_algorithm_equal_uneven_and_split_buffers(t: Transport) {
     for &n in t.ranks() {
@@ -645,6 +679,11 @@ fn broadcast_every_algorithm_and_root_over_shm() {
     broadcast_every_algorithm_and_root(Transport::Shm);
 }
 
+#[test]
+fn broadcast_every_algorithm_and_root_over_ib() {
+    broadcast_every_algorithm_and_root(Transport::Ib);
+}
+
 /// broadcast: every algorithm, three roots, sizes 0, 1, 7 and several chunks.
 fn broadcast_every_algorithm_and_root(t: Transport) {
     for &n in t.ranks() {
@@ -686,6 +725,11 @@ fn all_to_all_every_algorithm_equal_and_uneven_over_tcp() {
 #[test]
 fn all_to_all_every_algorithm_equal_and_uneven_over_shm() {
     all_to_all_every_algorithm_equal_and_uneven(Transport::Shm);
+}
+
+#[test]
+fn all_to_all_every_algorithm_equal_and_uneven_over_ib() {
+    all_to_all_every_algorithm_equal_and_uneven(Transport::Ib);
 }
 
 /// all_to_all: every algorithm, equal blocks (all_to_all_single) and uneven ones (all_to_all_v).
@@ -760,6 +804,11 @@ fn scatter_and_gather_every_algorithm_and_root_over_tcp() {
 #[test]
 fn scatter_and_gather_every_algorithm_and_root_over_shm() {
     scatter_and_gather_every_algorithm_and_root(Transport::Shm);
+}
+
+#[test]
+fn scatter_and_gather_every_algorithm_and_root_over_ib() {
+    scatter_and_gather_every_algorithm_and_root(Transport::Ib);
 }
 
 /// scatter and gather: every algorithm, three roots, sizes up to several chunks.

@@ -409,3 +409,20 @@ fn wait_has_a_deadline() {
         .unwrap_err();
     assert!(matches!(err, Error::Timeout { .. }), "{err}");
 }
+
+#[test]
+fn a_qp_of_another_fabric_is_refused_at_connect() {
+    use ibverbx::soft::SoftFabric;
+    let (one, other) = (
+        SoftFabric::new(SoftConfig::default()),
+        SoftFabric::new(SoftConfig::default()),
+    );
+    let (a, b) = (one.device("a"), other.device("b"));
+    let (cq_a, cq_b) = (a.create_cq(), b.create_cq());
+    let (mut qa, qb) = (a.create_qp(&cq_a), b.create_qp(&cq_b));
+    // QP numbers start alike on every fabric: only the fabric's id tells them apart.
+    let e = qa.connect(&qb.endpoint()).unwrap_err();
+    assert!(e.to_string().contains("another software fabric"), "{e}");
+    let qa2 = a.create_qp(&cq_a);
+    qa.connect(&qa2.endpoint()).unwrap();
+}

@@ -40,9 +40,11 @@ pub struct CommConfig {
     pub use_shm: bool,
     /// Use the NVLink transport for GPU buffers when every rank's GPU reaches every other's.
     pub use_nvl: bool,
-    /// `CTRAN_BACKENDS` names `ib`: the choice is logged ("ib: not used: ..."), but
-    /// communicators do not route through ib yet (docs/ib.md).
+    /// `CTRAN_BACKENDS` names `ib`: peers that shared memory does not reach go through ib
+    /// where both ranks open it (otherwise socket; the log says why).
     pub want_ib: bool,
+    /// What ib runs on (`CTRAN_IB_PROVIDER`).
+    pub ib_provider: crate::transport::ib::IbProvider,
     /// The NVLink transport's settings.
     pub nvl: crate::nvl::NvlConfig,
     /// Shared-memory transport settings.
@@ -136,6 +138,10 @@ impl CommConfig {
             use_shm: cv.ctran_backends().contains(&"shm"),
             use_nvl: cv.ctran_backends().contains(&"nvl"),
             want_ib: cv.ctran_backends().contains(&"ib"),
+            ib_provider: crate::transport::ib::IbProvider::parse(cv.ctran_ib_provider())
+                .ok_or_else(|| {
+                    Error::invalid("CTRAN_IB_PROVIDER", "verbs or soft", cv.ctran_ib_provider())
+                })?,
             nvl: crate::nvl::NvlConfig {
                 staged_max_bytes: cv.ctran_nvl_staged_max_bytes(),
                 ll_max_bytes: cv.ctran_nvl_ll_max_bytes(),

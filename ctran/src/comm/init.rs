@@ -159,13 +159,6 @@ fn transports(
         let peers = local.iter().copied().filter(|&r| r != config.rank);
         socket.set_buffers(peers, LOCAL_BUF_BYTES);
     }
-    if config.want_ib {
-        if hosts.iter().any(|&h| h != hosts[config.rank]) {
-            log_ib_choice();
-        } else {
-            tracing::debug!("ib: not needed: every rank is on this host");
-        }
-    }
     let shm = if config.use_shm && local.len() > 1 {
         let name = segment_name(secret, me, local[0]);
         // A local peer that dies during set-up closes its connection: fail in moments.
@@ -193,34 +186,31 @@ fn transports(
     } else {
         None
     };
+    let ib = if config.want_ib {
+        let peers: Vec<usize> = (0..config.size)
+            .filter(|&p| p != config.rank && !shm.as_ref().is_some_and(|s| s.reaches(p)))
+            .collect();
+        let (rank, size) = (config.rank, config.size);
+        crate::transport::ib::connect_peers(
+            config.ib_provider,
+            &mut socket,
+            rank,
+            size,
+            &peers,
+            deadline,
+        )
+        .map_err(|reason| Error::Bootstrap {
+            comm: config.name.clone(),
+            reason,
+        })?
+    } else {
+        None
+    };
     Ok(Transports {
-        mapper: Mapper::new(socket, shm),
+        mapper: Mapper::new(socket, shm, ib),
         host_cores: cores,
         waker,
     })
-}
-
-/// Says whether ib would carry the remote peers' traffic and why not. It does not yet, even
-/// when a device is found: the ib transport has run only over the software fabric.
-fn log_ib_choice() {
-    use crate::transport::ib::select;
-    let hca = match ibverbx::IbConfig::from_env() {
-        Ok(c) => c.hca,
-        Err(e) => {
-            tracing::warn!("ib: not used: {e}");
-            return;
-        }
-    };
-    let choice = select::choose(&["ib"], &select::probe(), &hca);
-    select::log_choice(&choice);
-    if let select::IbChoice::Use(p) = choice {
-        tracing::warn!(
-            "ib: {}:{} found, but communicators do not route through ib yet: remote peers use \
-             socket",
-            p.device,
-            p.port
-        );
-    }
 }
 
 /// Socket buffers between ranks of one host that each have a core (`CTRAN_SOCKET_BUF_BYTES`
@@ -502,6 +492,8 @@ fn split_inner(
     config.socket = parent.config().socket.clone();
     config.chunk_bytes = parent.config().chunk_bytes;
     config.use_shm = parent.config().use_shm;
+    config.want_ib = parent.config().want_ib;
+    config.ib_provider = parent.config().ib_provider;
     config.shm = parent.config().shm.clone();
     config.abort_process_on_error = abort_process_on_error;
     let color = ranks.iter().copied().min();

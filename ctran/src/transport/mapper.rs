@@ -1,10 +1,16 @@
-//! Picks the transport for each peer: shared memory for ranks on this host (when enabled), TCP
-//! for the rest. Algorithms see one [`Transport`]; request ids tell the two apart.
+//! Picks the transport for each peer: shared memory for ranks on this host (when enabled), ib
+//! for the rest where both ranks opened it, TCP otherwise. Algorithms see one [`Transport`];
+//! request ids tell the transports apart (each numbers its requests from its own base).
+//!
+//! TCP stays connected to every peer whatever carries the data: it detects a closed peer at
+//! once (ib learns of one only when a write to it fails), carries abort notices, and carries
+//! one-sided traffic (windows) to peers that shared memory does not reach.
 
 use std::time::{Duration, Instant};
 
 use crate::engine::select::ShmReach;
 use crate::span::Span;
+use crate::transport::ib::{IbRoute, ID_BASE as IB_ID_BASE};
 use crate::transport::shm::{ShmTransport, ID_BASE};
 use crate::transport::socket::SocketTransport;
 use crate::transport::{
@@ -15,17 +21,25 @@ use crate::transport::{
 /// remote peers, closed local peers).
 const SHM_SLICE: Duration = Duration::from_millis(2);
 
+/// How long a turn of the ib transport lasts while TCP or shared memory has work too.
+const IB_SLICE: Duration = Duration::from_micros(200);
+
 /// Every transport of one communicator, and which one reaches each peer.
 #[derive(Debug)]
 pub struct Mapper {
     socket: SocketTransport,
     shm: Option<ShmTransport>,
+    ib: Option<Box<dyn IbRoute>>,
 }
 
 impl Mapper {
-    /// Routes local peers through `shm` when given.
-    pub fn new(socket: SocketTransport, shm: Option<ShmTransport>) -> Mapper {
-        Mapper { socket, shm }
+    /// Routes local peers through `shm` when given, and the peers `ib` reaches through it.
+    pub fn new(
+        socket: SocketTransport,
+        shm: Option<ShmTransport>,
+        ib: Option<Box<dyn IbRoute>>,
+    ) -> Mapper {
+        Mapper { socket, shm, ib }
     }
 
     /// The shared-memory transport, when every rank of the communicator is on this host and
@@ -53,73 +67,45 @@ impl Mapper {
 
     /// The transport names in use (for traces and `--print` output).
     pub fn describe(&self) -> &'static str {
-        match &self.shm {
-            Some(s) if s.is_whole_comm() => "shm",
-            Some(_) => "shm+socket",
-            None => "socket",
+        let size = self.socket.size();
+        let rank = self.socket.rank();
+        let others = || (0..size).filter(move |&p| p != rank);
+        let ib_all = self.ib.is_some() && others().all(|p| self.via_shm(p) || self.via_ib(p));
+        match (&self.shm, &self.ib) {
+            (Some(s), _) if s.is_whole_comm() => "shm",
+            (Some(_), Some(_)) if ib_all => "shm+ib",
+            (Some(_), Some(_)) => "shm+ib+socket",
+            (Some(_), None) => "shm+socket",
+            (None, Some(_)) if ib_all => "ib",
+            (None, Some(_)) => "ib+socket",
+            (None, None) => "socket",
         }
     }
 
     fn via_shm(&self, peer: usize) -> bool {
         self.shm.as_ref().is_some_and(|s| s.reaches(peer))
     }
-}
 
-impl Transport for Mapper {
-    fn post_send(
-        &mut self,
-        peer: usize,
-        data: Span,
-        tag: OpTag,
-        delivery: Delivery,
-    ) -> Result<ReqId, TransportError> {
-        match &mut self.shm {
-            Some(shm) if shm.reaches(peer) => shm.post_send(peer, data, tag, delivery),
-            _ => self.socket.post_send(peer, data, tag, delivery),
+    fn via_ib(&self, peer: usize) -> bool {
+        self.ib.as_ref().is_some_and(|t| t.reaches(peer))
+    }
+
+    /// The ib transport's turn while it has work: it has no descriptor to sleep on, so it is
+    /// polled, and TCP and shared memory get short non-blocking turns in between. A peer that
+    /// TCP finds closed fails its ib requests too.
+    fn progress_with_ib(&mut self, until: Instant) -> Result<(), TransportError> {
+        let ib = self.ib.as_mut().expect("called with ib");
+        ib.progress(until.min(Instant::now() + IB_SLICE), false)?;
+        let peers: Vec<usize> = (0..self.socket.size()).filter(|&p| ib.reaches(p)).collect();
+        if let Err(e) = self.socket.probe_idle(peers.iter().copied()) {
+            if let TransportError::PeerLost { peer, .. } = &e {
+                ib.peer_lost(*peer, e.clone());
+            }
         }
+        self.progress_host(Instant::now(), false)
     }
-
-    fn begin_collective(&mut self, tag: OpTag) {
-        self.socket.begin_collective(tag);
-        if let Some(shm) = &mut self.shm {
-            shm.node.publish_op(tag);
-        }
-    }
-
-    fn owes_output(&self) -> bool {
-        self.socket.owes_output()
-    }
-
-    fn unconfirmed(&mut self) -> Result<bool, TransportError> {
-        let shm = match &mut self.shm {
-            Some(shm) => shm.unconfirmed()?,
-            None => false,
-        };
-        Ok(self.socket.unconfirmed()? || shm)
-    }
-
-    fn post_recv(&mut self, peer: usize, data: Span, tag: OpTag) -> Result<ReqId, TransportError> {
-        match &mut self.shm {
-            Some(shm) if shm.reaches(peer) => shm.post_recv(peer, data, tag),
-            _ => self.socket.post_recv(peer, data, tag),
-        }
-    }
-
-    fn test(&mut self, req: ReqId) -> Result<bool, TransportError> {
-        match &mut self.shm {
-            Some(shm) if req.0 >= ID_BASE => shm.test(req),
-            _ => self.socket.test(req),
-        }
-    }
-
-    fn peer_of(&self, req: ReqId) -> Option<usize> {
-        match &self.shm {
-            Some(shm) if req.0 >= ID_BASE => shm.peer_of(req),
-            _ => self.socket.peer_of(req),
-        }
-    }
-
-    fn progress(&mut self, until: Instant, watch_wake: bool) -> Result<(), TransportError> {
+    /// Progress of TCP and shared memory.
+    fn progress_host(&mut self, until: Instant, watch_wake: bool) -> Result<(), TransportError> {
         let Some(shm) = self.shm.as_mut() else {
             return self.socket.progress(until, watch_wake);
         };
@@ -145,11 +131,91 @@ impl Transport for Mapper {
         let mut alive = || socket.probe_idle(local.iter().copied());
         shm.progress(until.min(Instant::now() + slice), &mut alive)
     }
+}
+
+impl Transport for Mapper {
+    fn post_send(
+        &mut self,
+        peer: usize,
+        data: Span,
+        tag: OpTag,
+        delivery: Delivery,
+    ) -> Result<ReqId, TransportError> {
+        match (&mut self.shm, &mut self.ib) {
+            (Some(shm), _) if shm.reaches(peer) => shm.post_send(peer, data, tag, delivery),
+            (_, Some(ib)) if ib.reaches(peer) => ib.post_send(peer, data, tag, delivery),
+            _ => self.socket.post_send(peer, data, tag, delivery),
+        }
+    }
+
+    fn begin_collective(&mut self, tag: OpTag) {
+        self.socket.begin_collective(tag);
+        if let Some(ib) = &mut self.ib {
+            ib.begin_collective(tag);
+        }
+        if let Some(shm) = &mut self.shm {
+            shm.node.publish_op(tag);
+        }
+    }
+
+    fn owes_output(&self) -> bool {
+        self.socket.owes_output() || self.ib.as_ref().is_some_and(|t| t.owes_output())
+    }
+
+    fn unconfirmed(&mut self) -> Result<bool, TransportError> {
+        let shm = match &mut self.shm {
+            Some(shm) => shm.unconfirmed()?,
+            None => false,
+        };
+        let ib = match &mut self.ib {
+            Some(ib) => ib.unconfirmed()?,
+            None => false,
+        };
+        Ok(self.socket.unconfirmed()? || shm || ib)
+    }
+
+    fn post_recv(&mut self, peer: usize, data: Span, tag: OpTag) -> Result<ReqId, TransportError> {
+        match (&mut self.shm, &mut self.ib) {
+            (Some(shm), _) if shm.reaches(peer) => shm.post_recv(peer, data, tag),
+            (_, Some(ib)) if ib.reaches(peer) => ib.post_recv(peer, data, tag),
+            _ => self.socket.post_recv(peer, data, tag),
+        }
+    }
+
+    fn test(&mut self, req: ReqId) -> Result<bool, TransportError> {
+        match (&mut self.shm, &mut self.ib) {
+            (Some(shm), _) if req.0 >= ID_BASE => shm.test(req),
+            (_, Some(ib)) if req.0 >= IB_ID_BASE => ib.test(req),
+            _ => self.socket.test(req),
+        }
+    }
+
+    fn peer_of(&self, req: ReqId) -> Option<usize> {
+        match (&self.shm, &self.ib) {
+            (Some(shm), _) if req.0 >= ID_BASE => shm.peer_of(req),
+            (_, Some(ib)) if req.0 >= IB_ID_BASE => ib.peer_of(req),
+            _ => self.socket.peer_of(req),
+        }
+    }
+
+    fn progress(&mut self, until: Instant, watch_wake: bool) -> Result<(), TransportError> {
+        if self
+            .ib
+            .as_ref()
+            .is_some_and(|t| t.has_pending() || t.owes_output())
+        {
+            return self.progress_with_ib(until);
+        }
+        self.progress_host(until, watch_wake)
+    }
 
     fn abort(&mut self, reason: &str) {
         self.socket.abort(reason);
         if let Some(shm) = &mut self.shm {
             shm.abort();
+        }
+        if let Some(ib) = &mut self.ib {
+            ib.abort(reason);
         }
     }
 
@@ -234,6 +300,8 @@ impl Mapper {
     /// Ends the communicator normally: peers learn this rank finished, not failed.
     pub fn close(&mut self) {
         self.socket.close();
+        // The ib connections go with the transport; peers that still write find them gone.
+        self.ib = None;
         if let Some(shm) = &mut self.shm {
             shm.abort();
         }

@@ -53,6 +53,21 @@ impl Default for SoftConfig {
 #[derive(Clone)]
 pub struct SoftFabric {
     inner: Arc<Mutex<Fabric>>,
+    /// Tells this fabric's endpoints from another's (another process's, most likely), which
+    /// it cannot reach: they carry it in the GID's interface id.
+    id: u64,
+}
+
+/// An id no other fabric of this process, and most likely no fabric of another process, has.
+fn new_fabric_id() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::{SystemTime, UNIX_EPOCH};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let mut rng = fabric::Rng::new(nanos ^ u64::from(std::process::id()) << 32);
+    rng.next() ^ NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 impl std::fmt::Debug for SoftFabric {
@@ -70,6 +85,7 @@ impl SoftFabric {
     pub fn new(cfg: SoftConfig) -> SoftFabric {
         SoftFabric {
             inner: Arc::new(Mutex::new(Fabric::new(cfg))),
+            id: new_fabric_id(),
         }
     }
 
@@ -265,11 +281,12 @@ pub struct SoftQp {
 }
 
 impl SoftQp {
-    /// Connection information, as a real QP gives it (LID = device index + 1).
+    /// Connection information, as a real QP gives it (LID = device index + 1; the GID's
+    /// interface id names the fabric).
     pub fn endpoint(&self) -> QpEndpoint {
         let mut gid = [0u8; 16];
         gid[..8].copy_from_slice(&0xfe80_0000_0000_0000u64.to_be_bytes());
-        gid[8..].copy_from_slice(&(self.device as u64 + 1).to_be_bytes());
+        gid[8..].copy_from_slice(&self.fabric.id.to_be_bytes());
         QpEndpoint {
             qp_num: self.num,
             lid: self.device as u16 + 1,
@@ -281,6 +298,13 @@ impl SoftQp {
 
     /// Connects to the peer QP `remote` (both sides must connect, as RTR/RTS on hardware).
     pub fn connect(&mut self, remote: &QpEndpoint) -> Result<()> {
+        if remote.gid[8..] != self.fabric.id.to_be_bytes() {
+            return Err(Error::Soft(format!(
+                "connect: QP {:#x} is on another software fabric (another process?): the \
+                 software provider reaches only QPs of its own fabric",
+                remote.qp_num
+            )));
+        }
         let mut f = lock(&self.fabric.inner);
         if f.qp(remote.qp_num).is_none() {
             return Err(Error::Soft(format!(

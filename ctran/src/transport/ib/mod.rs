@@ -42,6 +42,7 @@ pub mod backend;
 mod onesided;
 mod peer;
 mod pool;
+mod route;
 pub mod select;
 mod setup;
 pub mod verbs;
@@ -58,6 +59,8 @@ use ibverbx::{Event, Put, RemoteKey as IbKey, VirtualCompletion, VirtualCq};
 pub use backend::{IbBackend, IbMemory, SoftBackend};
 use peer::{Cts, InFlight, OneSided, Peer, RecvReq, SendReq};
 use pool::Pool;
+pub(crate) use route::connect as connect_peers;
+pub use route::{soft_fabric, IbProvider, IbRoute};
 use setup::Half;
 pub use setup::{IbError, IbSettings};
 pub use verbs::VerbsBackend;
@@ -70,6 +73,8 @@ use crate::transport::{
     Delivery, OpTag, RegionId, RemoteKey, ReqId, SignalKind, Transport, TransportError,
 };
 
+/// The first request id (a mapper tells its transports' requests apart by their ranges).
+pub(crate) const ID_BASE: u64 = 1 << 61;
 /// How long a peer that work waits on may stay silent before it gets a keep-alive write.
 const KEEPALIVE: Duration = Duration::from_millis(50);
 /// Free staging buffers kept for reuse, in bytes.
@@ -490,6 +495,14 @@ impl<B: IbBackend> IbTransport<B> {
     /// Whether any request is posted and unfinished.
     pub fn has_pending(&self) -> bool {
         self.requests.any_pending()
+    }
+
+    /// Whether a finished send still waits for its receiver's `Ack` (confirmed delivery).
+    pub fn awaits_acks(&self) -> bool {
+        self.peers
+            .iter()
+            .flatten()
+            .any(|p| p.broken.is_none() && !p.acks.is_empty())
     }
 }
 

@@ -1,7 +1,5 @@
-//! Whether peers on other hosts go through ib, as a pure function of what was found (so it is
-//! tested without a device). A communicator whose `CTRAN_BACKENDS` names `ib` only logs the
-//! choice and keeps its socket and shm routes: no machine this has run on has an RDMA device,
-//! so routing through ib has never been tried between processes (see docs/ib.md).
+//! Which RDMA port a rank's ib transport opens with the verbs provider, as a pure function of
+//! what was found (so it is tested without a device); `route.rs` opens it and routes peers.
 
 use ibverbx::HcaSpec;
 
@@ -78,15 +76,6 @@ pub enum IbChoice {
     NotUsed(String),
 }
 
-/// Where one peer's messages go.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PeerRoute {
-    /// Through ib.
-    Ib,
-    /// As without ib (socket, or shm on this host).
-    Default,
-}
-
 /// Decides for the whole communicator: ib needs `ib` in `CTRAN_BACKENDS`, usable verbs, and a
 /// port that `CTRAN_IB_HCA` selects (the first such port is used).
 pub fn choose(backends: &[&str], probe: &IbProbe, hca: &HcaSpec) -> IbChoice {
@@ -110,22 +99,6 @@ pub fn choose(backends: &[&str], probe: &IbProbe, hca: &HcaSpec) -> IbChoice {
                 .collect::<Vec<_>>()
                 .join(", ")
         )),
-    }
-}
-
-/// The route of a peer: ib only for peers on other hosts, and only when ib was chosen.
-pub fn route(choice: &IbChoice, peer_on_this_host: bool) -> PeerRoute {
-    match choice {
-        IbChoice::Use(_) if !peer_on_this_host => PeerRoute::Ib,
-        _ => PeerRoute::Default,
-    }
-}
-
-/// Logs the choice once per communicator.
-pub fn log_choice(choice: &IbChoice) {
-    match choice {
-        IbChoice::Use(p) => tracing::info!("ib: using {}:{} for remote peers", p.device, p.port),
-        IbChoice::NotUsed(why) => tracing::info!("ib: not used: {why}"),
     }
 }
 
@@ -175,16 +148,6 @@ mod tests {
             choose(&with_ib, &present, &exclude),
             IbChoice::NotUsed(w) if w.contains("CTRAN_IB_HCA") && w.contains("mlx5_0:1")
         ));
-    }
-
-    #[test]
-    fn only_remote_peers_go_through_ib() {
-        let used = IbChoice::Use(port("mlx5_0", 1));
-        assert_eq!(route(&used, false), PeerRoute::Ib);
-        assert_eq!(route(&used, true), PeerRoute::Default);
-        let not = IbChoice::NotUsed("no RDMA device".into());
-        assert_eq!(route(&not, false), PeerRoute::Default);
-        assert_eq!(route(&not, true), PeerRoute::Default);
     }
 
     #[test]

@@ -148,7 +148,7 @@ impl<B: IbBackend> IbTransport<B> {
             peers: (0..size).map(|_| None).collect(),
             conn_peer: HashMap::new(),
             next_wr: 1,
-            requests: Requests::new(1),
+            requests: Requests::new(super::ID_BASE),
             aborted: false,
             current: OpTag::default(),
             regions: RegionTable::new(size),

@@ -1,0 +1,159 @@
+//! Communicators routed through the ib transport by the mapper (`CTRAN_BACKENDS` with `ib`),
+//! on ibverbx's software fabric: ranks are threads of this process, each a device of the one
+//! fabric. Which pairs use ib, that the data really crosses the fabric, and that a peer that
+//! aborts fails the ranks waiting on it over ib instead of leaving them to their timeout. The
+//! algorithm matrix over ib is in `algorithms.rs` (`*_over_ib`).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ctran::bootstrap::HashStore;
+use ctran::transport::ib::{soft_fabric, IbProvider};
+use ctran::{Comm, CommConfig, DataType, Op, ReduceOp, Span};
+
+fn span_of<T>(v: &mut [T]) -> Span {
+    // SAFETY: every test waits for its operation before touching or dropping the vector.
+    unsafe { Span::from_raw(v.as_mut_ptr().cast(), std::mem::size_of_val(v)) }
+}
+
+/// Runs `f` on `n` ranks (threads) whose configuration `tweak` adjusts, over TCP with ib.
+fn with_ranks<R: Send>(
+    n: usize,
+    name: &str,
+    tweak: impl Fn(usize, &mut CommConfig) + Sync,
+    f: impl Fn(Comm) -> R + Sync,
+) -> Vec<R> {
+    let store: Arc<HashStore> = Arc::new(HashStore::new());
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..n)
+            .map(|rank| {
+                let store = Arc::clone(&store);
+                let (f, tweak) = (&f, &tweak);
+                s.spawn(move || {
+                    let mut cfg = CommConfig::from_env(name, rank, n).unwrap();
+                    cfg.timeout = Duration::from_secs(30);
+                    cfg.use_shm = false;
+                    cfg.want_ib = true;
+                    cfg.ib_provider = IbProvider::Soft;
+                    tweak(rank, &mut cfg);
+                    f(Comm::init(cfg, store).unwrap())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+fn all_reduce(c: &Comm, len: usize) -> Vec<f32> {
+    let mut v: Vec<f32> = (0..len).map(|i| (c.rank() * len + i) as f32).collect();
+    c.run(
+        Op::AllReduce {
+            buf: span_of(&mut v),
+            dtype: DataType::F32,
+            op: ReduceOp::Sum,
+        },
+        None,
+    )
+    .unwrap();
+    v
+}
+
+fn expected(n: usize, len: usize) -> Vec<f32> {
+    (0..len)
+        .map(|i| (0..n).map(|r| (r * len + i) as f32).sum())
+        .collect()
+}
+
+#[test]
+fn every_peer_goes_through_ib_and_the_bytes_cross_the_fabric() {
+    let (_, before) = soft_fabric().stats();
+    let len = 1 << 16;
+    let outs = with_ranks(
+        3,
+        "ib-route-all",
+        |_, _| {},
+        |c| {
+            let v = all_reduce(&c, len);
+            let t = c.trace().snapshot().transport;
+            c.finalize().unwrap();
+            (v, t)
+        },
+    );
+    for (rank, (v, t)) in outs.into_iter().enumerate() {
+        assert_eq!(v, expected(3, len), "rank {rank}");
+        assert_eq!(t.as_deref(), Some("ib"), "rank {rank}");
+    }
+    let (_, after) = soft_fabric().stats();
+    // Each rank's 256 KiB contribution crosses the fabric at least once.
+    assert!(
+        after - before >= 3 * 4 * len as u64,
+        "the fabric moved {} bytes",
+        after - before
+    );
+}
+
+#[test]
+fn a_rank_without_ib_talks_socket_and_the_others_keep_ib() {
+    // Rank 2 asks for verbs: on a machine without an RDMA device it opens nothing; on one
+    // with a device it opens another provider than its peers'. Either way its pairs use TCP.
+    let outs = with_ranks(
+        3,
+        "ib-route-mixed",
+        |rank, cfg| {
+            if rank == 2 {
+                cfg.ib_provider = IbProvider::Verbs;
+            }
+        },
+        |c| {
+            let v = all_reduce(&c, 1000);
+            let t = c.trace().snapshot().transport;
+            c.finalize().unwrap();
+            (v, t)
+        },
+    );
+    let names: Vec<_> = outs.iter().map(|(_, t)| t.as_deref()).collect();
+    assert_eq!(
+        names,
+        [Some("ib+socket"), Some("ib+socket"), Some("socket")]
+    );
+    for (rank, (v, _)) in outs.into_iter().enumerate() {
+        assert_eq!(v, expected(3, 1000), "rank {rank}");
+    }
+}
+
+#[test]
+fn a_peer_that_aborts_fails_the_receive_waiting_on_it_over_ib() {
+    let outs = with_ranks(
+        2,
+        "ib-route-abort",
+        |_, _| {},
+        |c| {
+            all_reduce(&c, 16);
+            if c.rank() == 1 {
+                std::thread::sleep(Duration::from_millis(200));
+                c.abort("test: rank 1 gives up");
+                return None;
+            }
+            let mut buf = vec![0u8; 1 << 20];
+            let start = Instant::now();
+            let r = c.run(
+                Op::Recv {
+                    buf: span_of(&mut buf),
+                    peer: 1,
+                },
+                Some(Duration::from_secs(20)),
+            );
+            Some((r, start.elapsed()))
+        },
+    );
+    let (r, took) = outs[0].as_ref().expect("rank 0 waited");
+    let err = r.as_ref().expect_err("the receive cannot succeed");
+    assert!(
+        *took < Duration::from_secs(10),
+        "rank 0 learned of the abort after {took:?}: {err}"
+    );
+    assert!(
+        err.to_string().contains("rank 1 gives up") || err.to_string().contains("peer 1"),
+        "{err}"
+    );
+}
