@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use ctran::rdma::{
     AccessKey, DataPath, MemDevice, RdmaError, RdmaMemory, RdmaRemoteBuffer, RdmaTransport,
 };
+use ctran::transport::ib::{soft_fabric, IbProvider};
 
 /// Set in the environment of the child process (not a tunable).
 const CHILD: &str = "RDMA_TEST_CHILD";
@@ -109,7 +110,100 @@ fn in_process(path: DataPath) {
     match path {
         DataPath::Auto => assert_eq!((s.cma, s.tcp), (2, 0), "{s:?}"),
         DataPath::Tcp => assert_eq!((s.cma, s.tcp), (0, 2), "{s:?}"),
+        DataPath::Ib => unreachable!("in_process_over_ib"),
     }
+}
+
+/// Two transports on the ib data path over the process's software fabric.
+fn ib_pair(b_path: DataPath) -> (RdmaTransport, RdmaTransport) {
+    let mut a = RdmaTransport::new(MemDevice::Cpu).unwrap();
+    let mut b = RdmaTransport::new(MemDevice::Cpu).unwrap();
+    for (t, path) in [(&mut a, DataPath::Ib), (&mut b, b_path)] {
+        t.set_data_path(path);
+        t.set_ib_provider(IbProvider::Soft);
+    }
+    let (ua, ub) = (a.bind().unwrap(), b.bind().unwrap());
+    assert!(ua.contains("/ib="), "{ua}");
+    a.connect(&ub).unwrap();
+    b.connect(&ua).unwrap();
+    (a, b)
+}
+
+#[test]
+fn in_process_over_ib() {
+    let (a, b) = ib_pair(DataPath::Ib);
+    let (_, moved_before) = soft_fabric().stats();
+    // Three chunks and a bit: the ib path moves at most 4 MiB per round trip.
+    let len = 3 * (4 << 20) + 4097;
+    let src = Buf::new(len, Some(5));
+    let mut dst = Buf::new(len, None);
+    let whole = dst.mem().to_remote_buffer();
+    a.write(&src.mem().to_view(None, None).unwrap(), &whole, true, SHORT)
+        .unwrap();
+    b.wait_for_write(SHORT).unwrap();
+    assert!(src.data == dst.data, "the write differs");
+    dst.data.fill(0);
+    let remote = RdmaRemoteBuffer {
+        ptr: whole.ptr + 256,
+        len: 512,
+        key: whole.key,
+    };
+    a.write(
+        &src.mem().to_view(Some(256), Some(512)).unwrap(),
+        &remote,
+        false,
+        SHORT,
+    )
+    .unwrap();
+    assert!(dst.data[..256].iter().all(|&x| x == 0));
+    assert_eq!(dst.data[256..768], src.data[256..768]);
+    assert!(dst.data[768..].iter().all(|&x| x == 0));
+    let back = Buf::new(len, None);
+    b.read(
+        &back.mem().to_mutable_view(None, None).unwrap(),
+        &src.mem().to_remote_buffer(),
+        SHORT,
+    )
+    .unwrap();
+    assert!(back.data == src.data, "the read differs");
+    let empty = Buf::new(0, None);
+    a.write(
+        &empty.mem().to_view(None, None).unwrap(),
+        &empty.mem().to_remote_buffer(),
+        false,
+        SHORT,
+    )
+    .unwrap();
+    assert_eq!((a.stats().ib, a.stats().cma, a.stats().tcp), (3, 0, 0));
+    assert_eq!((b.stats().ib, b.stats().cma, b.stats().tcp), (1, 0, 0));
+    let (_, moved_after) = soft_fabric().stats();
+    assert!(moved_after - moved_before >= 2 * len as u64);
+    // The target still checks every request against its registry.
+    let past = RdmaRemoteBuffer {
+        ptr: whole.ptr + 1,
+        len: len as u64,
+        key: whole.key,
+    };
+    let e = a
+        .write(&src.mem().to_view(None, None).unwrap(), &past, false, SHORT)
+        .unwrap_err();
+    assert!(matches!(e, RdmaError::Remote { .. }), "{e}");
+}
+
+#[test]
+fn ib_on_one_side_only_uses_the_stream() {
+    let (a, _b) = ib_pair(DataPath::Auto);
+    let src = Buf::new(4096, Some(9));
+    let dst = Buf::new(4096, None);
+    a.write(
+        &src.mem().to_view(None, None).unwrap(),
+        &dst.mem().to_remote_buffer(),
+        false,
+        SHORT,
+    )
+    .unwrap();
+    assert_eq!(src.data, dst.data);
+    assert_eq!(a.stats().ib, 0, "{:?}", a.stats());
 }
 
 #[test]

@@ -1,11 +1,15 @@
 """torchcomms._transport with CUDA memory: upstream's TransportTest cases (cuda:0 <-> cuda:1,
 cuda:0 <-> cuda:0, CPU <-> CUDA mixes, a pickled RdmaRemoteBuffer). Two transports in one
-process: CUDA <-> CUDA goes through CUDA IPC, the mixes over the TCP payload path."""
+process: CUDA <-> CUDA goes through CUDA IPC, the mixes over the TCP payload path; then every
+case again over the ib data path on the software fabric (CUDA memory staged through host
+memory on both sides)."""
 
 from __future__ import annotations
 
+import os
 import pickle
 import unittest
+from unittest import mock
 
 import torch
 
@@ -89,6 +93,25 @@ class TransportCudaTest(unittest.TestCase):
             rb = pickle.loads(pickle.dumps(bm.to_remote_buffer(), protocol=proto))
             self.assertEqual(t1.write(am.to_view(), rb), 0)
             self.assertTrue(torch.equal(a.cpu(), b.cpu()))
+
+
+class TransportCudaOverIbTest(TransportCudaTest):
+    """The same cases with `TORCHCOMMS_RDMA_PATH=ib` on ibverbx's software fabric."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        env = mock.patch.dict(
+            os.environ, {"TORCHCOMMS_RDMA_PATH": "ib", "CTRAN_IB_PROVIDER": "soft"}
+        )
+        env.start()
+        self.addCleanup(env.stop)
+
+    def bind_and_connect(self, server: RdmaTransport, client: RdmaTransport) -> None:
+        su, cu = server.bind(), client.bind()
+        self.assertIn(b"/ib=", su)
+        self.assertIn(b"/ib=", cu)
+        self.assertEqual(server.connect(cu), 0)
+        self.assertEqual(client.connect(su), 0)
 
 
 if __name__ == "__main__":

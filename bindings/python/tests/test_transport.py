@@ -173,3 +173,35 @@ def test_second_process() -> None:
             p.kill()
     assert p.exitcode == 0
     assert torchcomms is not None
+
+
+def test_ib_data_path_on_the_software_fabric(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Both transports in this process: CTRAN_IB_PROVIDER=soft reaches only ranks of one process.
+    monkeypatch.setenv("TORCHCOMMS_RDMA_PATH", "ib")
+    monkeypatch.setenv("CTRAN_IB_PROVIDER", "soft")
+    a, b = RdmaTransport(CPU), RdmaTransport(CPU)
+    urls = a.bind(), b.bind()
+    assert all(b"/ib=" in u for u in urls), urls
+    assert a.connect(urls[1]) == 0 and b.connect(urls[0]) == 0
+    # More than one 4 MiB chunk of the ib path.
+    src = torch.arange(3 << 20, dtype=torch.float32)
+    dst = torch.zeros_like(src)
+    sm, dm = RdmaMemory(src), RdmaMemory(dst)
+    assert a.write(sm.to_view(), dm.to_remote_buffer(), notify=True, timeout=30) == 0
+    b.wait_for_write(timeout=30)
+    assert torch.equal(src, dst)
+    back = torch.zeros_like(src)
+    assert b.read(RdmaMemory(back).to_mutable_view(), sm.to_remote_buffer()) == 0
+    assert torch.equal(src, back)
+
+
+def test_ib_data_path_without_a_device_fails_at_bind(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCHCOMMS_RDMA_PATH", "ib")
+    monkeypatch.setenv("CTRAN_IB_PROVIDER", "verbs")
+    t = RdmaTransport(CPU)
+    try:
+        t.bind()
+    except RuntimeError as e:
+        assert "ib data path" in str(e), e
+    else:
+        pytest.skip("this machine has an RDMA device: binding the verbs provider succeeded")

@@ -48,6 +48,16 @@ fn read_pinned(pin: &Pin, ctx: Option<&Arc<Context>>, out: &mut [u8]) -> Result<
     }
 }
 
+/// Copies the pinned range, of either device, into `out` (its length).
+pub(crate) fn read_pin(pin: &Pin, out: &mut [u8]) -> Result<()> {
+    read_pinned(pin, ctx_of(pin.device)?.as_ref(), out)
+}
+
+/// Copies `data` (its length) into the pinned range, of either device.
+pub(crate) fn write_pin(pin: &Pin, data: &[u8]) -> Result<()> {
+    write_pinned(pin, ctx_of(pin.device)?.as_ref(), data)
+}
+
 /// Copies `data` (its length) into the pinned range.
 fn write_pinned(pin: &Pin, ctx: Option<&Arc<Context>>, data: &[u8]) -> Result<()> {
     match ctx {

@@ -18,6 +18,7 @@ use crossbeam_channel::{Receiver, Sender};
 
 use super::copy::{self, Mappings};
 use super::error::{RdmaError, Result};
+use super::ib_path::{IbPath, IB_CHUNK};
 use super::key::AccessKey;
 use super::peer_pid::owns_peer_end;
 use super::registry::{Claim, MemDevice, Pin};
@@ -67,7 +68,12 @@ struct Shared {
     peer: String,
     state: Mutex<State>,
     changed: Condvar,
+    /// The ib data path, when both sides opened one.
+    ib: Option<Arc<IbPath>>,
 }
+
+/// How long the service thread waits for an RDMA write answering a read to complete.
+const SERVE_WRITE_LIMIT: Duration = Duration::from_secs(60);
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -109,7 +115,12 @@ impl std::fmt::Debug for Link {
 impl Link {
     /// Starts the threads of a connection to `peer` over `stream`.
     /// `first`: bytes the writer sends before any frame (the listener's acknowledgement).
-    pub(crate) fn start(stream: TcpStream, peer: String, first: Option<Vec<u8>>) -> Result<Link> {
+    pub(crate) fn start(
+        stream: TcpStream,
+        peer: String,
+        first: Option<Vec<u8>>,
+        ib: Option<Arc<IbPath>>,
+    ) -> Result<Link> {
         let io_err = |e: std::io::Error| RdmaError::Io {
             op: "starting the connection",
             peer: peer.clone(),
@@ -122,6 +133,7 @@ impl Link {
             peer: peer.clone(),
             state: Mutex::new(State::default()),
             changed: Condvar::new(),
+            ib,
         });
         let (tx, rx) = crossbeam_channel::unbounded();
         if let Some(frame) = first {
@@ -348,7 +360,7 @@ fn process_claim(frame: &Frame) -> Option<(u64, u32)> {
     match via {
         Via::Cma { pid, .. } => Some((req, *pid)),
         Via::Local { .. } => Some((req, std::process::id())),
-        Via::Payload | Via::Ipc { .. } => None,
+        Via::Payload | Via::Ipc { .. } | Via::Ib => None,
     }
 }
 
@@ -396,7 +408,7 @@ fn serve_loop(stream: TcpStream, tx: Sender<Outgoing>, shared: Arc<Shared>) {
                 len,
                 via,
             } => {
-                serve_read(&tx, &mut maps, req, &key, src, len, via);
+                serve_read(&tx, &shared, &mut maps, req, &key, src, len, via);
                 Ok(())
             }
             Frame::Response {
@@ -428,6 +440,12 @@ fn serve_write(
 ) -> std::result::Result<(), String> {
     let pin = target(key, dst, len);
     let result = match via {
+        Via::Ib => pin.and_then(|p| {
+            let ib = ib_of(shared, p.len)?;
+            let mut buf = vec![0u8; p.len as usize];
+            ib.take_write(&mut buf);
+            copy::write_pin(&p, &buf)
+        }),
         Via::Payload => {
             // Checked now; each chunk pins its part again as it arrives.
             let claim = pin.as_ref().map(Pin::claim).ok();
@@ -449,6 +467,24 @@ fn serve_write(
     Ok(())
 }
 
+/// The ib data path of this connection, for a request that names it (at most one chunk).
+fn ib_of(shared: &Shared, len: u64) -> Result<&IbPath> {
+    if len > IB_CHUNK as u64 {
+        return Err(RdmaError::InvalidArgument {
+            arg: "len",
+            detail: format!("at most {IB_CHUNK} bytes per ib request, got {len}"),
+        });
+    }
+    shared
+        .ib
+        .as_deref()
+        .ok_or_else(|| RdmaError::InvalidArgument {
+            arg: "via",
+            detail: "ib, but this side has no ib data path (TORCHCOMMS_RDMA_PATH=ib on both)"
+                .into(),
+        })
+}
+
 /// A copy straight between the pinned range and the requester's memory (cross-memory attach,
 /// same process, CUDA IPC); `into_pin`: a write. `None` when cross-memory attach was refused
 /// by the kernel and the requester was told to fall back to the stream.
@@ -461,9 +497,9 @@ fn direct_copy(
     into_pin: bool,
 ) -> Option<Result<()>> {
     Some(match via {
-        Via::Payload => Err(RdmaError::InvalidArgument {
+        Via::Payload | Via::Ib => Err(RdmaError::InvalidArgument {
             arg: "via",
-            detail: "a payload is not a direct copy".into(),
+            detail: "a payload or ib transfer is not a direct copy".into(),
         }),
         Via::Cma { pid, addr } => {
             let p = match pin.and_then(|p| need(&p, MemDevice::Cpu, "cross-memory").map(|()| p)) {
@@ -499,8 +535,10 @@ fn direct_copy(
     })
 }
 
+#[allow(clippy::too_many_arguments)]
 fn serve_read(
     tx: &Sender<Outgoing>,
+    shared: &Shared,
     maps: &mut Mappings,
     req: u64,
     key: &str,
@@ -510,6 +548,12 @@ fn serve_read(
 ) {
     let pin = target(key, src, len);
     let result = match via {
+        Via::Ib => pin.and_then(|p| {
+            let ib = ib_of(shared, p.len)?;
+            let mut buf = vec![0u8; p.len as usize];
+            copy::read_pin(&p, &mut buf)?;
+            ib.push_read(&buf, Instant::now() + SERVE_WRITE_LIMIT)
+        }),
         Via::Payload => match pin {
             Ok(p) => {
                 send_response(tx, req, Status::Ok, String::new(), Some(p.claim()));

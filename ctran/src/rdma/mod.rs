@@ -12,6 +12,7 @@
 
 mod copy;
 mod error;
+mod ib_path;
 mod key;
 mod link;
 mod peer_pid;

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use super::copy;
 use super::error::{RdmaError, Result};
+use super::ib_path::{IbPath, IbSetup, IB_CHUNK};
 use super::key::host_id;
 use super::link::{Link, Payload};
 use super::registry::{MemDevice, RdmaMemoryMutableView, RdmaMemoryView, RdmaRemoteBuffer};
@@ -30,6 +31,9 @@ pub enum DataPath {
     Auto,
     /// Always a payload over the stream.
     Tcp,
+    /// RDMA writes over ib (`CTRAN_IB_PROVIDER`), when both sides chose it; the stream
+    /// otherwise.
+    Ib,
 }
 
 /// Transfers this side issued, by the path they took (tests and diagnostics).
@@ -41,6 +45,8 @@ pub struct PathStats {
     pub ipc: u64,
     /// Moved as a payload over TCP.
     pub tcp: u64,
+    /// Moved by RDMA writes over ib (counted per transfer, whatever its chunks).
+    pub ib: u64,
     /// Times cross-memory attach was refused by the peer (then TCP was used).
     pub cma_denied: u64,
 }
@@ -50,6 +56,7 @@ struct Counters {
     cma: AtomicU64,
     ipc: AtomicU64,
     tcp: AtomicU64,
+    ib: AtomicU64,
     cma_denied: AtomicU64,
 }
 
@@ -62,6 +69,8 @@ struct Conn {
     stash: Vec<([u8; 16], TcpStream)>,
     link: Option<Arc<Link>>,
     failed: Option<RdmaError>,
+    /// The ib data path, once both URLs offered one.
+    ib: Option<Arc<IbPath>>,
 }
 
 struct Inner {
@@ -80,7 +89,7 @@ impl Inner {
     /// dialer's `connect()` returns).
     fn establish(&self, c: &mut Conn, stream: TcpStream, ack: bool) {
         let peer = c.peer.as_ref().map_or_else(String::new, |p| p.1.clone());
-        match Link::start(stream, peer, ack.then(|| vec![ACK])) {
+        match Link::start(stream, peer, ack.then(|| vec![ACK]), c.ib.clone()) {
             Ok(l) => c.link = Some(Arc::new(l)),
             Err(e) => c.failed = Some(e),
         }
@@ -97,6 +106,9 @@ pub struct RdmaTransport {
     counters: Counters,
     inner: Arc<Inner>,
     acceptor: Mutex<Option<JoinHandle<()>>>,
+    /// This side's ib resources between `bind()` and `connect()`.
+    ib_setup: Mutex<Option<IbSetup>>,
+    provider: crate::transport::ib::IbProvider,
 }
 
 impl std::fmt::Debug for RdmaTransport {
@@ -115,8 +127,11 @@ impl RdmaTransport {
         let cv = torchcomms_cvars::reload().map_err(|e| RdmaError::Config(e.to_string()))?;
         let path = match cv.torchcomms_rdma_path() {
             "tcp" => DataPath::Tcp,
+            "ib" => DataPath::Ib,
             _ => DataPath::Auto,
         };
+        let provider = crate::transport::ib::IbProvider::parse(cv.ctran_ib_provider())
+            .ok_or_else(|| RdmaError::Config("CTRAN_IB_PROVIDER: verbs or soft".into()))?;
         Ok(RdmaTransport {
             device,
             limit: cv.torchcomms_rdma_timeout_seconds(),
@@ -129,6 +144,8 @@ impl RdmaTransport {
                 closing: AtomicBool::new(false),
             }),
             acceptor: Mutex::new(None),
+            ib_setup: Mutex::new(None),
+            provider,
         })
     }
 
@@ -147,7 +164,12 @@ impl RdmaTransport {
         self.path
     }
 
-    /// Overrides `TORCHCOMMS_RDMA_PATH` for this transport.
+    /// Overrides `CTRAN_IB_PROVIDER` for this transport's ib data path (before `bind()`).
+    pub fn set_ib_provider(&mut self, provider: crate::transport::ib::IbProvider) {
+        self.provider = provider;
+    }
+
+    /// Overrides `TORCHCOMMS_RDMA_PATH` for this transport (the ib path: before `bind()`).
     pub fn set_data_path(&mut self, path: DataPath) {
         self.path = path;
     }
@@ -159,6 +181,7 @@ impl RdmaTransport {
             cma: c.cma.load(Ordering::Relaxed),
             ipc: c.ipc.load(Ordering::Relaxed),
             tcp: c.tcp.load(Ordering::Relaxed),
+            ib: c.ib.load(Ordering::Relaxed),
             cma_denied: c.cma_denied.load(Ordering::Relaxed),
         }
     }
@@ -175,6 +198,10 @@ impl RdmaTransport {
             peer: ip.to_string(),
             detail: e.to_string(),
         };
+        let ib = match self.path {
+            DataPath::Ib => Some(IbSetup::open(self.provider)?),
+            _ => None,
+        };
         let listener = TcpListener::bind(SocketAddr::new(ip, 0)).map_err(|e| io("bind", e))?;
         listener.set_nonblocking(true).map_err(|e| io("bind", e))?;
         let url = PeerUrl {
@@ -182,7 +209,9 @@ impl RdmaTransport {
             token: rand::random(),
             host: host_id(),
             pid: std::process::id(),
+            ib: ib.as_ref().map(|s| s.endpoint().to_vec()),
         };
+        *self.ib_setup.lock().unwrap_or_else(|p| p.into_inner()) = ib;
         let text = url.to_string();
         self.inner.lock().me = Some((url.clone(), text.clone()));
         let inner = Arc::clone(&self.inner);
@@ -218,6 +247,21 @@ impl RdmaTransport {
                     arg: "peer_url",
                     detail: "this transport's own URL; expected the peer's".into(),
                 });
+            }
+            // Both sides' QPs are connected before either has a link (the listener's exists
+            // only once this side dialed, after connecting here), so no write meets a QP that
+            // is not ready.
+            let setup = self
+                .ib_setup
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
+            match (setup, &peer.ib) {
+                (Some(setup), Some(ep)) => c.ib = Some(Arc::new(setup.connect(ep)?)),
+                (Some(_), None) => tracing::info!(
+                    "RdmaTransport: the peer offers no ib data path; transfers use the stream"
+                ),
+                (None, _) => {}
             }
             c.peer = Some((peer.clone(), peer_url.to_string()));
             c.deadline = Some(deadline);
@@ -341,6 +385,13 @@ impl RdmaTransport {
         let link = self.link(op, deadline, limit)?;
         let pin = Arc::new(local.pin()?);
         let key = remote.key.encode();
+        let ib = self.inner.lock().ib.clone();
+        if let Some(ib) = ib.filter(|_| self.path == DataPath::Ib) {
+            let at = (deadline, limit);
+            transfer_ib(&ib, &link, local, remote, key, notify, write, at)?;
+            self.counters.ib.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        }
         let mut via = match self.via_for(pin.device, remote) {
             Some(MemDevice::Cpu) => Via::Cma {
                 pid: std::process::id(),
@@ -399,6 +450,7 @@ impl RdmaTransport {
                 _ => {
                     let c = match via {
                         Via::Payload => &self.counters.tcp,
+                        Via::Ib => &self.counters.ib,
                         Via::Cma { .. } => &self.counters.cma,
                         Via::Ipc { .. } | Via::Local { .. } => &self.counters.ipc,
                     };
@@ -414,6 +466,67 @@ impl RdmaTransport {
         let (deadline, limit) = self.deadline(timeout);
         self.link("wait_for_write", deadline, limit)?
             .wait_notify(deadline, limit)
+    }
+}
+
+/// A transfer over the ib data path, chunk by chunk (each a round trip over the stream).
+#[allow(clippy::too_many_arguments)]
+fn transfer_ib(
+    ib: &IbPath,
+    link: &Link,
+    local: &super::registry::View,
+    remote: &RdmaRemoteBuffer,
+    key: String,
+    notify: bool,
+    write: bool,
+    (deadline, limit): (Instant, Duration),
+) -> Result<()> {
+    let op = if write { "write" } else { "read" };
+    let claim = local.pin()?.claim();
+    let mut buf = vec![0u8; (remote.len as usize).min(IB_CHUNK)];
+    let mut off = 0u64;
+    loop {
+        let n = (remote.len - off).min(IB_CHUNK as u64);
+        let last = off + n >= remote.len;
+        let part = Arc::new(claim.pin_part(off, n)?);
+        let data = &mut buf[..n as usize];
+        let key = key.clone();
+        if write {
+            let _turn = ib.write_turn();
+            copy::read_pin(&part, data)?;
+            ib.push_write(data, deadline)?;
+            let frame = |req| Frame::Write {
+                req,
+                key,
+                dst: remote.ptr + off,
+                len: n,
+                notify: notify && last,
+                via: Via::Ib,
+            };
+            link.request(op, frame, part, Payload::None, (deadline, limit))?;
+        } else {
+            let _turn = ib.read_turn();
+            let frame = |req| Frame::Read {
+                req,
+                key,
+                src: remote.ptr + off,
+                len: n,
+                via: Via::Ib,
+            };
+            link.request(
+                op,
+                frame,
+                Arc::clone(&part),
+                Payload::None,
+                (deadline, limit),
+            )?;
+            ib.take_read(data);
+            copy::write_pin(&part, data)?;
+        }
+        off += n;
+        if last {
+            return Ok(());
+        }
     }
 }
 

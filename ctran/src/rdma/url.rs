@@ -30,6 +30,8 @@ pub struct PeerUrl {
     pub host: u64,
     /// The binder's pid.
     pub pid: u32,
+    /// The binder's ib data path endpoint (`TORCHCOMMS_RDMA_PATH=ib`).
+    pub ib: Option<Vec<u8>>,
 }
 
 impl fmt::Display for PeerUrl {
@@ -41,7 +43,11 @@ impl fmt::Display for PeerUrl {
             hex(&self.token),
             self.host,
             self.pid
-        )
+        )?;
+        match &self.ib {
+            Some(ep) => write!(f, "/ib={}", hex(ep)),
+            None => Ok(()),
+        }
     }
 }
 
@@ -50,15 +56,24 @@ impl PeerUrl {
     pub fn parse(text: &str) -> Result<PeerUrl> {
         let bad = |why: &str| {
             RdmaError::MalformedUrl(format!(
-                "{why}; expected {SCHEME}<ip>:<port>/<32 hex token>/<16 hex host>/<pid>, got {text:?}"
+                "{why}; expected {SCHEME}<ip>:<port>/<32 hex token>/<16 hex host>/<pid>[/ib=<hex>], \
+                 got {text:?}"
             ))
         };
         let rest = text
             .strip_prefix(SCHEME)
             .ok_or_else(|| bad("wrong scheme"))?;
         let parts: Vec<&str> = rest.split('/').collect();
-        let [addr, token, host, pid] = parts[..] else {
-            return Err(bad("wrong number of parts"));
+        let (addr, token, host, pid, ib) = match parts[..] {
+            [a, t, h, p] => (a, t, h, p, None),
+            [a, t, h, p, ib] => {
+                let ep = ib
+                    .strip_prefix("ib=")
+                    .and_then(unhex)
+                    .ok_or_else(|| bad("bad ib endpoint"))?;
+                (a, t, h, p, Some(ep))
+            }
+            _ => return Err(bad("wrong number of parts")),
         };
         let addr: SocketAddr = addr.parse().map_err(|_| bad("bad address"))?;
         let token: [u8; 16] = unhex(token)
@@ -71,6 +86,7 @@ impl PeerUrl {
             token,
             host,
             pid,
+            ib,
         })
     }
 }
@@ -137,14 +153,22 @@ mod tests {
             token: [7; 16],
             host: 0xdead_beef,
             pid: 42,
+            ib: None,
         };
         assert_eq!(PeerUrl::parse(&u.to_string()).unwrap(), u);
+        let with_ib = PeerUrl {
+            ib: Some(vec![1, 2, 0xff]),
+            ..u.clone()
+        };
+        assert!(with_ib.to_string().ends_with("/ib=0102ff"));
+        assert_eq!(PeerUrl::parse(&with_ib.to_string()).unwrap(), with_ib);
         let v6 = PeerUrl {
             addr: "[::1]:80".parse().unwrap(),
             ..u
         };
         assert_eq!(PeerUrl::parse(&v6.to_string()).unwrap(), v6);
-        for bad in ["", "http://x", "tcrdma1://1.2.3.4:5/zz/0/1"] {
+        let no_ib = "tcrdma1://1.2.3.4:5/00000000000000000000000000000000/0/1/xb=00";
+        for bad in ["", "http://x", "tcrdma1://1.2.3.4:5/zz/0/1", no_ib] {
             assert!(matches!(
                 PeerUrl::parse(bad),
                 Err(RdmaError::MalformedUrl(_))

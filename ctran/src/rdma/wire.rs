@@ -38,6 +38,9 @@ pub(crate) enum Via {
         /// Offset of the requester's range inside the allocation.
         offset: u64,
     },
+    /// The ib data path: a write's bytes are in the target's write inbox, or the target puts
+    /// a read's bytes into the requester's read inbox (`ib_path.rs`). At most one chunk.
+    Ib,
 }
 
 /// One frame.
@@ -117,6 +120,7 @@ impl Enc {
                 self.u64(*buffer_id);
                 self.u64(*offset);
             }
+            Via::Ib => self.u8(4),
         }
     }
 }
@@ -164,6 +168,7 @@ impl Dec<'_> {
                 buffer_id: self.u64()?,
                 offset: self.u64()?,
             },
+            4 => Via::Ib,
             _ => return Err(bad("unknown data path")),
         })
     }
