@@ -268,7 +268,9 @@ def test_moe_cuda_graph_capture_and_replay(moe: SimpleNamespace) -> None:
 
 def test_moe_cuda_abort_ends_a_waiting_dispatch(moe: SimpleNamespace) -> None:
     """Rank 0 dispatches and rank 1 never does: rank 0's kernels wait for it. abort() ends the
-    wait at once (not at the two-minute timeout), and the buffer reports it."""
+    wait at once (not at the two-minute timeout), and the buffer reports it. Rank 0's dispatch
+    also carries a bad expert id: that input error and the abort are both reported (they take
+    different slots of the error words), the input error first."""
     if moe.transport != "mapped":
         pytest.skip("the staged transport's waits are the GPU progress engine's")
     c = torchcomms.new_comm(
@@ -280,12 +282,15 @@ def test_moe_cuda_abort_ends_a_waiting_dispatch(moe: SimpleNamespace) -> None:
         x = torch.ones(4, HIDDEN, dtype=torch.bfloat16, device=DEV)
         idx = torch.zeros(4, 2, dtype=torch.int64, device=DEV)
         idx[:, 1] = 1
+        idx[3, 0] = 2 * WORLD  # out of range
         buf.dispatch(x, idx, torch.ones(4, 2, device=DEV))
         time.sleep(1.0)
         start = time.monotonic()
         c.abort()
         torch.cuda.synchronize()
         assert time.monotonic() - start < 30, "the kernels waited past the abort"
+        with pytest.raises(ValueError, match=r"topk_idx\[3, 0\]"):
+            buf.check()
         with pytest.raises(Exception, match="abort"):
             buf.check()
     else:

@@ -35,7 +35,7 @@ use kernels::{MoeKernels, MoeParams, Step};
 pub use layout::{MoeLayout, MoeShape};
 use symmetric::{SymmetricRegion, MAX_RANKS};
 pub use words::AbortWord;
-use words::ErrorWords;
+use words::{ErrorWords, Slot};
 
 /// The caller's tensors of one exchange (device addresses; 0 where a step does not use one).
 #[derive(Debug, Clone, Copy, Default)]
@@ -309,9 +309,10 @@ impl DeviceMoe {
     /// combine row without a slot) then stays pending: the exchange completed on every rank,
     /// and refusing this rank's next call for it would leave its peers waiting.
     pub fn take_error(&self, broken_only: bool) -> Option<Error> {
-        let d = self
-            .err
-            .take_unless(|code| broken_only && INPUT_ERRORS.contains(&code))?;
+        let d = match broken_only {
+            true => self.err.take_slot(Slot::Exchange),
+            false => self.err.take(),
+        }?;
         let what = |w: u64| {
             [
                 "moe",
@@ -357,11 +358,6 @@ impl DeviceMoe {
         })
     }
 }
-
-/// Codes of `kernels/moe.cu` about this rank's own inputs, after which the exchange completed:
-/// an expert id (1), a combine row answering no slot (3), a slot without a row (4), too few
-/// rows of `expert_out` (6).
-const INPUT_ERRORS: [u64; 4] = [1, 3, 4, 6];
 
 impl Drop for DeviceMoe {
     fn drop(&mut self) {

@@ -76,14 +76,24 @@ impl DeviceError {
     }
 }
 
-/// Where the kernels report the first error (a code, then three details).
+/// Which errors a slot of [`ErrorWords`] holds (`DEV_SLOT_*` in `kernels/report.cuh`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Slot {
+    /// Errors in this rank's own input, after which the exchange completed.
+    Input = 0,
+    /// Errors that broke the exchange: a wait that timed out or saw the abort, a peer's count
+    /// out of range.
+    Exchange = 1,
+}
+
+/// Where the kernels report errors: per [`Slot`], the first (a code, then three details).
 #[derive(Debug)]
 pub struct ErrorWords(PinnedBuffer);
 
 impl ErrorWords {
     /// Cleared words on `ctx`'s device.
     pub fn new(ctx: &Arc<Context>) -> Result<ErrorWords> {
-        PinnedBuffer::alloc(ctx, 32).map(ErrorWords)
+        PinnedBuffer::alloc(ctx, 64).map(ErrorWords)
     }
 
     /// Their device address, for the kernels.
@@ -91,22 +101,24 @@ impl ErrorWords {
         self.0.device_ptr()
     }
 
-    /// The first error reported since the last call, cleared.
+    /// The pending error of either slot, cleared: this rank's input first (the likelier cause
+    /// of a peer's failure), then the exchange's.
     pub fn take(&self) -> Option<DeviceError> {
-        self.take_unless(|_| false)
+        self.take_slot(Slot::Input)
+            .or_else(|| self.take_slot(Slot::Exchange))
     }
 
-    /// The first error reported since the last call, cleared; with `keep(code)` true it
-    /// stays pending instead.
-    pub fn take_unless(&self, keep: impl Fn(u64) -> bool) -> Option<DeviceError> {
-        let words = self.0.as_ptr().cast::<u64>();
-        // SAFETY: four u64 words of pinned memory (32 bytes, 8-aligned) that the device writes
-        // with system-scope stores; volatile reads see them.
+    /// The first error reported into `slot` since it was last taken, cleared.
+    pub fn take_slot(&self, slot: Slot) -> Option<DeviceError> {
+        // SAFETY: eight u64 words of pinned memory (64 bytes, 8-aligned), four per slot, that
+        // the device writes with system-scope stores; volatile reads see them.
+        let words = unsafe { self.0.as_ptr().cast::<u64>().add(4 * slot as usize) };
+        // SAFETY: as above.
         let [code, a, b, c] = std::array::from_fn(|i| unsafe { words.add(i).read_volatile() });
-        if code == 0 || keep(code) {
+        if code == 0 {
             return None;
         }
-        // SAFETY: as above; clearing lets the next error through.
+        // SAFETY: as above; clearing lets the slot's next error through.
         (0..4).for_each(|i| unsafe { words.add(i).write_volatile(0) });
         Some(DeviceError {
             code,

@@ -49,7 +49,7 @@ __device__ __forceinline__ u64* state(const A2avParams& p) {
 }
 
 __device__ void a2av_fail(const A2avParams& p, u64 code, u64 a, u64 b, u64 c) {
-    dev_report(p.err, code, a, b, c);
+    dev_report(p.err, DEV_SLOT_INPUT, code, a, b, c);
 }
 
 __device__ bool a2av_wait(const A2avParams& p, u64* flag, u64 round, u64 peer, u64 what) {

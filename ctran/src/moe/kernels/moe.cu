@@ -107,8 +107,10 @@ __device__ __forceinline__ T* sym(const MoeParams& p, u32 rank, u64 off) {
     return (T*)(p.peer[rank] + off);
 }
 
+// A peer's count out of range breaks the exchange; the other codes are this rank's input.
 __device__ void moe_fail(const MoeParams& p, u64 code, u64 a, u64 b, u64 c) {
-    dev_report(p.err, code, a, b, c);
+    u32 slot = code == MOE_ERR_COUNT ? DEV_SLOT_EXCHANGE : DEV_SLOT_INPUT;
+    dev_report(p.err, slot, code, a, b, c);
 }
 
 __device__ bool moe_wait(const MoeParams& p, u64* flag, u64 round, u64 peer, u64 what) {

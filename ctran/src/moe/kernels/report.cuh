@@ -1,10 +1,13 @@
 // Errors and waits of the MoE kernel sources (moe.cu, alltoallv.cu), prepended to each after
 // the compatibility header.
 //
-// A kernel reports an error into a mapped host word `err` (code, then three details): the
-// first error wins, and the host turns it into an exception (ctran/src/moe/words.rs). A wait
-// for a peer's flag gives up at a timeout, or once the communicator aborted (the mapped host
-// word `abort`), and reports which.
+// A kernel reports an error into mapped host words at `err` (code, then three details) in one
+// of two slots: errors in this rank's own input (slot 0) and errors that broke the exchange with
+// a peer (slot 1: a wait that timed out or saw the abort, a peer's count out of range). In
+// each slot the first error wins; the host turns them into exceptions (ctran/src/moe/words.rs),
+// and can raise an exchange error while an input error waits to be raised, or the other way
+// round. A wait for a peer's flag gives up at a timeout, or once the communicator aborted (the
+// mapped host word `abort`), and reports which.
 
 typedef unsigned long long u64;
 typedef unsigned int u32;
@@ -12,9 +15,12 @@ typedef unsigned int u32;
 #define DEV_ERR_TIMEOUT 2  // a: peer, b: what waited, c: round
 #define DEV_ERR_ABORTED 7  // a: peer, b: what waited, c: round
 
-__device__ void dev_report(u64 err, u64 code, u64 a, u64 b, u64 c) {
-    volatile u64* words = (volatile u64*)err;
-    if (atomicCAS((u64*)err, 0ull, code) == 0ull) {
+#define DEV_SLOT_INPUT 0
+#define DEV_SLOT_EXCHANGE 1
+
+__device__ void dev_report(u64 err, u32 slot, u64 code, u64 a, u64 b, u64 c) {
+    volatile u64* words = (volatile u64*)err + 4 * slot;
+    if (atomicCAS((u64*)words, 0ull, code) == 0ull) {
         words[1] = a;
         words[2] = b;
         words[3] = c;
@@ -38,11 +44,11 @@ __device__ bool dev_wait(u64 err, u64 abort, u64 timeout_ns, u64* flag, u64 roun
             continue;
         }
         if (*(volatile u64*)abort != 0) {
-            dev_report(err, DEV_ERR_ABORTED, peer, what, round);
+            dev_report(err, DEV_SLOT_EXCHANGE, DEV_ERR_ABORTED, peer, what, round);
             return false;
         }
         if (now - start > timeout_ns) {
-            dev_report(err, DEV_ERR_TIMEOUT, peer, what, round);
+            dev_report(err, DEV_SLOT_EXCHANGE, DEV_ERR_TIMEOUT, peer, what, round);
             return false;
         }
     }
