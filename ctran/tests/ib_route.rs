@@ -157,3 +157,39 @@ fn a_peer_that_aborts_fails_the_receive_waiting_on_it_over_ib() {
         "{err}"
     );
 }
+
+#[test]
+fn window_puts_and_signals_to_ib_peers_cross_the_fabric() {
+    use ctran::window::Window;
+    let len = 16 << 20;
+    let (_, before) = soft_fabric().stats();
+    with_ranks(
+        2,
+        "ib-route-window",
+        |_, _| {},
+        |c| {
+            let comm = Arc::new(c);
+            let me = comm.rank();
+            let mut buf = vec![0u8; len];
+            let win = Window::new(Arc::clone(&comm));
+            win.register(span_of(&mut buf), Vec::new(), None).unwrap();
+            let wait = |r: ctran::Request| r.wait_timeout(Duration::from_secs(30), me).unwrap();
+            if me == 0 {
+                let mut src: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+                wait(win.put(span_of(&mut src), Vec::new(), 1, 0, None));
+                wait(win.signal(1, None));
+            } else {
+                wait(win.wait_signal(0, None));
+                assert!(buf.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
+            }
+            win.deregister(None).unwrap();
+            comm.finalize().unwrap();
+        },
+    );
+    let (_, after) = soft_fabric().stats();
+    assert!(
+        after - before >= len as u64,
+        "the fabric moved {} bytes",
+        after - before
+    );
+}

@@ -1,5 +1,6 @@
-//! Windows on the engine with ranks as threads of this process, over TCP alone and with shared
-//! memory (cross-memory attach) between them: a ring of put + signal / wait_signal checked every
+//! Windows on the engine with ranks as threads of this process, over TCP alone, with shared
+//! memory (cross-memory attach) between them, and with ib (the software fabric) carrying puts
+//! and signals: a ring of put + signal / wait_signal checked every
 //! iteration, every rank putting into disjoint slots of one window, and bad input (sizes that
 //! disagree, puts after deregistration, past the end, to a bad peer).
 
@@ -7,12 +8,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ctran::bootstrap::HashStore;
+use ctran::transport::ib::IbProvider;
 use ctran::window::Window;
 use ctran::{Comm, CommConfig, Span};
 
 fn with_ranks<R: Send>(n: usize, name: &str, f: impl Fn(Arc<Comm>) -> R + Sync) -> Vec<R> {
     let mut out = Vec::new();
-    for shm in [false, true] {
+    for (tag, shm, ib) in [
+        ("tcp", false, false),
+        ("shm", true, false),
+        ("ib", false, true),
+    ] {
         let store: Arc<HashStore> = Arc::new(HashStore::new());
         let f = &f;
         out = std::thread::scope(|s| {
@@ -20,11 +26,12 @@ fn with_ranks<R: Send>(n: usize, name: &str, f: impl Fn(Arc<Comm>) -> R + Sync) 
                 .map(|rank| {
                     let store = Arc::clone(&store);
                     s.spawn(move || {
-                        let tag = if shm { "shm" } else { "tcp" };
                         let mut cfg =
                             CommConfig::from_env(format!("{name}-{tag}-n{n}"), rank, n).unwrap();
                         cfg.timeout = Duration::from_secs(30);
                         cfg.use_shm = shm;
+                        cfg.want_ib = ib;
+                        cfg.ib_provider = IbProvider::Soft;
                         let comm = Arc::new(Comm::init(cfg, store).unwrap());
                         let r = f(Arc::clone(&comm));
                         comm.finalize().unwrap();

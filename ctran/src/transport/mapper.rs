@@ -6,11 +6,13 @@
 //! once (ib learns of one only when a write to it fails), carries abort notices, and carries
 //! one-sided traffic (windows) to peers that shared memory does not reach.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use crate::engine::select::ShmReach;
 use crate::span::Span;
 use crate::transport::ib::{IbRoute, ID_BASE as IB_ID_BASE};
+use crate::transport::region::IbRegion;
 use crate::transport::shm::{ShmTransport, ID_BASE};
 use crate::transport::socket::SocketTransport;
 use crate::transport::{
@@ -30,6 +32,8 @@ pub struct Mapper {
     socket: SocketTransport,
     shm: Option<ShmTransport>,
     ib: Option<Box<dyn IbRoute>>,
+    /// The ib registration of each region (by its id in the socket transport's table).
+    ib_regions: HashMap<u32, RegionId>,
 }
 
 impl Mapper {
@@ -39,7 +43,12 @@ impl Mapper {
         shm: Option<ShmTransport>,
         ib: Option<Box<dyn IbRoute>>,
     ) -> Mapper {
-        Mapper { socket, shm, ib }
+        Mapper {
+            socket,
+            shm,
+            ib,
+            ib_regions: HashMap::new(),
+        }
     }
 
     /// The shared-memory transport, when every rank of the communicator is on this host and
@@ -88,6 +97,19 @@ impl Mapper {
 
     fn via_ib(&self, peer: usize) -> bool {
         self.ib.as_ref().is_some_and(|t| t.reaches(peer))
+    }
+
+    /// The ib transport and the ib key of `dst`, when one-sided traffic to `peer` goes by ib.
+    fn ib_route(
+        &mut self,
+        peer: usize,
+        dst: &RemoteKey,
+    ) -> Option<(&mut Box<dyn IbRoute>, RemoteKey)> {
+        let key = dst.ib_key()?;
+        self.ib
+            .as_mut()
+            .filter(|t| t.reaches(peer))
+            .map(|t| (t, key))
     }
 
     /// The ib transport's turn while it has work: it has no descriptor to sleep on, so it is
@@ -199,10 +221,11 @@ impl Transport for Mapper {
     }
 
     fn progress(&mut self, until: Instant, watch_wake: bool) -> Result<(), TransportError> {
+        // A region takes peers' puts and signals at any time: ib is polled while it has one.
         if self
             .ib
             .as_ref()
-            .is_some_and(|t| t.has_pending() || t.owes_output())
+            .is_some_and(|t| t.has_pending() || t.owes_output() || t.has_regions())
         {
             return self.progress_with_ib(until);
         }
@@ -220,9 +243,12 @@ impl Transport for Mapper {
     }
 
     // One-sided operations: the socket transport keeps the region table and carries signals
-    // to every peer (local peers too: a signal then follows the cross-memory puts it covers,
-    // which completed before it was posted). Puts to local peers go by cross-memory attach
-    // when it works between the local ranks, else over TCP like the rest.
+    // to every peer it reaches (local peers too: a signal then follows the cross-memory puts
+    // it covers, which completed before it was posted). Puts to local peers go by cross-memory
+    // attach when it works between the local ranks, else over TCP like the rest. Host regions
+    // are registered with ib too, when it is in use: puts and signals to peers that ib reaches
+    // go through it (a signal after the puts before it), and a region's counters are the sum
+    // of both transports'.
 
     fn register_region(
         &mut self,
@@ -230,10 +256,31 @@ impl Transport for Mapper {
         comm: u64,
         sink: Option<std::sync::Arc<dyn crate::transport::RegionSink>>,
     ) -> Result<(RegionId, RemoteKey), TransportError> {
-        Transport::register_region(&mut self.socket, span, comm, sink)
+        let staged = sink.is_some();
+        let (id, mut key) = Transport::register_region(&mut self.socket, span, comm, sink)?;
+        if let Some(ib) = self.ib.as_mut().filter(|_| !staged) {
+            match ib.register_region(span, comm, None) {
+                Ok((ib_id, k)) => {
+                    key.ib = Some(IbRegion {
+                        id: k.id,
+                        generation: k.generation,
+                        base: k.base,
+                        rkey: k.rkey,
+                    });
+                    self.ib_regions.insert(id.0, ib_id);
+                }
+                Err(e) => {
+                    tracing::warn!("ib: a region of {} B stays on TCP: {e}", span.len());
+                }
+            }
+        }
+        Ok((id, key))
     }
 
     fn deregister_region(&mut self, id: RegionId) -> bool {
+        if let (Some(ib_id), Some(ib)) = (self.ib_regions.remove(&id.0), self.ib.as_mut()) {
+            ib.deregister_region(ib_id);
+        }
         Transport::deregister_region(&mut self.socket, id)
     }
 
@@ -244,6 +291,9 @@ impl Transport for Mapper {
         dst: &RemoteKey,
         offset: u64,
     ) -> Result<Option<ReqId>, TransportError> {
+        if let Some((ib, key)) = self.ib_route(peer, dst) {
+            return ib.post_put(peer, src, &key, offset);
+        }
         match &mut self.shm {
             // A staged region is written only by its owner, as each put frame lands.
             Some(shm) if shm.reaches(peer) && shm.uses_cma() && !dst.staged => {
@@ -260,6 +310,9 @@ impl Transport for Mapper {
         kind: SignalKind,
         add: u64,
     ) -> Result<ReqId, TransportError> {
+        if let Some((ib, key)) = self.ib_route(peer, dst) {
+            return ib.post_signal(peer, &key, kind, add);
+        }
         Transport::post_signal(&mut self.socket, peer, dst, kind, add)
     }
 
@@ -275,6 +328,7 @@ impl Transport for Mapper {
                 "reading a staged (device memory) region".into(),
             ));
         }
+        // ib posts no RDMA reads: gets go by cross-memory attach or TCP.
         match &mut self.shm {
             Some(shm) if shm.reaches(peer) && shm.uses_cma() => {
                 shm.get_cma(peer, dst, src, offset).map(|()| None)
@@ -284,7 +338,14 @@ impl Transport for Mapper {
     }
 
     fn region_counters(&self, id: RegionId, peer: usize) -> Option<(u64, u64)> {
-        Transport::region_counters(&self.socket, id, peer)
+        let (s, f) = Transport::region_counters(&self.socket, id, peer)?;
+        let ib = self
+            .ib_regions
+            .get(&id.0)
+            .zip(self.ib.as_ref())
+            .and_then(|(&ib_id, ib)| ib.region_counters(ib_id, peer));
+        let (is, ifence) = ib.unwrap_or((0, 0));
+        Some((s + is, f + ifence))
     }
 
     fn has_regions(&self) -> bool {
@@ -292,6 +353,9 @@ impl Transport for Mapper {
     }
 
     fn peer_alive(&mut self, peer: usize) -> Result<(), TransportError> {
+        if let Some(ib) = self.ib.as_mut().filter(|t| t.reaches(peer)) {
+            ib.peer_alive(peer)?;
+        }
         Transport::peer_alive(&mut self.socket, peer)
     }
 }
@@ -300,8 +364,10 @@ impl Mapper {
     /// Ends the communicator normally: peers learn this rank finished, not failed.
     pub fn close(&mut self) {
         self.socket.close();
-        // The ib connections go with the transport; peers that still write find them gone.
-        self.ib = None;
+        // Peers learn that this rank finished (not failed) before its queue pairs go.
+        if let Some(mut ib) = self.ib.take() {
+            ib.close();
+        }
         if let Some(shm) = &mut self.shm {
             shm.abort();
         }

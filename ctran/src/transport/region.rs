@@ -43,11 +43,30 @@ pub struct RemoteKey {
     /// `base` is host staging of memory elsewhere (a device): peers send puts as frames that
     /// the owner lands through its [`RegionSink`], never write or read it directly.
     pub staged: bool,
+    /// The region's registration with the owner's ib transport, when a communicator routes
+    /// peers through ib: puts and signals from those peers go there.
+    pub ib: Option<IbRegion>,
+}
+
+/// Where the ib transport of a region's owner takes puts into it (its own id, generation and
+/// RDMA registration).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IbRegion {
+    /// The region's id in the owner's ib transport.
+    pub id: u32,
+    /// Its generation there.
+    pub generation: u32,
+    /// Address of the registration peers RDMA-write into.
+    pub base: u64,
+    /// Its RDMA remote key.
+    pub rkey: u32,
 }
 
 impl RemoteKey {
     /// Bytes of a serialised key.
-    pub const LEN: usize = 48;
+    pub const LEN: usize = 68;
+    /// Bytes of a key written before the ib registration was added (read as none).
+    pub const LEN_WITHOUT_IB: usize = 48;
     /// Bytes of a key written before the staged flag was added (read as not staged).
     pub const LEN_WITHOUT_FLAGS: usize = 44;
     /// Bytes of a key written before the rkey was added (read as rkey 0).
@@ -64,14 +83,28 @@ impl RemoteKey {
         b[24..32].copy_from_slice(&self.base.to_le_bytes());
         b[32..40].copy_from_slice(&self.len.to_le_bytes());
         b[40..44].copy_from_slice(&self.rkey.to_le_bytes());
-        b[44..48].copy_from_slice(&u32::from(self.staged).to_le_bytes());
+        let flags = u32::from(self.staged) | u32::from(self.ib.is_some()) << 1;
+        b[44..48].copy_from_slice(&flags.to_le_bytes());
+        if let Some(ib) = self.ib {
+            b[48..52].copy_from_slice(&ib.id.to_le_bytes());
+            b[52..56].copy_from_slice(&ib.generation.to_le_bytes());
+            b[56..64].copy_from_slice(&ib.base.to_le_bytes());
+            b[64..68].copy_from_slice(&ib.rkey.to_le_bytes());
+        }
         b
     }
 
-    /// A key from the bytes [`RemoteKey::to_bytes`] wrote (or the 44 or 40 bytes of a key
-    /// written before the flags or the rkey); `None` when the length is wrong.
+    /// A key from the bytes [`RemoteKey::to_bytes`] wrote (or the 48, 44 or 40 bytes of a key
+    /// written before the ib registration, the flags or the rkey); `None` when the length is
+    /// wrong.
     pub fn from_bytes(b: &[u8]) -> Option<RemoteKey> {
-        if ![Self::LEN, Self::LEN_WITHOUT_FLAGS, Self::LEN_WITHOUT_RKEY].contains(&b.len()) {
+        let lens = [
+            Self::LEN,
+            Self::LEN_WITHOUT_IB,
+            Self::LEN_WITHOUT_FLAGS,
+            Self::LEN_WITHOUT_RKEY,
+        ];
+        if !lens.contains(&b.len()) {
             return None;
         }
         let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
@@ -89,7 +122,25 @@ impl RemoteKey {
             } else {
                 0
             },
-            staged: b.len() == Self::LEN && u32_at(44) & 1 == 1,
+            staged: b.len() >= Self::LEN_WITHOUT_IB && u32_at(44) & 1 == 1,
+            ib: (b.len() == Self::LEN && u32_at(44) & 2 == 2).then(|| IbRegion {
+                id: u32_at(48),
+                generation: u32_at(52),
+                base: u64_at(56),
+                rkey: u32_at(64),
+            }),
+        })
+    }
+
+    /// The key the owner's ib transport gave the region, when it has one.
+    pub fn ib_key(&self) -> Option<RemoteKey> {
+        self.ib.map(|ib| RemoteKey {
+            id: ib.id,
+            generation: ib.generation,
+            base: ib.base,
+            rkey: ib.rkey,
+            ib: None,
+            ..*self
         })
     }
 
@@ -309,8 +360,27 @@ mod tests {
             len: 4096,
             rkey: 0x1234,
             staged: true,
+            ib: Some(IbRegion {
+                id: 2,
+                generation: 4,
+                base: 0x10_0000_0000,
+                rkey: 0x77,
+            }),
         };
         assert_eq!(RemoteKey::from_bytes(&k.to_bytes()), Some(k));
+        let ib = k.ib_key().unwrap();
+        assert_eq!(
+            (ib.id, ib.generation, ib.base, ib.rkey),
+            (2, 4, 0x10_0000_0000, 0x77)
+        );
+        assert_eq!(
+            (ib.comm, ib.rank, ib.len, ib.ib),
+            (k.comm, k.rank, k.len, None)
+        );
+        let k = RemoteKey { ib: None, ..k };
+        assert_eq!(RemoteKey::from_bytes(&k.to_bytes()), Some(k));
+        let no_ib = RemoteKey::from_bytes(&k.to_bytes()[..RemoteKey::LEN_WITHOUT_IB]).unwrap();
+        assert_eq!(no_ib, k);
         let no_flags =
             RemoteKey::from_bytes(&k.to_bytes()[..RemoteKey::LEN_WITHOUT_FLAGS]).unwrap();
         assert_eq!(no_flags, RemoteKey { staged: false, ..k });

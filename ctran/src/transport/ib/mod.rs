@@ -77,6 +77,8 @@ use crate::transport::{
 pub(crate) const ID_BASE: u64 = 1 << 61;
 /// How long a peer that work waits on may stay silent before it gets a keep-alive write.
 const KEEPALIVE: Duration = Duration::from_millis(50);
+/// How long [`IbTransport::close`] waits for its goodbyes to be written.
+const CLOSE_LINGER: Duration = Duration::from_millis(200);
 /// Free staging buffers kept for reuse, in bytes.
 const POOL_BYTES: usize = 64 << 20;
 
@@ -437,7 +439,40 @@ impl<B: IbBackend> IbTransport<B> {
                 let reason = format!("the peer gave up: {reason}");
                 self.fail_peer(peer, TransportError::PeerLost { peer, reason });
             }
+            Ctl::Bye => {
+                // Whatever it sent before is handled; nothing more will come.
+                let reason = "the peer finished: it closed its connection".to_string();
+                self.fail_peer(peer, TransportError::PeerLost { peer, reason });
+            }
         }
+    }
+
+    /// Ends the transport normally: tells every peer (`Bye`) and waits, up to
+    /// [`CLOSE_LINGER`], until those writes completed, so that the queue pairs they go through
+    /// outlive them and peers can tell a finished rank from a failed one.
+    pub fn close(&mut self) {
+        if self.aborted {
+            return;
+        }
+        for p in self.peers.iter_mut().flatten() {
+            if p.broken.is_none() {
+                p.queue(Ctl::Bye, None);
+            }
+        }
+        let deadline = Instant::now() + CLOSE_LINGER;
+        while Instant::now() < deadline {
+            self.pass();
+            let busy = self
+                .peers
+                .iter()
+                .flatten()
+                .any(|p| p.broken.is_none() && (p.owes_output() || !p.writes.is_empty()));
+            if !busy {
+                break;
+            }
+            std::thread::yield_now();
+        }
+        self.aborted = true;
     }
 
     /// One non-blocking pass: completions, keep-alives, control messages. Whether anything

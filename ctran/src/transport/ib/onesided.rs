@@ -33,6 +33,7 @@ impl<B: IbBackend> IbTransport<B> {
             len: span.len() as u64,
             rkey: ib.rkey,
             staged: false,
+            ib: None,
         };
         Ok((id, key))
     }

@@ -55,6 +55,8 @@ pub trait IbRoute: Transport + Send + fmt::Debug {
     fn reaches(&self, peer: usize) -> bool;
     /// Fails every request to `peer`, which another transport found gone.
     fn peer_lost(&mut self, peer: usize, e: TransportError);
+    /// [`IbTransport::close`].
+    fn close(&mut self);
     /// [`IbTransport::endpoint`].
     fn endpoint_for(&mut self, peer: usize) -> Result<Vec<u8>, String>;
     /// [`IbTransport::connect`].
@@ -72,6 +74,10 @@ impl<B: super::IbBackend> IbRoute for IbTransport<B> {
 
     fn peer_lost(&mut self, peer: usize, e: TransportError) {
         self.fail_peer(peer, e);
+    }
+
+    fn close(&mut self) {
+        IbTransport::close(self)
     }
 
     fn endpoint_for(&mut self, peer: usize) -> Result<Vec<u8>, String> {

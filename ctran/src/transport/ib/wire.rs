@@ -44,6 +44,9 @@ pub(crate) enum Ctl {
     Signal { region: u64, fence: bool, add: u64 },
     /// The writer aborted or refused something of this rank, and will not go on.
     Abort { reason: String },
+    /// The writer finished normally and is closing its connections: a write to it that fails
+    /// from now on is no failure.
+    Bye,
 }
 
 const CREDIT: u8 = 1;
@@ -54,6 +57,7 @@ const ACK: u8 = 5;
 const PUT: u8 = 6;
 const SIGNAL: u8 = 7;
 const ABORT: u8 = 8;
+const BYE: u8 = 9;
 
 fn put64(b: &mut [u8; SLOT], at: usize, v: u64) {
     b[at..at + 8].copy_from_slice(&v.to_le_bytes());
@@ -133,6 +137,7 @@ impl Ctl {
                 b[17..17 + cut].copy_from_slice(&reason.as_bytes()[..cut]);
                 ABORT
             }
+            Ctl::Bye => BYE,
         };
         b
     }
@@ -186,6 +191,7 @@ impl Ctl {
                     reason: String::from_utf8_lossy(&b[17..17 + n]).into_owned(),
                 }
             }
+            BYE => Ctl::Bye,
             k => return Err(format!("unknown control message kind {k}")),
         };
         Ok((ctl, get64(b, 8)))
@@ -218,6 +224,7 @@ mod tests {
                 len: 3,
             },
             Ctl::Ack { rid: 8 },
+            Ctl::Bye,
             Ctl::Put {
                 region: 1 << 33,
                 offset: 10,

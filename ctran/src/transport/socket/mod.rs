@@ -327,6 +327,7 @@ impl SocketTransport {
             len: span.len() as u64,
             rkey: 0,
             staged,
+            ib: None,
         };
         (id, key)
     }
