@@ -132,11 +132,21 @@ __device__ bool moe_last_block(u32* counter) {
 }
 
 // Copies `bytes` (a multiple of 8) from src to dst with the threads of [lane0, lane0 + n).
+// Four loads are issued before their stores, so each thread keeps several in flight (the
+// compiler cannot reorder a load past a store through pointers that may alias).
 __device__ __forceinline__ void moe_copy(u8* dst, const u8* src, u64 bytes, u32 lane, u32 n) {
     if (((bytes | (u64)dst | (u64)src) & 15) == 0) {
         const uint4* s = (const uint4*)src;
         uint4* d = (uint4*)dst;
-        for (u64 i = lane; i < bytes / 16; i += n) d[i] = s[i];
+        u64 vecs = bytes / 16, i = lane;
+        for (; i + 3 * n < vecs; i += 4 * n) {
+            uint4 a = s[i], b = s[i + n], c = s[i + 2 * n], e = s[i + 3 * n];
+            d[i] = a;
+            d[i + n] = b;
+            d[i + 2 * n] = c;
+            d[i + 3 * n] = e;
+        }
+        for (; i < vecs; i += n) d[i] = s[i];
     } else {
         const u64* s = (const u64*)src;
         u64* d = (u64*)dst;
