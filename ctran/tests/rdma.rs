@@ -70,6 +70,31 @@ fn pair() -> (RdmaTransport, RdmaTransport) {
     (a, b)
 }
 
+/// `a` writes 512 bytes of `src` at offset 256 into a zeroed `dst` (a partial view into a
+/// partial remote buffer), then `b` reads all of `src` back.
+fn partial_write_then_read_back(a: &RdmaTransport, b: &RdmaTransport, src: &Buf, dst: &mut Buf) {
+    dst.data.fill(0);
+    let part = src.mem().to_view(Some(256), Some(512)).unwrap();
+    let whole = dst.mem().to_remote_buffer();
+    let remote = RdmaRemoteBuffer {
+        ptr: whole.ptr + 256,
+        len: 512,
+        key: whole.key,
+    };
+    a.write(&part, &remote, false, SHORT).unwrap();
+    assert!(dst.data[..256].iter().all(|&x| x == 0));
+    assert_eq!(dst.data[256..768], src.data[256..768]);
+    assert!(dst.data[768..].iter().all(|&x| x == 0));
+    let back = Buf::new(src.data.len(), None);
+    b.read(
+        &back.mem().to_mutable_view(None, None).unwrap(),
+        &src.mem().to_remote_buffer(),
+        SHORT,
+    )
+    .unwrap();
+    assert!(back.data == src.data, "the read differs");
+}
+
 fn in_process(path: DataPath) {
     let (mut a, mut b) = pair();
     a.set_data_path(path);
@@ -84,28 +109,7 @@ fn in_process(path: DataPath) {
     )
     .unwrap();
     assert_eq!(src.data, dst.data);
-    // A partial view into a partial remote buffer.
-    dst.data.fill(0);
-    let part = src.mem().to_view(Some(256), Some(512)).unwrap();
-    let whole = dst.mem().to_remote_buffer();
-    let remote = RdmaRemoteBuffer {
-        ptr: whole.ptr + 256,
-        len: 512,
-        key: whole.key,
-    };
-    a.write(&part, &remote, false, SHORT).unwrap();
-    assert!(dst.data[..256].iter().all(|&x| x == 0));
-    assert_eq!(dst.data[256..768], src.data[256..768]);
-    assert!(dst.data[768..].iter().all(|&x| x == 0));
-    // Read it back the other way round.
-    let back = Buf::new(LEN, None);
-    b.read(
-        &back.mem().to_mutable_view(None, None).unwrap(),
-        &src.mem().to_remote_buffer(),
-        SHORT,
-    )
-    .unwrap();
-    assert_eq!(back.data, src.data);
+    partial_write_then_read_back(&a, &b, &src, &mut dst);
     let s = a.stats();
     match path {
         DataPath::Auto => assert_eq!((s.cma, s.tcp), (2, 0), "{s:?}"),
@@ -142,30 +146,7 @@ fn in_process_over_ib() {
         .unwrap();
     b.wait_for_write(SHORT).unwrap();
     assert!(src.data == dst.data, "the write differs");
-    dst.data.fill(0);
-    let remote = RdmaRemoteBuffer {
-        ptr: whole.ptr + 256,
-        len: 512,
-        key: whole.key,
-    };
-    a.write(
-        &src.mem().to_view(Some(256), Some(512)).unwrap(),
-        &remote,
-        false,
-        SHORT,
-    )
-    .unwrap();
-    assert!(dst.data[..256].iter().all(|&x| x == 0));
-    assert_eq!(dst.data[256..768], src.data[256..768]);
-    assert!(dst.data[768..].iter().all(|&x| x == 0));
-    let back = Buf::new(len, None);
-    b.read(
-        &back.mem().to_mutable_view(None, None).unwrap(),
-        &src.mem().to_remote_buffer(),
-        SHORT,
-    )
-    .unwrap();
-    assert!(back.data == src.data, "the read differs");
+    partial_write_then_read_back(&a, &b, &src, &mut dst);
     let empty = Buf::new(0, None);
     a.write(
         &empty.mem().to_view(None, None).unwrap(),

@@ -260,12 +260,13 @@ impl<B: IbBackend> Push for Lane<B> {
         self.vqp
             .put(&put)
             .map_err(|e| lost(format!("posting an RDMA write: {e}")))?;
+        let start = Instant::now();
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(RdmaError::Timeout {
                     op: "RDMA write",
-                    after: Duration::ZERO,
+                    after: start.elapsed(),
                     peer: "the ib peer".into(),
                 });
             }
