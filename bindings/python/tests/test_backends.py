@@ -172,3 +172,33 @@ def test_entry_point_that_registers_nothing(tmp_path: Any, monkeypatch: Any) -> 
     monkeypatch.setenv("TORCHCOMMS_BACKEND_LIB_PATH_DYN_TEST", "/opt/libdyn.so")
     with pytest.raises(NotImplementedError, match="TORCHCOMMS_BACKEND_LIB_PATH_DYN_TEST=/opt/libdyn.so.*create_dynamic_loader_dyn_test"):
         torchcomms.new_comm("dyn_test", "cpu", name="dyn")
+
+
+def test_ib_in_ctran_backends_keeps_collectives_working(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ib` in CTRAN_BACKENDS: peers go through ib where both ranks open an RDMA device, else
+    over TCP (a machine without one: the verbs provider opens nothing). Either way the
+    results are right."""
+    monkeypatch.setenv("CTRAN_BACKENDS", "socket,ib")
+    c = torchcomms.new_comm(
+        "ctran", torch.device("cpu"), "ib_backends", timeout=timedelta(seconds=60),
+        abort_process_on_timeout_or_error=False,
+    )
+    try:
+        t = torch.full((1 << 16,), float(c.get_rank() + 1))
+        c.all_reduce(t, ReduceOp.SUM, async_op=False)
+        assert torch.equal(t, torch.full((1 << 16,), float(WORLD * (WORLD + 1) // 2)))
+    finally:
+        c.finalize()
+
+
+def test_soft_ib_between_processes_fails_init_on_every_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The software fabric reaches only ranks that are threads of one process: ranks in
+    separate processes fail at set-up, each saying why, instead of writing anywhere."""
+    need_ranks(2)
+    monkeypatch.setenv("CTRAN_BACKENDS", "socket,ib")
+    monkeypatch.setenv("CTRAN_IB_PROVIDER", "soft")
+    with pytest.raises(RuntimeError, match="threads of one process"):
+        torchcomms.new_comm(
+            "ctran", torch.device("cpu"), "ib_soft_procs", timeout=timedelta(seconds=30),
+            abort_process_on_timeout_or_error=False,
+        )
