@@ -193,3 +193,41 @@ fn window_puts_and_signals_to_ib_peers_cross_the_fabric() {
         after - before
     );
 }
+
+#[test]
+fn ranks_that_disagree_on_ib_fail_init_quickly_instead_of_waiting() {
+    // Rank 1 was not given `ib` in CTRAN_BACKENDS: its first collective meets rank 0's ib
+    // set-up frame, and both ranks fail well before the 30 s timeout.
+    let store: Arc<HashStore> = Arc::new(HashStore::new());
+    let start = Instant::now();
+    let outs: Vec<Result<(), String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..2)
+            .map(|rank| {
+                let store = Arc::clone(&store);
+                s.spawn(move || {
+                    let mut cfg = CommConfig::from_env("ib-route-disagree", rank, 2).unwrap();
+                    cfg.timeout = Duration::from_secs(30);
+                    cfg.use_shm = false;
+                    cfg.want_ib = rank == 0;
+                    cfg.ib_provider = IbProvider::Soft;
+                    Comm::init(cfg, store)
+                        .map(|c| {
+                            c.abort("test over");
+                        })
+                        .map_err(|e| e.to_string())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        start.elapsed()
+    );
+    for (rank, r) in outs.iter().enumerate() {
+        assert!(r.is_err(), "rank {rank} initialised: {r:?}");
+    }
+    let e0 = outs[0].as_ref().unwrap_err();
+    assert!(e0.contains("CTRAN_BACKENDS"), "{e0}");
+}

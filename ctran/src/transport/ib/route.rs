@@ -217,7 +217,9 @@ fn exchange(
     deadline: Instant,
 ) -> Result<Vec<Vec<u8>>, String> {
     let mut theirs: Vec<Vec<u8>> = frames.iter().map(|f| vec![0u8; f.len()]).collect();
-    let failed = |e: TransportError| format!("ib: exchanging endpoints: {e}");
+    let failed = |e: TransportError| {
+        format!("ib: exchanging endpoints: {e} (does every rank have ib in CTRAN_BACKENDS?)")
+    };
     let mut reqs = Vec::with_capacity(2 * peers.len());
     for ((&peer, mine), buf) in peers.iter().zip(frames.iter_mut()).zip(theirs.iter_mut()) {
         // SAFETY: both buffers outlive the requests, which finish (or fail) before this
