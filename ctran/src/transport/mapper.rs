@@ -25,6 +25,9 @@ const SHM_SLICE: Duration = Duration::from_millis(2);
 
 /// How long a turn of the ib transport lasts while TCP or shared memory has work too.
 const IB_SLICE: Duration = Duration::from_micros(200);
+/// The shortest and longest pause between polls of ib while the communicator is idle.
+const IB_IDLE_MIN: Duration = Duration::from_micros(20);
+const IB_IDLE_MAX: Duration = Duration::from_millis(1);
 
 /// Every transport of one communicator, and which one reaches each peer.
 #[derive(Debug)]
@@ -34,6 +37,8 @@ pub struct Mapper {
     ib: Option<Box<dyn IbRoute>>,
     /// The ib registration of each region (by its id in the socket transport's table).
     ib_regions: HashMap<u32, RegionId>,
+    /// The current pause between polls of an idle ib (see `progress_ib_idle`).
+    ib_idle: Duration,
 }
 
 impl Mapper {
@@ -48,6 +53,7 @@ impl Mapper {
             shm,
             ib,
             ib_regions: HashMap::new(),
+            ib_idle: Duration::ZERO,
         }
     }
 
@@ -126,6 +132,19 @@ impl Mapper {
         }
         self.progress_host(Instant::now(), false)
     }
+    /// An idle communicator whose ib has regions: one ib pass, then TCP and shared memory
+    /// (and a new command) for a pause that doubles from [`IB_IDLE_MIN`] to [`IB_IDLE_MAX`]
+    /// while nothing arrives over ib.
+    fn progress_ib_idle(&mut self, until: Instant) -> Result<(), TransportError> {
+        let ib = self.ib.as_mut().expect("called with ib");
+        if ib.poll_once() {
+            self.ib_idle = Duration::ZERO;
+            return Ok(());
+        }
+        self.ib_idle = (self.ib_idle * 2).clamp(IB_IDLE_MIN, IB_IDLE_MAX);
+        self.progress_host(until.min(Instant::now() + self.ib_idle), true)
+    }
+
     /// Progress of TCP and shared memory.
     fn progress_host(&mut self, until: Instant, watch_wake: bool) -> Result<(), TransportError> {
         let Some(shm) = self.shm.as_mut() else {
@@ -221,15 +240,22 @@ impl Transport for Mapper {
     }
 
     fn progress(&mut self, until: Instant, watch_wake: bool) -> Result<(), TransportError> {
-        // A region takes peers' puts and signals at any time: ib is polled while it has one.
-        if self
+        // A region takes peers' puts and signals at any time, so ib is polled while it has
+        // one: at full rate while an operation waits (`watch_wake` false), with a growing
+        // pause while the communicator is idle, so that a registered window does not keep a
+        // core busy.
+        let ib = self
             .ib
             .as_ref()
-            .is_some_and(|t| t.has_pending() || t.owes_output() || t.has_regions())
-        {
-            return self.progress_with_ib(until);
+            .map(|t| (t.has_pending() || t.owes_output(), t.has_regions()));
+        match ib {
+            Some((busy, regions)) if busy || (regions && !watch_wake) => {
+                self.ib_idle = Duration::ZERO;
+                self.progress_with_ib(until)
+            }
+            Some((_, true)) => self.progress_ib_idle(until),
+            _ => self.progress_host(until, watch_wake),
         }
-        self.progress_host(until, watch_wake)
     }
 
     fn abort(&mut self, reason: &str) {

@@ -55,6 +55,8 @@ pub trait IbRoute: Transport + Send + fmt::Debug {
     fn reaches(&self, peer: usize) -> bool;
     /// Fails every request to `peer`, which another transport found gone.
     fn peer_lost(&mut self, peer: usize, e: TransportError);
+    /// One non-blocking pass (completions, control messages); whether anything moved.
+    fn poll_once(&mut self) -> bool;
     /// [`IbTransport::close`].
     fn close(&mut self);
     /// [`IbTransport::endpoint`].
@@ -74,6 +76,10 @@ impl<B: super::IbBackend> IbRoute for IbTransport<B> {
 
     fn peer_lost(&mut self, peer: usize, e: TransportError) {
         self.fail_peer(peer, e);
+    }
+
+    fn poll_once(&mut self) -> bool {
+        self.pass()
     }
 
     fn close(&mut self) {
