@@ -229,7 +229,9 @@ impl DeviceMoe {
     }
 
     /// Dispatch, second half: waits for every peer's records (mapped) and fills the caller's
-    /// received-row tensors and `tokens_per_expert`.
+    /// received-row tensors and `tokens_per_expert`. Low latency over mapped memory, each
+    /// expert's index block copies its own rows (a row's place in its expert's slab needs no
+    /// other expert's count), so no copy kernel is launched.
     pub fn dispatch_receive(
         &self,
         tokens: usize,
@@ -238,14 +240,11 @@ impl DeviceMoe {
         stream: RawStream,
     ) -> Result<()> {
         let p = self.params(tokens, fp8, t);
-        self.run(
-            &[
-                (Step::DispatchIndex, self.shape.local()),
-                (Step::DispatchCopy, self.row_grid()),
-            ],
-            &p,
-            stream,
-        )
+        let index = (Step::DispatchIndex, self.shape.local());
+        if self.shape.low_latency && self.sym.is_mapped() {
+            return self.run(&[index], &p, stream);
+        }
+        self.run(&[index, (Step::DispatchCopy, self.row_grid())], &p, stream)
     }
 
     /// Combine, first half: every received row's expert output goes back to its token's rank.

@@ -63,7 +63,7 @@ struct MoeLayout {
     u64 rows_per_src;  // per source: rows combine returns there (i64; staged counts)
     u64 csend_off;     // per source: first combine record for it in `send` (u64)
     u64 crecv_counts;  // per rank: combine records received (i64; staged counts)
-    u64 row_src;  // per packed row: MoeRow
+    u64 row_src;  // per received row (indexed like the rows): MoeRow
     u64 send;     // staged: records to send
     u64 cstage;   // staged: combine records received
 };
@@ -404,10 +404,40 @@ __device__ u32 block_scan_runs(u32 n, Value value, Out out) {
     return total;
 }
 
+// Places received record `rec` (from source s, its slot k) into row `dst` of the caller's
+// tensors with the 32 lanes of a warp, and notes where the row came from for combine
+// (`row_src` is indexed like the rows; `pack`: its place in a staged combine's packed records).
+__device__ void moe_place_row(const MoeParams& p, const u8* rec, u64 dst, u32 s, u32 k, u32 pack,
+                              u32 lane) {
+    if (p.fp8) {
+        moe_copy((u8*)p.recv_x_fp8 + dst * p.hidden, rec, p.hidden, lane, 32);
+    } else {
+        moe_copy((u8*)p.recv_x + dst * 2 * p.hidden, rec, 2ull * p.hidden, lane, 32);
+    }
+    if (lane == 0) {
+        ((float*)p.recv_scales)[dst] = *(const float*)(rec + scale_at(p));
+        ((float*)p.recv_weights)[dst] = *(const float*)(rec + slot_at(p, k) + 4);
+        MoeRow r;
+        r.src = s;
+        r.token = *(const u32*)(rec + token_at(p));
+        r.slot = k;
+        r.pack = pack;
+        scratch<MoeRow>(p, p.at.row_src)[dst] = r;
+    }
+}
+
+// The fused path: low latency over mapped memory, where a row's place (its expert's slab) is
+// known without the other experts' counts.
+__device__ __forceinline__ bool moe_index_copies(const MoeParams& p) {
+    return p.low_latency && p.mapped;
+}
+
 // A block per local expert: waits for every source's records (mapped), lists the records
-// naming the expert (in order of source and record), and writes its row counts. The last block
-// to finish lays the rows out: the first row of each expert (`eoff`) and, staged, where each
-// row goes back to in combine's packed records.
+// naming the expert (in order of source and record), and writes its row counts; on the fused
+// path it then copies its rows into its slab itself (no moe_dispatch_copy launch). The last
+// block to finish lays the rows out: the first row of each expert (`eoff`) and, staged, where
+// each row goes back to in combine's packed records; on the fused path it acknowledges the
+// round to every source.
 extern "C" __global__ void __launch_bounds__(256) moe_dispatch_index(const __grid_constant__ MoeParams p) {
     MoeState* st = moe_state(p);
     u64 round = st->dround;
@@ -471,6 +501,16 @@ extern "C" __global__ void __launch_bounds__(256) moe_dispatch_index(const __gri
         }
     }
     if (threadIdx.x == 0) ((long long*)p.tokens_per_expert)[e] = rows;
+    if (moe_index_copies(p)) {
+        __syncthreads();  // the list is complete
+        u32 lane = threadIdx.x & 31, n = min(rows, (u32)p.slab);
+        for (u32 i = threadIdx.x >> 5; i < n; i += blockDim.x >> 5) {
+            u64 entry = list[i];
+            u32 s = (u32)(entry >> 48), k = (u32)(entry >> 32) & 0xffff, j = (u32)entry;
+            moe_place_row(p, recv + (first[s] + j) * p.rec_stride, (u64)e * p.slab + i, s, k, 0,
+                          lane);
+        }
+    }
     if (!moe_last_block(&st->index_done)) return;
     // The last block: every expert's counts are in.
     const long long* tpe = (const long long*)p.tokens_per_expert;
@@ -480,6 +520,11 @@ extern "C" __global__ void __launch_bounds__(256) moe_dispatch_index(const __gri
     if (threadIdx.x == 0) {
         eoff[p.local] = all;
         st->rows = all;
+    }
+    if (moe_index_copies(p)) {
+        // Every block copied its rows before it arrived here: the records have been read.
+        for (u32 s = threadIdx.x; s < p.size; s += blockDim.x)
+            tc_st_release_sys(sym<u64>(p, s, p.at.dack) + p.rank, round);
     }
     if (p.mapped) return;  // combine writes rows straight to (token, slot): no packing
     // Staged combine packs rows by source, then expert, then token: for each source, the
@@ -530,7 +575,6 @@ extern "C" __global__ void __launch_bounds__(256) moe_dispatch_copy(const __grid
     const u64* list = scratch<u64>(p, p.at.elist);
     const u64* rbase = scratch<u64>(p, p.at.rbase);
     const u64* csend_off = scratch<u64>(p, p.at.csend_off);
-    MoeRow* rows = scratch<MoeRow>(p, p.at.row_src);
     const u8* recv = sym<u8>(p, p.rank, p.at.drecv);
     u32 total = eoff[p.local];
     u32 lane = threadIdx.x & 31;
@@ -541,22 +585,8 @@ extern "C" __global__ void __launch_bounds__(256) moe_dispatch_copy(const __grid
         u64 entry = list[(u64)e * p.slab + i];
         u32 s = (u32)(entry >> 48), k = (u32)(entry >> 32) & 0xffff, j = (u32)entry;
         const u8* rec = recv + (rbase[s] + j) * p.rec_stride;
-        u64 dst = row_at(p, eoff, e, g);
-        if (p.fp8) {
-            moe_copy((u8*)p.recv_x_fp8 + dst * p.hidden, rec, p.hidden, lane, 32);
-        } else {
-            moe_copy((u8*)p.recv_x + dst * 2 * p.hidden, rec, 2ull * p.hidden, lane, 32);
-        }
-        if (lane == 0) {
-            ((float*)p.recv_scales)[dst] = *(const float*)(rec + scale_at(p));
-            ((float*)p.recv_weights)[dst] = *(const float*)(rec + slot_at(p, k) + 4);
-            MoeRow r;
-            r.src = s;
-            r.token = *(const u32*)(rec + token_at(p));
-            r.slot = k;
-            r.pack = (u32)csend_off[s] + epos[(u64)e * p.size + s] + (i - efirst[(u64)e * p.size + s]);
-            rows[g] = r;
-        }
+        u32 pack = (u32)csend_off[s] + epos[(u64)e * p.size + s] + (i - efirst[(u64)e * p.size + s]);
+        moe_place_row(p, rec, row_at(p, eoff, e, g), s, k, pack, lane);
     }
     if (moe_last_block(&st->copy_done) && p.mapped) {
         for (u32 s = threadIdx.x; s < p.size; s += blockDim.x)
@@ -580,8 +610,8 @@ extern "C" __global__ void __launch_bounds__(256) moe_combine_send(const __grid_
     u64 row_bytes = 2ull * p.hidden;
     for (u32 g = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); g < total; g += warps) {
         u32 e = expert_of(p, eoff, g);
-        MoeRow r = rows[g];
         u64 y_row = row_at(p, eoff, e, g);
+        MoeRow r = rows[y_row];
         if (y_row >= p.y_rows) {
             if (lane == 0 && g == p.y_rows) moe_fail(p, MOE_ERR_Y_ROWS, total, p.y_rows, 0);
             continue;
