@@ -70,6 +70,17 @@ fn pair() -> (RdmaTransport, RdmaTransport) {
     (a, b)
 }
 
+/// `t` writes all of `src` into all of `dst`.
+fn write_whole(t: &RdmaTransport, src: &Buf, dst: &Buf, notify: bool) {
+    t.write(
+        &src.mem().to_view(None, None).unwrap(),
+        &dst.mem().to_remote_buffer(),
+        notify,
+        SHORT,
+    )
+    .unwrap();
+}
+
 /// `a` writes 512 bytes of `src` at offset 256 into a zeroed `dst` (a partial view into a
 /// partial remote buffer), then `b` reads all of `src` back.
 fn partial_write_then_read_back(a: &RdmaTransport, b: &RdmaTransport, src: &Buf, dst: &mut Buf) {
@@ -101,13 +112,7 @@ fn in_process(path: DataPath) {
     b.set_data_path(path);
     let src = Buf::new(LEN, Some(3));
     let mut dst = Buf::new(LEN, None);
-    a.write(
-        &src.mem().to_view(None, None).unwrap(),
-        &dst.mem().to_remote_buffer(),
-        false,
-        SHORT,
-    )
-    .unwrap();
+    write_whole(&a, &src, &dst, false);
     assert_eq!(src.data, dst.data);
     partial_write_then_read_back(&a, &b, &src, &mut dst);
     let s = a.stats();
@@ -148,13 +153,7 @@ fn in_process_over_ib() {
     assert!(src.data == dst.data, "the write differs");
     partial_write_then_read_back(&a, &b, &src, &mut dst);
     let empty = Buf::new(0, None);
-    a.write(
-        &empty.mem().to_view(None, None).unwrap(),
-        &empty.mem().to_remote_buffer(),
-        false,
-        SHORT,
-    )
-    .unwrap();
+    write_whole(&a, &empty, &empty, false);
     assert_eq!((a.stats().ib, a.stats().cma, a.stats().tcp), (3, 0, 0));
     assert_eq!((b.stats().ib, b.stats().cma, b.stats().tcp), (1, 0, 0));
     let (_, moved_after) = soft_fabric().stats();
@@ -176,13 +175,7 @@ fn ib_on_one_side_only_uses_the_stream() {
     let (a, _b) = ib_pair(DataPath::Auto);
     let src = Buf::new(4096, Some(9));
     let dst = Buf::new(4096, None);
-    a.write(
-        &src.mem().to_view(None, None).unwrap(),
-        &dst.mem().to_remote_buffer(),
-        false,
-        SHORT,
-    )
-    .unwrap();
+    write_whole(&a, &src, &dst, false);
     assert_eq!(src.data, dst.data);
     assert_eq!(a.stats().ib, 0, "{:?}", a.stats());
 }
@@ -206,22 +199,10 @@ fn notify_and_wait_for_write() {
         .wait_for_write(Some(Duration::from_millis(200)))
         .unwrap_err();
     assert!(e.is_timeout(), "{e}");
-    a.write(
-        &src.mem().to_view(None, None).unwrap(),
-        &dst.mem().to_remote_buffer(),
-        true,
-        SHORT,
-    )
-    .unwrap();
+    write_whole(&a, &src, &dst, true);
     b.wait_for_write(SHORT).unwrap();
     // Consumed: a second wait times out; a write without notify does not count.
-    a.write(
-        &src.mem().to_view(None, None).unwrap(),
-        &dst.mem().to_remote_buffer(),
-        false,
-        SHORT,
-    )
-    .unwrap();
+    write_whole(&a, &src, &dst, false);
     assert!(b
         .wait_for_write(Some(Duration::from_millis(200)))
         .unwrap_err()
@@ -321,13 +302,7 @@ fn thousand_alternating_small_writes() {
         };
         // SAFETY: no transfer uses `s` now (the previous one completed).
         unsafe { std::ptr::write_bytes(s.data.as_ptr() as *mut u8, i as u8, 64) };
-        t.write(
-            &s.mem().to_view(None, None).unwrap(),
-            &d.mem().to_remote_buffer(),
-            true,
-            SHORT,
-        )
-        .unwrap();
+        write_whole(t, s, d, true);
         let peer = if i % 2 == 0 { &b } else { &a };
         peer.wait_for_write(SHORT).unwrap();
         assert!(d.data.iter().all(|&x| x == i as u8), "write {i}");
