@@ -61,6 +61,9 @@ pub trait IbRoute: Transport + Send + fmt::Debug {
     fn close(&mut self);
     /// [`IbTransport::endpoint`].
     fn endpoint_for(&mut self, peer: usize) -> Result<Vec<u8>, String>;
+    /// Drops the queue pairs and rings made for `peer` by [`IbRoute::endpoint_for`] when it
+    /// will not be connected.
+    fn forget(&mut self, peer: usize);
     /// [`IbTransport::connect`].
     fn connect_to(&mut self, peer: usize, endpoint: &[u8]) -> Result<(), String>;
 }
@@ -88,6 +91,10 @@ impl<B: super::IbBackend> IbRoute for IbTransport<B> {
 
     fn endpoint_for(&mut self, peer: usize) -> Result<Vec<u8>, String> {
         self.endpoint(peer).map_err(|e| e.to_string())
+    }
+
+    fn forget(&mut self, peer: usize) {
+        self.halves.remove(&peer);
     }
 
     fn connect_to(&mut self, peer: usize, endpoint: &[u8]) -> Result<(), String> {
@@ -175,9 +182,13 @@ pub(crate) fn connect(
     let theirs = exchange(socket, peers, &mut frames, deadline)?;
     let mut used = Vec::new();
     for (&peer, f) in peers.iter().zip(&theirs) {
-        let Some(t) = ib.as_mut().filter(|_| f[0] == provider.code()) else {
+        let Some(t) = ib.as_mut() else {
             continue;
         };
+        if f[0] != provider.code() {
+            t.forget(peer);
+            continue;
+        }
         let len = u32::from_le_bytes(f[1..5].try_into().expect("4 bytes")) as usize;
         let ep = f.get(5..5 + len).ok_or_else(|| {
             format!("ib: peer {peer} sent an endpoint length {len} past its frame")
