@@ -190,12 +190,11 @@ fn transports(
         let peers: Vec<usize> = (0..config.size)
             .filter(|&p| p != config.rank && !shm.as_ref().is_some_and(|s| s.reaches(p)))
             .collect();
-        let (rank, size) = (config.rank, config.size);
         crate::transport::ib::connect_peers(
             config.ib_provider,
             &mut socket,
-            rank,
-            size,
+            config.rank,
+            config.size,
             &peers,
             deadline,
         )

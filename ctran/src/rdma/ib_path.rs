@@ -27,9 +27,7 @@ use ibverbx::verbs::QpEndpoint;
 use ibverbx::{Event, Put, RemoteKey as IbKey, VcMode, VirtualCompletion, VirtualCq, VirtualQp};
 
 use super::error::{RdmaError, Result};
-use crate::transport::ib::{
-    select, soft_fabric, IbBackend, IbMemory, IbProvider, SoftBackend, VerbsBackend,
-};
+use crate::transport::ib::{open_backend, IbBackend, IbMemory, IbProvider, WithBackend};
 
 /// Bytes of each staging region: the largest piece of a transfer in one round trip.
 pub(crate) const IB_CHUNK: usize = 4 << 20;
@@ -53,23 +51,14 @@ impl IbSetup {
     pub(crate) fn open(provider: IbProvider) -> Result<IbSetup> {
         let fail = |e: String| RdmaError::Config(format!("ib data path: {e}"));
         let cfg = ibverbx::IbConfig::from_env().map_err(|e| fail(e.to_string()))?;
-        let qps = cfg.qps_per_connection.max(1);
         let mut vqp = cfg.vqp;
         vqp.mode = VcMode::Spray;
-        let path: Box<dyn Pending> = match provider {
-            IbProvider::Soft => {
-                let dev = soft_fabric().device("rdma-transport");
-                Box::new(Half::new(SoftBackend::new(dev), qps, vqp, provider).map_err(fail)?)
-            }
-            IbProvider::Verbs => match select::choose(&["ib"], &select::probe(), &cfg.hca) {
-                select::IbChoice::NotUsed(why) => return Err(fail(why)),
-                select::IbChoice::Use(p) => {
-                    let b = VerbsBackend::open(&p.device, p.port, &cfg, 1)
-                        .map_err(|e| fail(format!("{}:{}: {e}", p.device, p.port)))?;
-                    Box::new(Half::new(b, qps, vqp, provider).map_err(fail)?)
-                }
-            },
+        let build = HalfOf {
+            qps: cfg.qps_per_connection.max(1),
+            vqp,
+            provider,
         };
+        let path = open_backend(provider, &cfg, "rdma-transport", 1, build).map_err(fail)?;
         let endpoint = path.endpoint().map_err(fail)?;
         Ok(IbSetup { path, endpoint })
     }
@@ -87,6 +76,25 @@ impl IbSetup {
     }
 }
 
+/// Builds a [`Half`] on whichever backend [`open_backend`] opened.
+struct HalfOf {
+    qps: usize,
+    vqp: ibverbx::VqpConfig,
+    provider: IbProvider,
+}
+
+impl WithBackend for HalfOf {
+    type Out = Box<dyn Pending>;
+    fn with<B: IbBackend>(self, backend: B) -> std::result::Result<Box<dyn Pending>, String> {
+        Ok(Box::new(Half::new(
+            backend,
+            self.qps,
+            self.vqp,
+            self.provider,
+        )?))
+    }
+}
+
 /// Object-safe face of [`Half`], whatever the backend.
 trait Pending: Send {
     fn endpoint(&self) -> std::result::Result<Vec<u8>, String>;
@@ -98,7 +106,7 @@ struct Half<B: IbBackend> {
     backend: B,
     provider: IbProvider,
     qps: [Vec<B::Unconnected>; 2],
-    cqs: [Option<VirtualCq<B::P>>; 2],
+    cqs: [VirtualCq<B::P>; 2],
     send: [B::Mem; 2],
     inbox: [B::Mem; 2],
     cfg: ibverbx::VqpConfig,
@@ -124,11 +132,10 @@ impl<B: IbBackend> Half<B> {
         }
         let reg = || backend.register(IB_CHUNK).map_err(e);
         let (send, inbox) = ([reg()?, reg()?], [reg()?, reg()?]);
-        let [a, b] = cqs;
         Ok(Half {
             provider,
             qps: lane_qps,
-            cqs: [Some(a), Some(b)],
+            cqs,
             send,
             inbox,
             cfg,
@@ -193,9 +200,9 @@ impl<B: IbBackend> Pending for Half<B> {
         } = me;
         let mut lanes: Vec<Lane<B>> = Vec::with_capacity(2);
         let mut eps = eps.chunks(n);
-        for (((lane_qps, cq), send), peer_inbox) in qps.into_iter().zip(cqs).zip(send).zip(inboxes)
+        for (((lane_qps, mut cq), send), peer_inbox) in
+            qps.into_iter().zip(cqs).zip(send).zip(inboxes)
         {
-            let mut cq = cq.expect("made in new");
             let mut connected = Vec::with_capacity(n);
             for (qp, ep) in lane_qps.into_iter().zip(eps.next().expect("2 lanes")) {
                 connected.push(backend.connect(qp, ep).map_err(|e| e.to_string())?);

@@ -388,7 +388,7 @@ impl RdmaTransport {
         let ib = self.inner.lock().ib.clone();
         if let Some(ib) = ib.filter(|_| self.path == DataPath::Ib) {
             let at = (deadline, limit);
-            transfer_ib(&ib, &link, local, remote, key, notify, write, at)?;
+            transfer_ib(&ib, &link, &pin, remote, key, notify, write, at)?;
             self.counters.ib.fetch_add(1, Ordering::Relaxed);
             return Ok(());
         }
@@ -474,7 +474,7 @@ impl RdmaTransport {
 fn transfer_ib(
     ib: &IbPath,
     link: &Link,
-    local: &super::registry::View,
+    local: &super::registry::Pin,
     remote: &RdmaRemoteBuffer,
     key: String,
     notify: bool,
@@ -482,7 +482,7 @@ fn transfer_ib(
     (deadline, limit): (Instant, Duration),
 ) -> Result<()> {
     let op = if write { "write" } else { "read" };
-    let claim = local.pin()?.claim();
+    let claim = local.claim();
     let mut buf = vec![0u8; (remote.len as usize).min(IB_CHUNK)];
     let mut off = 0u64;
     loop {

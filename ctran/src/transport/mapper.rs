@@ -4,7 +4,7 @@
 //!
 //! TCP stays connected to every peer whatever carries the data: it detects a closed peer at
 //! once (ib learns of one only when a write to it fails), carries abort notices, and carries
-//! one-sided traffic (windows) to peers that shared memory does not reach.
+//! one-sided traffic (windows) to peers that neither shared memory nor ib reaches.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 use crate::engine::select::ShmReach;
 use crate::span::Span;
 use crate::transport::ib::{IbRoute, ID_BASE as IB_ID_BASE};
-use crate::transport::region::IbRegion;
 use crate::transport::shm::{ShmTransport, ID_BASE};
 use crate::transport::socket::SocketTransport;
 use crate::transport::{
@@ -124,14 +123,14 @@ impl Mapper {
     fn progress_with_ib(&mut self, until: Instant) -> Result<(), TransportError> {
         let ib = self.ib.as_mut().expect("called with ib");
         ib.progress(until.min(Instant::now() + IB_SLICE), false)?;
-        let peers: Vec<usize> = (0..self.socket.size()).filter(|&p| ib.reaches(p)).collect();
-        if let Err(e) = self.socket.probe_idle(peers.iter().copied()) {
-            if let TransportError::PeerLost { peer, .. } = &e {
-                ib.peer_lost(*peer, e.clone());
-            }
+        let size = self.socket.size();
+        let probed = self.socket.probe_idle((0..size).filter(|&p| ib.reaches(p)));
+        if let Err(e @ TransportError::PeerLost { peer, .. }) = probed {
+            ib.peer_lost(peer, e);
         }
         self.progress_host(Instant::now(), false)
     }
+
     /// An idle communicator whose ib has regions: one ib pass, then TCP and shared memory
     /// (and a new command) for a pause that doubles from [`IB_IDLE_MIN`] to [`IB_IDLE_MAX`]
     /// while nothing arrives over ib.
@@ -287,12 +286,7 @@ impl Transport for Mapper {
         if let Some(ib) = self.ib.as_mut().filter(|_| !staged) {
             match ib.register_region(span, comm, None) {
                 Ok((ib_id, k)) => {
-                    key.ib = Some(IbRegion {
-                        id: k.id,
-                        generation: k.generation,
-                        base: k.base,
-                        rkey: k.rkey,
-                    });
+                    key.ib = Some(RemoteKey::ib_region_of(&k));
                     self.ib_regions.insert(id.0, ib_id);
                 }
                 Err(e) => {

@@ -132,6 +132,17 @@ impl RemoteKey {
         })
     }
 
+    /// The part of `ib_key` (a key the owner's ib transport gave) that the region's key
+    /// carries: the inverse of [`RemoteKey::ib_key`].
+    pub fn ib_region_of(ib_key: &RemoteKey) -> IbRegion {
+        IbRegion {
+            id: ib_key.id,
+            generation: ib_key.generation,
+            base: ib_key.base,
+            rkey: ib_key.rkey,
+        }
+    }
+
     /// The key the owner's ib transport gave the region, when it has one.
     pub fn ib_key(&self) -> Option<RemoteKey> {
         self.ib.map(|ib| RemoteKey {

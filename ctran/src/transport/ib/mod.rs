@@ -60,6 +60,7 @@ pub use backend::{IbBackend, IbMemory, SoftBackend};
 use peer::{Cts, InFlight, OneSided, Peer, RecvReq, SendReq};
 use pool::Pool;
 pub(crate) use route::connect as connect_peers;
+pub(crate) use route::{open_backend, WithBackend};
 pub use route::{soft_fabric, IbProvider, IbRoute};
 use setup::Half;
 pub use setup::{IbError, IbSettings};
@@ -466,7 +467,7 @@ impl<B: IbBackend> IbTransport<B> {
                 .peers
                 .iter()
                 .flatten()
-                .any(|p| p.broken.is_none() && (p.owes_output() || !p.writes.is_empty()));
+                .any(|p| p.broken.is_none() && p.owes_output());
             if !busy {
                 break;
             }

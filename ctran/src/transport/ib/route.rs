@@ -11,7 +11,7 @@ use std::time::Instant;
 use ibverbx::soft::{SoftConfig, SoftFabric};
 
 use super::select::{self, IbChoice};
-use super::{IbSettings, IbTransport, SoftBackend, VerbsBackend};
+use super::{IbBackend, IbSettings, IbTransport, SoftBackend, VerbsBackend};
 use crate::span::Span;
 use crate::transport::socket::SocketTransport;
 use crate::transport::{Delivery, OpTag, Transport, TransportError};
@@ -68,7 +68,7 @@ pub trait IbRoute: Transport + Send + fmt::Debug {
     fn connect_to(&mut self, peer: usize, endpoint: &[u8]) -> Result<(), String>;
 }
 
-impl<B: super::IbBackend> IbRoute for IbTransport<B> {
+impl<B: IbBackend> IbRoute for IbTransport<B> {
     fn has_pending(&self) -> bool {
         IbTransport::has_pending(self) || self.awaits_acks()
     }
@@ -109,27 +109,66 @@ pub fn soft_fabric() -> &'static SoftFabric {
     FABRIC.get_or_init(|| SoftFabric::new(SoftConfig::default()))
 }
 
-/// Opens ib for `rank` of `size` ranks, or says why it cannot be used.
-fn open(provider: IbProvider, rank: usize, size: usize) -> Result<Box<dyn IbRoute>, String> {
-    let cfg = ibverbx::IbConfig::from_env().map_err(|e| e.to_string())?;
-    let settings = IbSettings::from_config(&cfg);
-    let fail = |e: super::IbError| e.to_string();
+/// What to build on a backend once [`open_backend`] opened one (a generic function, which a
+/// closure cannot be).
+pub(crate) trait WithBackend {
+    /// What is built.
+    type Out;
+    /// Builds it on `backend`.
+    fn with<B: IbBackend>(self, backend: B) -> Result<Self::Out, String>;
+}
+
+/// Opens `provider`'s backend (on the software fabric, a device named `device`; over verbs,
+/// the first active port `cfg.hca` allows, sized for `peers` peers) and hands it to `build`,
+/// or says why it cannot be opened.
+pub(crate) fn open_backend<W: WithBackend>(
+    provider: IbProvider,
+    cfg: &ibverbx::IbConfig,
+    device: &str,
+    peers: usize,
+    build: W,
+) -> Result<W::Out, String> {
     match provider {
-        IbProvider::Soft => {
-            let device = soft_fabric().device(&format!("soft{rank}"));
-            let t = IbTransport::new(SoftBackend::new(device), rank, size, settings);
-            Ok(Box::new(t.map_err(fail)?))
-        }
+        IbProvider::Soft => build.with(SoftBackend::new(soft_fabric().device(device))),
         IbProvider::Verbs => match select::choose(&["ib"], &select::probe(), &cfg.hca) {
             IbChoice::NotUsed(why) => Err(why),
             IbChoice::Use(p) => {
-                let backend = VerbsBackend::open(&p.device, p.port, &cfg, size.saturating_sub(1))
+                let backend = VerbsBackend::open(&p.device, p.port, cfg, peers)
                     .map_err(|e| format!("{}:{}: {e}", p.device, p.port))?;
-                let t = IbTransport::new(backend, rank, size, settings);
-                Ok(Box::new(t.map_err(fail)?))
+                build.with(backend)
             }
         },
     }
+}
+
+/// Opens ib for `rank` of `size` ranks, or says why it cannot be used.
+fn open(provider: IbProvider, rank: usize, size: usize) -> Result<Box<dyn IbRoute>, String> {
+    struct Transport {
+        rank: usize,
+        size: usize,
+        settings: IbSettings,
+    }
+    impl WithBackend for Transport {
+        type Out = Box<dyn IbRoute>;
+        fn with<B: IbBackend>(self, backend: B) -> Result<Box<dyn IbRoute>, String> {
+            let t = IbTransport::new(backend, self.rank, self.size, self.settings);
+            Ok(Box::new(t.map_err(|e| e.to_string())?))
+        }
+    }
+    let cfg = ibverbx::IbConfig::from_env().map_err(|e| e.to_string())?;
+    let settings = IbSettings::from_config(&cfg);
+    let build = Transport {
+        rank,
+        size,
+        settings,
+    };
+    open_backend(
+        provider,
+        &cfg,
+        &format!("soft{rank}"),
+        size.saturating_sub(1),
+        build,
+    )
 }
 
 /// Bytes of the frame each rank sends each peer: the provider it opened (1 byte, 0 for none),
