@@ -125,11 +125,20 @@ fn in_process(path: DataPath) {
 
 /// Two transports on the ib data path over the process's software fabric.
 fn ib_pair(b_path: DataPath) -> (RdmaTransport, RdmaTransport) {
+    ib_pair_in_place(b_path, [true, true])
+}
+
+/// As [`ib_pair`], with in-place registration on or off per side.
+fn ib_pair_in_place(b_path: DataPath, in_place: [bool; 2]) -> (RdmaTransport, RdmaTransport) {
     let mut a = RdmaTransport::new(MemDevice::Cpu).unwrap();
     let mut b = RdmaTransport::new(MemDevice::Cpu).unwrap();
-    for (t, path) in [(&mut a, DataPath::Ib), (&mut b, b_path)] {
+    for ((t, path), in_place) in [(&mut a, DataPath::Ib), (&mut b, b_path)]
+        .into_iter()
+        .zip(in_place)
+    {
         t.set_data_path(path);
         t.set_ib_provider(IbProvider::Soft);
+        t.set_ib_in_place(in_place);
     }
     let (ua, ub) = (a.bind().unwrap(), b.bind().unwrap());
     assert!(ua.contains("/ib="), "{ua}");
@@ -138,9 +147,11 @@ fn ib_pair(b_path: DataPath) -> (RdmaTransport, RdmaTransport) {
     (a, b)
 }
 
-#[test]
-fn in_process_over_ib() {
-    let (a, b) = ib_pair(DataPath::Ib);
+/// Writes, a notify, a partial write and a read back, an empty write, and a request past the
+/// registration, with in-place registration on or off per side; `in_place`: the transfers
+/// each side expects to have moved in place.
+fn over_ib(sides: [bool; 2], in_place: (u64, u64)) {
+    let (a, b) = ib_pair_in_place(DataPath::Ib, sides);
     let (_, moved_before) = soft_fabric().stats();
     // Three chunks and a bit: the ib path moves at most 4 MiB per round trip.
     let len = 3 * (4 << 20) + 4097;
@@ -156,6 +167,11 @@ fn in_process_over_ib() {
     write_whole(&a, &empty, &empty, false);
     assert_eq!((a.stats().ib, a.stats().cma, a.stats().tcp), (3, 0, 0));
     assert_eq!((b.stats().ib, b.stats().cma, b.stats().tcp), (1, 0, 0));
+    let got = (a.stats().ib_in_place, b.stats().ib_in_place);
+    assert_eq!(
+        got, in_place,
+        "transfers moved in place (a, b), sides {sides:?}"
+    );
     let (_, moved_after) = soft_fabric().stats();
     assert!(moved_after - moved_before >= 2 * len as u64);
     // The target still checks every request against its registry.
@@ -168,6 +184,21 @@ fn in_process_over_ib() {
         .write(&src.mem().to_view(None, None).unwrap(), &past, false, SHORT)
         .unwrap_err();
     assert!(matches!(e, RdmaError::Remote { .. }), "{e}");
+}
+
+#[test]
+fn in_process_over_ib() {
+    // In place: the empty write is staged (nothing to register), the rest moves in place.
+    over_ib([true, true], (2, 1));
+}
+
+#[test]
+fn in_process_over_ib_staged() {
+    // A requester that stages never asks; a target that stages answers so, and the
+    // requester stages from then on.
+    over_ib([false, true], (0, 0));
+    over_ib([true, false], (0, 0));
+    over_ib([false, false], (0, 0));
 }
 
 #[test]

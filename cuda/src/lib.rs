@@ -33,6 +33,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod dmabuf;
 pub mod driver;
 pub mod error;
 pub mod graph;

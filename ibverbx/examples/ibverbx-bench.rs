@@ -22,7 +22,7 @@ use ibverbx::verbs::{
 };
 use ibverbx::{
     Completion, CqOps, Event, IbConfig, LocalKey, Provider, Put, QpOps, RemoteKey, VcMode,
-    VirtualCq, VirtualQp, VqpConfig, WcOpcode, WcStatus, WriteRequest,
+    VirtualCq, VirtualQp, VqpConfig, WcOpcode, WcStatus, WorkRequest,
 };
 
 #[derive(Parser, Debug)]
@@ -151,10 +151,10 @@ impl QpOps for NullQp {
     fn qp_num(&self) -> u32 {
         self.num
     }
-    fn post_write(&mut self, wr: &WriteRequest) -> ibverbx::Result<()> {
-        self.post_writes(std::slice::from_ref(wr))
+    fn post_send(&mut self, wr: &WorkRequest) -> ibverbx::Result<()> {
+        self.post_sends(std::slice::from_ref(wr))
     }
-    fn post_writes(&mut self, wrs: &[WriteRequest]) -> ibverbx::Result<()> {
+    fn post_sends(&mut self, wrs: &[WorkRequest]) -> ibverbx::Result<()> {
         let mut mine = self.cq.lock().unwrap();
         let mut peer = self.peer_cq.lock().unwrap();
         for w in wrs {

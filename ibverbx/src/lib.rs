@@ -35,7 +35,7 @@
 //! // Register once, put many times.
 //! let src = a.register(100_000);
 //! let dst = b.register(100_000);
-//! src.write(0, &[7u8; 100_000]);
+//! src.write(0, &[7u8; 100_000]).unwrap();
 //! tx.put(&Put {
 //!     wr_id: 1,
 //!     local: src.local_key(),
@@ -60,7 +60,7 @@
 //!         }
 //!     }
 //! }
-//! assert_eq!(dst.to_vec(), vec![7u8; 100_000]);
+//! assert_eq!(dst.to_vec().unwrap(), vec![7u8; 100_000]);
 //! # let _ = Duration::from_secs(1);
 //! ```
 //!
@@ -107,6 +107,7 @@ pub use error::{Error, LoadError, Result};
 pub use hca::{HcaEntry, HcaSpec};
 pub use loader::{availability, supported, Availability};
 pub use provider::{
-    Completion, CqOps, LocalKey, Provider, QpOps, RemoteKey, WcOpcode, WcStatus, WriteRequest,
+    Completion, CqOps, LocalKey, Provider, QpOps, RdmaOp, RemoteKey, WcOpcode, WcStatus,
+    WorkRequest,
 };
 pub use virt::{Event, Failure, Put, VcMode, VirtualCompletion, VirtualCq, VirtualQp, VqpConfig};

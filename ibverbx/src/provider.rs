@@ -61,20 +61,32 @@ impl RemoteKey {
     }
 }
 
-/// One RDMA write (with immediate data when `imm` is set), always signaled.
+/// Which way the bytes of a work request move.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RdmaOp {
+    /// RDMA write: local to remote (with immediate data when the request has some).
+    #[default]
+    Write,
+    /// RDMA read: remote to local (never with immediate data).
+    Read,
+}
+
+/// One RDMA write (with immediate data when `imm` is set) or read, always signaled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WriteRequest {
+pub struct WorkRequest {
     /// Returned in the completion.
     pub wr_id: u64,
-    /// Local source address.
+    /// Write or read.
+    pub op: RdmaOp,
+    /// Local address: a write's source, a read's destination.
     pub local_addr: u64,
-    /// Local key of the source.
+    /// Local key of that range.
     pub lkey: u32,
-    /// Bytes to write (0 is allowed: a pure notification).
+    /// Bytes (0 is allowed: a pure notification).
     pub len: u32,
-    /// Remote destination address.
+    /// Remote address: a write's destination, a read's source.
     pub remote_addr: u64,
-    /// Remote key of the destination.
+    /// Remote key of that range.
     pub rkey: u32,
     /// Immediate data: the write consumes a receive at the peer and completes it with this.
     pub imm: Option<u32>,
@@ -176,6 +188,8 @@ impl fmt::Display for WcStatus {
 pub enum WcOpcode {
     /// An RDMA write (with or without immediate) finished at the sender.
     RdmaWrite,
+    /// An RDMA read finished at the requester (the bytes are in its memory).
+    RdmaRead,
     /// A receive consumed by an RDMA write with immediate.
     RecvRdmaWithImm,
     /// A receive consumed by a send (or a flushed receive).
@@ -205,11 +219,11 @@ pub struct Completion {
 pub trait QpOps: Send {
     /// The QP's number (unique per device; completions name it).
     fn qp_num(&self) -> u32;
-    /// Posts one signaled RDMA write, with immediate data when `wr.imm` is set.
-    fn post_write(&mut self, wr: &WriteRequest) -> Result<()>;
-    /// Posts several writes; the default posts them one by one (verbs chains them).
-    fn post_writes(&mut self, wrs: &[WriteRequest]) -> Result<()> {
-        wrs.iter().try_for_each(|w| self.post_write(w))
+    /// Posts one signaled RDMA write (with immediate data when `wr.imm` is set) or read.
+    fn post_send(&mut self, wr: &WorkRequest) -> Result<()>;
+    /// Posts several requests; the default posts them one by one (verbs chains them).
+    fn post_sends(&mut self, wrs: &[WorkRequest]) -> Result<()> {
+        wrs.iter().try_for_each(|w| self.post_send(w))
     }
     /// Posts a zero-length receive, consumed by the peer's next write with immediate.
     fn post_recv(&mut self, wr_id: u64) -> Result<()>;

@@ -231,6 +231,7 @@ pub const IBV_WC_FATAL_ERR: c_int = 19;
 pub const IBV_WC_GENERAL_ERR: c_int = 21;
 
 pub const IBV_WC_RDMA_WRITE: c_int = 1;
+pub const IBV_WC_RDMA_READ: c_int = 2;
 pub const IBV_WC_RECV: c_int = 1 << 7;
 pub const IBV_WC_RECV_RDMA_WITH_IMM: c_int = (1 << 7) + 1;
 
@@ -379,6 +380,7 @@ pub struct ibv_send_wr {
 
 pub const IBV_WR_RDMA_WRITE: c_int = 0;
 pub const IBV_WR_RDMA_WRITE_WITH_IMM: c_int = 1;
+pub const IBV_WR_RDMA_READ: c_int = 4;
 pub const IBV_SEND_SIGNALED: c_uint = 1 << 1;
 
 /// `struct ibv_recv_wr`.

@@ -40,7 +40,7 @@ fn round_trip(p: &mut Pair, sizes: &[usize]) {
     let mut expect = Vec::new();
     for (i, &len) in sizes.iter().enumerate() {
         let data = pattern(i as u64 + 1, len);
-        src.write(off, &data);
+        src.write(off, &data).unwrap();
         let msg =
             p.tx.put(&Put {
                 wr_id: 1000 + i as u64,
@@ -67,7 +67,7 @@ fn round_trip(p: &mut Pair, sizes: &[usize]) {
     }
     assert_eq!(seen.notes, (0..sizes.len() as u64).collect::<Vec<_>>());
     assert!(seen.recv_failed.is_empty(), "{:?}", seen.recv_failed);
-    let got = dst.to_vec();
+    let got = dst.to_vec().unwrap();
     for (i, (at, data)) in expect.iter().enumerate() {
         assert!(
             got[*at..*at + data.len()] == data[..],
@@ -151,7 +151,7 @@ fn unnotified_and_empty_puts() {
     let mut p = pair(2, cfg(VcMode::Dqplb, 4096), shuffled(3));
     let src = p.a.register(10_000);
     let dst = p.b.register(10_000);
-    src.write(0, &pattern(1, 10_000));
+    src.write(0, &pattern(1, 10_000)).unwrap();
     let put = |len: u64, notify: bool| Put {
         wr_id: len,
         local: src.local_key(),
@@ -168,7 +168,7 @@ fn unnotified_and_empty_puts() {
     assert!(seen.done.iter().all(|d| d.2.is_ok()), "{seen:?}");
     assert_eq!(seen.notes, vec![0], "only the notified put notifies");
     // The notification of the third put came after the second's bytes were in place.
-    assert_eq!(dst.to_vec()[..9000], pattern(1, 10_000)[..9000]);
+    assert_eq!(dst.to_vec().unwrap()[..9000], pattern(1, 10_000)[..9000]);
 }
 
 /// Eight puts of four chunks on four QPs: chunk k goes to QP k % 4, so QP 2 carries chunk 2
@@ -307,7 +307,7 @@ fn out_of_bounds_writes_are_refused_never_performed() {
     let src = p.a.register(8192);
     let dst = p.b.register(4096);
     let neighbour = p.b.register(4096);
-    src.write(0, &[0xAB; 8192]);
+    src.write(0, &[0xAB; 8192]).unwrap();
     let put = Put {
         wr_id: 1,
         local: src.local_key(),
@@ -339,11 +339,13 @@ fn out_of_bounds_writes_are_refused_never_performed() {
     );
     let stats_after = p.fabric.stats();
     assert_eq!(
-        neighbour.to_vec(),
+        neighbour.to_vec().unwrap(),
         vec![0; 4096],
         "nothing written past the region"
     );
-    assert!(dst.to_vec()[..4096].iter().all(|&b| b == 0 || b == 0xAB));
+    assert!(dst.to_vec().unwrap()[..4096]
+        .iter()
+        .all(|&b| b == 0 || b == 0xAB));
     // The chunk that crosses the end (the second, at 4096) is the remote access error.
     let mut q = pair(1, cfg(VcMode::Dqplb, 4096), SoftConfig::default());
     let s2 = q.a.register(8192);

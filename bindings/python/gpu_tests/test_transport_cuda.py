@@ -1,8 +1,9 @@
 """torchcomms._transport with CUDA memory: upstream's TransportTest cases (cuda:0 <-> cuda:1,
 cuda:0 <-> cuda:0, CPU <-> CUDA mixes, a pickled RdmaRemoteBuffer). Two transports in one
 process: CUDA <-> CUDA goes through CUDA IPC, the mixes over the TCP payload path; then every
-case again over the ib data path on the software fabric (CUDA memory staged through host
-memory on both sides)."""
+case again over the ib data path on the software fabric: in place (CUDA memory registered
+through the driver's dma-buf export, as GPUDirect RDMA does; the software NIC moves it with
+CUDA copies) and staged through host memory (`TORCHCOMMS_RDMA_IB_IN_PLACE=0`)."""
 
 from __future__ import annotations
 
@@ -64,6 +65,11 @@ class TransportCudaTest(unittest.TestCase):
         self.assertEqual(t2.read(RdmaMemory(b).to_mutable_view(), am.to_remote_buffer()), 0)
         self.assertEqual(t1.read(cm.to_mutable_view(), bm.to_remote_buffer()), 0)
         self.assertTrue(torch.equal(a.cpu(), c.cpu()))
+        self.check_paths(t1._path_stats(), t2._path_stats())
+
+    def check_paths(self, s1: dict, s2: dict) -> None:
+        """Which paths `run_send_recv`'s three transfers of t1 and one of t2 took."""
+        self.assertEqual(s1["ib"] + s2["ib"], 0, (s1, s2))
 
     def test_write_gpu_to_gpu(self) -> None:
         self.run_send_recv("cuda:0", "cuda:1")
@@ -112,6 +118,24 @@ class TransportCudaOverIbTest(TransportCudaTest):
         self.assertIn(b"/ib=", cu)
         self.assertEqual(server.connect(cu), 0)
         self.assertEqual(client.connect(su), 0)
+
+    def check_paths(self, s1: dict, s2: dict) -> None:
+        self.assertEqual((s1["ib"], s2["ib"]), (3, 1), (s1, s2))
+        self.assertEqual((s1["ib_in_place"], s2["ib_in_place"]), (3, 1), (s1, s2))
+
+
+class TransportCudaOverIbStagedTest(TransportCudaOverIbTest):
+    """Over ib with in-place registration off: every transfer staged through host memory."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        env = mock.patch.dict(os.environ, {"TORCHCOMMS_RDMA_IB_IN_PLACE": "0"})
+        env.start()
+        self.addCleanup(env.stop)
+
+    def check_paths(self, s1: dict, s2: dict) -> None:
+        self.assertEqual((s1["ib"], s2["ib"]), (3, 1), (s1, s2))
+        self.assertEqual((s1["ib_in_place"], s2["ib_in_place"]), (0, 0), (s1, s2))
 
 
 if __name__ == "__main__":

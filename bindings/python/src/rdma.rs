@@ -284,6 +284,23 @@ impl PyRdmaTransport {
         self.0.connected()
     }
 
+    /// Transfers this side issued, by the path they took (diagnostics and tests; not part of
+    /// upstream's API): `cma`, `ipc`, `tcp`, `ib`, `ib_in_place` (of `ib`, moved between
+    /// registered memory with no staging copy), `cma_denied`.
+    fn _path_stats(&self) -> std::collections::BTreeMap<&'static str, u64> {
+        let s = self.0.stats();
+        [
+            ("cma", s.cma),
+            ("ipc", s.ipc),
+            ("tcp", s.tcp),
+            ("ib", s.ib),
+            ("ib_in_place", s.ib_in_place),
+            ("cma_denied", s.cma_denied),
+        ]
+        .into_iter()
+        .collect()
+    }
+
     /// Writes `local` into the peer's `remote`; blocks until it landed. Returns 0 (raises on
     /// failure, with the reason).
     #[pyo3(signature = (local, remote, notify=false, timeout=None))]

@@ -175,10 +175,12 @@ def test_second_process() -> None:
     assert torchcomms is not None
 
 
-def test_ib_data_path_on_the_software_fabric(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("in_place", ["1", "0"])
+def test_ib_data_path_on_the_software_fabric(monkeypatch: pytest.MonkeyPatch, in_place: str) -> None:
     # Both transports in this process: CTRAN_IB_PROVIDER=soft reaches only ranks of one process.
     monkeypatch.setenv("TORCHCOMMS_RDMA_PATH", "ib")
     monkeypatch.setenv("CTRAN_IB_PROVIDER", "soft")
+    monkeypatch.setenv("TORCHCOMMS_RDMA_IB_IN_PLACE", in_place)
     a, b = RdmaTransport(CPU), RdmaTransport(CPU)
     urls = a.bind(), b.bind()
     assert all(b"/ib=" in u for u in urls), urls
@@ -193,6 +195,11 @@ def test_ib_data_path_on_the_software_fabric(monkeypatch: pytest.MonkeyPatch) ->
     back = torch.zeros_like(src)
     assert b.read(RdmaMemory(back).to_mutable_view(), sm.to_remote_buffer()) == 0
     assert torch.equal(src, back)
+    # In place: the target moved each transfer with one RDMA read or write of the
+    # registered tensors; staged: through the inboxes.
+    moved = a._path_stats()["ib_in_place"], b._path_stats()["ib_in_place"]
+    assert moved == ((1, 1) if in_place == "1" else (0, 0)), moved
+    assert (a._path_stats()["ib"], b._path_stats()["ib"]) == (1, 1)
 
 
 def test_ib_data_path_without_a_device_fails_at_bind(monkeypatch: pytest.MonkeyPatch) -> None:

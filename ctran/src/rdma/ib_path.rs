@@ -17,17 +17,32 @@
 //! so this side's writes take turns, and so do its reads (the write turn and the read turn);
 //! the target's service thread is the only user of its lane *serves* and of its write inbox.
 //!
-//! Registering user memory directly (zero copy) is not done: the software fabric owns its
-//! memory and cannot register a caller's buffer (as in the ib transport).
+//! **In place (zero copy)**, the default once both sides can: each side registers the
+//! memory of an [`RdmaMemory`](super::RdmaMemory) with its NIC on first use (host memory as it
+//! is, CUDA memory through a dma-buf: GPUDirect RDMA), kept in the registry with the
+//! registration. The requester sends its range's ib key with the request; the target, after
+//! validating the request's access key like any other, moves the bytes itself on lane
+//! *serves*: an RDMA read of the requester's range into its own (a write request), or an RDMA
+//! write of its range into the requester's (a read request), then answers. No staging copy,
+//! one request per transfer whatever its size. When either side cannot register (a driver
+//! without dma-buf export, a NIC that refuses), the transfer and every later one of the
+//! connection are staged as above.
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use ibverbx::verbs::QpEndpoint;
-use ibverbx::{Event, Put, RemoteKey as IbKey, VcMode, VirtualCompletion, VirtualCq, VirtualQp};
+use ibverbx::{
+    Event, LocalKey, Put, RemoteKey as IbKey, VcMode, VirtualCompletion, VirtualCq, VirtualQp,
+};
 
 use super::error::{RdmaError, Result};
-use crate::transport::ib::{open_backend, IbBackend, IbMemory, IbProvider, WithBackend};
+use super::registry::{forget_nic_path, MemDevice, Pin};
+use crate::cuda::Context;
+use crate::transport::ib::{
+    open_backend, IbBackend, IbMemory, IbProvider, NicRegion, UserDevice, WithBackend,
+};
 
 /// Bytes of each staging region: the largest piece of a transfer in one round trip.
 pub(crate) const IB_CHUNK: usize = 4 << 20;
@@ -68,10 +83,11 @@ impl IbSetup {
         &self.endpoint
     }
 
-    /// Connects to the peer's `endpoint` (from its URL).
-    pub(crate) fn connect(self, endpoint: &[u8]) -> Result<IbPath> {
+    /// Connects to the peer's `endpoint` (from its URL); `in_place`: register memory with the
+    /// NIC in place, else stage every transfer.
+    pub(crate) fn connect(self, endpoint: &[u8], in_place: bool) -> Result<IbPath> {
         self.path
-            .connect(endpoint)
+            .connect(endpoint, in_place)
             .map_err(|e| RdmaError::Config(format!("ib data path: the peer's endpoint: {e}")))
     }
 }
@@ -98,7 +114,8 @@ impl WithBackend for HalfOf {
 /// Object-safe face of [`Half`], whatever the backend.
 trait Pending: Send {
     fn endpoint(&self) -> std::result::Result<Vec<u8>, String>;
-    fn connect(self: Box<Self>, peer: &[u8]) -> std::result::Result<IbPath, String>;
+    fn connect(self: Box<Self>, peer: &[u8], in_place: bool)
+        -> std::result::Result<IbPath, String>;
 }
 
 /// Staging memory and unconnected queue pairs of both lanes.
@@ -162,7 +179,11 @@ impl<B: IbBackend> Pending for Half<B> {
         Ok(b)
     }
 
-    fn connect(self: Box<Self>, peer: &[u8]) -> std::result::Result<IbPath, String> {
+    fn connect(
+        self: Box<Self>,
+        peer: &[u8],
+        in_place: bool,
+    ) -> std::result::Result<IbPath, String> {
         let me = *self;
         let n = me.qps[0].len();
         let head = 4 + 1 + 2 + 2 * IbKey::BYTES;
@@ -220,7 +241,11 @@ impl<B: IbBackend> Pending for Half<B> {
         let serves = lanes.pop().expect("2 lanes");
         let writes = lanes.pop().expect("2 lanes");
         let [write_inbox, read_inbox] = inbox;
+        static NEXT_PATH: AtomicU64 = AtomicU64::new(1);
         Ok(IbPath {
+            id: NEXT_PATH.fetch_add(1, Ordering::Relaxed),
+            registrar: Mutex::new(Box::new(backend)),
+            staged_only: AtomicBool::new(!in_place),
             writes: Mutex::new(Box::new(writes)),
             serves: Mutex::new(Box::new(serves)),
             write_inbox: Mutex::new(Box::new(write_inbox)),
@@ -244,35 +269,41 @@ struct Lane<B: IbBackend> {
 trait Push: Send {
     /// Writes `data` (at most a chunk) into the peer's inbox and waits until it is placed.
     fn push(&mut self, data: &[u8], deadline: Instant) -> Result<()>;
+    /// Moves `remote.len` bytes between `local` at `local_offset` and the peer's `remote`:
+    /// an RDMA read into `local` (`get`) or a write from it; waits until done.
+    fn direct(
+        &mut self,
+        local: LocalKey,
+        local_offset: u64,
+        remote: IbKey,
+        get: bool,
+        deadline: Instant,
+    ) -> Result<()>;
 }
 
-impl<B: IbBackend> Push for Lane<B> {
-    fn push(&mut self, data: &[u8], deadline: Instant) -> Result<()> {
+impl<B: IbBackend> Lane<B> {
+    /// Posts `put` (an RDMA read when `get`) and waits for its completion.
+    fn run(&mut self, put: Put, get: bool, deadline: Instant) -> Result<()> {
+        let op = if get { "RDMA read" } else { "RDMA write" };
         let lost = |detail: String| RdmaError::Disconnected {
             peer: "the ib peer".into(),
             detail,
         };
-        self.send.write(0, data);
         let wr_id = self.next_wr;
         self.next_wr += 1;
-        let put = Put {
-            wr_id,
-            local: self.send.local_key(),
-            local_offset: 0,
-            remote: self.peer_inbox,
-            remote_offset: 0,
-            len: data.len() as u64,
-            notify: false,
+        let put = Put { wr_id, ..put };
+        let posted = if get {
+            self.vqp.get(&put)
+        } else {
+            self.vqp.put(&put)
         };
-        self.vqp
-            .put(&put)
-            .map_err(|e| lost(format!("posting an RDMA write: {e}")))?;
+        posted.map_err(|e| lost(format!("posting an {op}: {e}")))?;
         let start = Instant::now();
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(RdmaError::Timeout {
-                    op: "RDMA write",
+                    op,
                     after: start.elapsed(),
                     peer: "the ib peer".into(),
                 });
@@ -290,12 +321,86 @@ impl<B: IbBackend> Push for Lane<B> {
                 } = ev.event
                 {
                     if w == wr_id {
-                        return result.map_err(|f| lost(format!("RDMA write failed: {f}")));
+                        return result.map_err(|f| lost(format!("{op} failed: {f}")));
                     }
                 }
             }
         }
     }
+}
+
+impl<B: IbBackend> Push for Lane<B> {
+    fn push(&mut self, data: &[u8], deadline: Instant) -> Result<()> {
+        self.send.write(0, data);
+        let put = Put {
+            wr_id: 0,
+            local: self.send.local_key(),
+            local_offset: 0,
+            remote: self.peer_inbox,
+            remote_offset: 0,
+            len: data.len() as u64,
+            notify: false,
+        };
+        self.run(put, false, deadline)
+    }
+
+    fn direct(
+        &mut self,
+        local: LocalKey,
+        local_offset: u64,
+        remote: IbKey,
+        get: bool,
+        deadline: Instant,
+    ) -> Result<()> {
+        let put = Put {
+            wr_id: 0,
+            local,
+            local_offset,
+            remote,
+            remote_offset: 0,
+            len: remote.len,
+            notify: false,
+        };
+        self.run(put, get, deadline)
+    }
+}
+
+/// Registers the caller's memory in place on the backend a path was built on.
+trait Registrar: Send {
+    /// # Safety
+    /// As [`IbBackend::register_user`].
+    unsafe fn register(
+        &self,
+        addr: u64,
+        len: u64,
+        device: MemDevice,
+    ) -> std::result::Result<Arc<dyn NicRegion>, String>;
+}
+
+impl<B: IbBackend> Registrar for B {
+    unsafe fn register(
+        &self,
+        addr: u64,
+        len: u64,
+        device: MemDevice,
+    ) -> std::result::Result<Arc<dyn NicRegion>, String> {
+        let device = match device {
+            MemDevice::Cpu => UserDevice::Host,
+            MemDevice::Cuda(i) => UserDevice::Cuda(Context::get(i).map_err(|e| e.to_string())?),
+        };
+        let len = usize::try_from(len.max(1)).map_err(|_| "too large".to_string())?;
+        // SAFETY: forwarded to the caller.
+        let region = unsafe { self.register_user(addr, len, &device) }?;
+        Ok(Arc::new(region))
+    }
+}
+
+/// Why the target did not move a transfer in place.
+pub(crate) enum NotDirect {
+    /// This side cannot register the memory in place: stage it (the text says why).
+    Unavailable(String),
+    /// The transfer failed.
+    Failed(RdmaError),
 }
 
 trait Inbox: Send {
@@ -310,6 +415,11 @@ impl<M: IbMemory> Inbox for M {
 
 /// A connected ib data path (see the module documentation).
 pub(crate) struct IbPath {
+    /// Names this path's regions in the registry.
+    id: u64,
+    registrar: Mutex<Box<dyn Registrar>>,
+    /// Set once either side could not register memory in place: staged from then on.
+    staged_only: AtomicBool,
     writes: Mutex<Box<dyn Push>>,
     serves: Mutex<Box<dyn Push>>,
     write_inbox: Mutex<Box<dyn Inbox>>,
@@ -328,7 +438,92 @@ fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+impl Drop for IbPath {
+    fn drop(&mut self) {
+        forget_nic_path(self.id);
+    }
+}
+
 impl IbPath {
+    /// This side's region over `pin`'s registration (registered on first use) and the
+    /// registration's start.
+    fn region(&self, pin: &Pin) -> std::result::Result<(u64, Arc<dyn NicRegion>), String> {
+        pin.nic_region(self.id, |addr, len, device| {
+            let registrar = lock(&self.registrar);
+            // SAFETY: RdmaMemory::register's contract keeps the range valid memory of
+            // `device` while registered, and the registry drops the region with it.
+            unsafe { registrar.register(addr, len, device) }
+        })
+    }
+
+    /// Requester: the key through which the target reaches `pin`'s range in place, or `None`
+    /// when transfers of this connection are staged.
+    pub(crate) fn direct_key(&self, pin: &Pin) -> Option<IbKey> {
+        if pin.len == 0 || self.staged_only.load(Ordering::Relaxed) {
+            return None;
+        }
+        match self.region(pin) {
+            Ok((base, region)) => {
+                let k = region.remote_key();
+                Some(IbKey {
+                    addr: k.addr + (pin.addr - base),
+                    len: pin.len,
+                    rkey: k.rkey,
+                })
+            }
+            Err(why) => {
+                self.stage_from_now(&format!("this side cannot register {}: {why}", pin.device));
+                None
+            }
+        }
+    }
+
+    /// Stages every later transfer of this connection, saying why once.
+    pub(crate) fn stage_from_now(&self, why: &str) {
+        if !self.staged_only.swap(true, Ordering::Relaxed) {
+            tracing::info!(
+                "RdmaTransport over ib: transfers are staged through host memory: {why}"
+            );
+        }
+    }
+
+    /// Target (service thread): moves `pin`'s range in place from the requester's `remote`
+    /// (`into_pin`: an RDMA read, for a write request) or into it (an RDMA write, for a read
+    /// request).
+    pub(crate) fn serve_direct(
+        &self,
+        pin: &Pin,
+        remote: IbKey,
+        into_pin: bool,
+        deadline: Instant,
+    ) -> std::result::Result<(), NotDirect> {
+        if remote.len != pin.len {
+            return Err(NotDirect::Failed(RdmaError::InvalidArgument {
+                arg: "via",
+                detail: format!(
+                    "the requester's ib range is {} bytes, the transfer {}",
+                    remote.len, pin.len
+                ),
+            }));
+        }
+        if self.staged_only.load(Ordering::Relaxed) {
+            return Err(NotDirect::Unavailable(
+                "this side stages its transfers (TORCHCOMMS_RDMA_IB_IN_PLACE=false or memory it \
+                 could not register)"
+                    .into(),
+            ));
+        }
+        let (base, region) = self.region(pin).map_err(|why| {
+            let why = format!("the target cannot register {}: {why}", pin.device);
+            self.stage_from_now(&why);
+            NotDirect::Unavailable(why)
+        })?;
+        let local = region.local_key();
+        lock(&self.serves)
+            .direct(local, pin.addr - base, remote, into_pin, deadline)
+            .map_err(NotDirect::Failed)
+    }
+
     /// This side's turn to write a chunk (held until the target answered).
     pub(crate) fn write_turn(&self) -> MutexGuard<'_, ()> {
         lock(&self.write_turn)

@@ -18,7 +18,7 @@ use crossbeam_channel::{Receiver, Sender};
 
 use super::copy::{self, Mappings};
 use super::error::{RdmaError, Result};
-use super::ib_path::{IbPath, IB_CHUNK};
+use super::ib_path::{IbPath, NotDirect, IB_CHUNK};
 use super::key::AccessKey;
 use super::peer_pid::owns_peer_end;
 use super::registry::{Claim, MemDevice, Pin};
@@ -360,7 +360,7 @@ fn process_claim(frame: &Frame) -> Option<(u64, u32)> {
     match via {
         Via::Cma { pid, .. } => Some((req, *pid)),
         Via::Local { .. } => Some((req, std::process::id())),
-        Via::Payload | Via::Ipc { .. } | Via::Ib => None,
+        Via::Payload | Via::Ipc { .. } | Via::Ib | Via::IbDirect { .. } => None,
     }
 }
 
@@ -446,6 +446,10 @@ fn serve_write(
             ib.take_write(&mut buf);
             copy::write_pin(&p, &buf)
         }),
+        Via::IbDirect { key } => match serve_in_place(tx, shared, req, pin, key, true) {
+            Some(r) => r,
+            None => return Ok(()),
+        },
         Via::Payload => {
             // Checked now; each chunk pins its part again as it arrives.
             let claim = pin.as_ref().map(Pin::claim).ok();
@@ -475,6 +479,35 @@ fn ib_of(shared: &Shared, len: u64) -> Result<&IbPath> {
             detail: format!("at most {IB_CHUNK} bytes per ib request, got {len}"),
         });
     }
+    ib_path(shared)
+}
+
+/// A transfer in place over ib: the target moves the pinned range from or into the
+/// requester's registered range `key`. `None` when the target cannot register its memory and
+/// told the requester to stage.
+fn serve_in_place(
+    tx: &Sender<Outgoing>,
+    shared: &Shared,
+    req: u64,
+    pin: Result<Pin>,
+    key: ibverbx::RemoteKey,
+    into_pin: bool,
+) -> Option<Result<()>> {
+    let (ib, p) = match pin.and_then(|p| Ok((ib_path(shared)?, p))) {
+        Ok(x) => x,
+        Err(e) => return Some(Err(e)),
+    };
+    match ib.serve_direct(&p, key, into_pin, Instant::now() + SERVE_WRITE_LIMIT) {
+        Ok(()) => Some(Ok(())),
+        Err(NotDirect::Failed(e)) => Some(Err(e)),
+        Err(NotDirect::Unavailable(why)) => {
+            send_response(tx, req, Status::NoDirect, why, None);
+            None
+        }
+    }
+}
+
+fn ib_path(shared: &Shared) -> Result<&IbPath> {
     shared
         .ib
         .as_deref()
@@ -497,7 +530,7 @@ fn direct_copy(
     into_pin: bool,
 ) -> Option<Result<()>> {
     Some(match via {
-        Via::Payload | Via::Ib => Err(RdmaError::InvalidArgument {
+        Via::Payload | Via::Ib | Via::IbDirect { .. } => Err(RdmaError::InvalidArgument {
             arg: "via",
             detail: "a payload or ib transfer is not a direct copy".into(),
         }),
@@ -554,6 +587,10 @@ fn serve_read(
             copy::read_pin(&p, &mut buf)?;
             ib.push_read(&buf, Instant::now() + SERVE_WRITE_LIMIT)
         }),
+        Via::IbDirect { key } => match serve_in_place(tx, shared, req, pin, key, false) {
+            Some(r) => r,
+            None => return,
+        },
         Via::Payload => match pin {
             Ok(p) => {
                 send_response(tx, req, Status::Ok, String::new(), Some(p.claim()));

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use super::error::{RdmaError, Result};
 use super::key::{host_id, process_nonce, AccessKey};
 use super::wait::wait_for;
+use crate::transport::ib::NicRegion;
 
 /// Where registered memory lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -63,6 +64,9 @@ struct Entry {
     pins: usize,
     /// Deregistered: no new pin.
     dead: bool,
+    /// The whole range registered in place on ib data paths, by path id: made on first use,
+    /// deregistered with the registration (or when the path closes).
+    nic: Vec<(u64, Arc<dyn NicRegion>)>,
 }
 
 #[derive(Debug, Default)]
@@ -141,6 +145,7 @@ impl RdmaMemory {
                 handles: 1,
                 pins: 0,
                 dead: false,
+                nic: Vec::new(),
             },
         );
         Ok(Arc::new(RdmaMemory {
@@ -287,8 +292,25 @@ impl Drop for RdmaMemory {
                  deregistering anyway"
             );
         }
-        map.remove(&self.id);
+        let gone = map.remove(&self.id);
+        drop(map);
+        // Deregisters its NIC regions, outside the registry's lock.
+        drop(gone);
     }
+}
+
+/// Deregisters every region ib data path `path` made (it is closing).
+pub(crate) fn forget_nic_path(path: u64) {
+    let mut gone = Vec::new();
+    for e in lock().values_mut() {
+        e.nic.retain(|(p, r)| {
+            if *p == path {
+                gone.push(Arc::clone(r));
+            }
+            *p != path
+        });
+    }
+    drop(gone);
 }
 
 /// A registration held for one transfer: the memory stays registered until this drops.
@@ -308,6 +330,36 @@ impl Pin {
     pub(crate) fn remote(key: &AccessKey, addr: u64, len: u64) -> Result<Pin> {
         key.check_mine()?;
         pin(key.id, key.generation, addr, len)
+    }
+
+    /// The region ib data path `path` registered over this pin's whole registration, made by
+    /// `make(addr, len, device)` on first use (outside the registry's lock: registering can
+    /// take long). `make`'s error says why the memory cannot be registered in place.
+    pub(crate) fn nic_region(
+        &self,
+        path: u64,
+        make: impl FnOnce(u64, u64, MemDevice) -> std::result::Result<Arc<dyn NicRegion>, String>,
+    ) -> std::result::Result<(u64, Arc<dyn NicRegion>), String> {
+        let whole = {
+            let map = lock();
+            let e = map.get(&self.id).ok_or("the registration is gone")?;
+            if let Some((_, r)) = e.nic.iter().find(|(p, _)| *p == path) {
+                return Ok((e.addr, Arc::clone(r)));
+            }
+            (e.addr, e.len, e.device)
+        };
+        let made = make(whole.0, whole.1, whole.2)?;
+        let mut map = lock();
+        // The pin keeps the entry alive; another transfer may have registered meanwhile.
+        let e = map.get_mut(&self.id).ok_or("the registration is gone")?;
+        let r = match e.nic.iter().find(|(p, _)| *p == path) {
+            Some((_, r)) => Arc::clone(r),
+            None => {
+                e.nic.push((path, Arc::clone(&made)));
+                made
+            }
+        };
+        Ok((e.addr, r))
     }
 
     /// The pinned range as a [`Claim`], which pins parts of it again later.

@@ -45,8 +45,11 @@ pub struct PathStats {
     pub ipc: u64,
     /// Moved as a payload over TCP.
     pub tcp: u64,
-    /// Moved by RDMA writes over ib (counted per transfer, whatever its chunks).
+    /// Moved over ib (counted per transfer, whatever its chunks).
     pub ib: u64,
+    /// Of those, moved in place between the two sides' registered memory (no staging copy;
+    /// CUDA memory through dma-buf: GPUDirect RDMA).
+    pub ib_in_place: u64,
     /// Times cross-memory attach was refused by the peer (then TCP was used).
     pub cma_denied: u64,
 }
@@ -57,6 +60,7 @@ struct Counters {
     ipc: AtomicU64,
     tcp: AtomicU64,
     ib: AtomicU64,
+    ib_in_place: AtomicU64,
     cma_denied: AtomicU64,
 }
 
@@ -109,6 +113,8 @@ pub struct RdmaTransport {
     /// This side's ib resources between `bind()` and `connect()`.
     ib_setup: Mutex<Option<IbSetup>>,
     provider: crate::transport::ib::IbProvider,
+    /// Register memory with the NIC in place (`TORCHCOMMS_RDMA_IB_IN_PLACE`).
+    ib_in_place: bool,
 }
 
 impl std::fmt::Debug for RdmaTransport {
@@ -146,6 +152,7 @@ impl RdmaTransport {
             acceptor: Mutex::new(None),
             ib_setup: Mutex::new(None),
             provider,
+            ib_in_place: cv.torchcomms_rdma_ib_in_place(),
         })
     }
 
@@ -169,6 +176,11 @@ impl RdmaTransport {
         self.provider = provider;
     }
 
+    /// Overrides `TORCHCOMMS_RDMA_IB_IN_PLACE` for this transport (before `connect()`).
+    pub fn set_ib_in_place(&mut self, in_place: bool) {
+        self.ib_in_place = in_place;
+    }
+
     /// Overrides `TORCHCOMMS_RDMA_PATH` for this transport (the ib path: before `bind()`).
     pub fn set_data_path(&mut self, path: DataPath) {
         self.path = path;
@@ -182,6 +194,7 @@ impl RdmaTransport {
             ipc: c.ipc.load(Ordering::Relaxed),
             tcp: c.tcp.load(Ordering::Relaxed),
             ib: c.ib.load(Ordering::Relaxed),
+            ib_in_place: c.ib_in_place.load(Ordering::Relaxed),
             cma_denied: c.cma_denied.load(Ordering::Relaxed),
         }
     }
@@ -257,7 +270,9 @@ impl RdmaTransport {
                 .unwrap_or_else(|p| p.into_inner())
                 .take();
             match (setup, &peer.ib) {
-                (Some(setup), Some(ep)) => c.ib = Some(Arc::new(setup.connect(ep)?)),
+                (Some(setup), Some(ep)) => {
+                    c.ib = Some(Arc::new(setup.connect(ep, self.ib_in_place)?))
+                }
                 (Some(_), None) => tracing::info!(
                     "RdmaTransport: the peer offers no ib data path; transfers use the stream"
                 ),
@@ -388,7 +403,17 @@ impl RdmaTransport {
         let ib = self.inner.lock().ib.clone();
         if let Some(ib) = ib.filter(|_| self.path == DataPath::Ib) {
             let at = (deadline, limit);
-            transfer_ib(&ib, &link, &pin, remote, key, notify, write, at)?;
+            let in_place = match ib.direct_key(&pin) {
+                Some(ib_key) => {
+                    transfer_in_place(&ib, &link, &pin, remote, &key, ib_key, notify, write, at)?
+                }
+                None => false,
+            };
+            if in_place {
+                self.counters.ib_in_place.fetch_add(1, Ordering::Relaxed);
+            } else {
+                transfer_ib(&ib, &link, &pin, remote, key, notify, write, at)?;
+            }
             self.counters.ib.fetch_add(1, Ordering::Relaxed);
             return Ok(());
         }
@@ -450,7 +475,7 @@ impl RdmaTransport {
                 _ => {
                     let c = match via {
                         Via::Payload => &self.counters.tcp,
-                        Via::Ib => &self.counters.ib,
+                        Via::Ib | Via::IbDirect { .. } => &self.counters.ib,
                         Via::Cma { .. } => &self.counters.cma,
                         Via::Ipc { .. } | Via::Local { .. } => &self.counters.ipc,
                     };
@@ -466,6 +491,52 @@ impl RdmaTransport {
         let (deadline, limit) = self.deadline(timeout);
         self.link("wait_for_write", deadline, limit)?
             .wait_notify(deadline, limit)
+    }
+}
+
+/// A transfer over ib in place: one request naming this side's registered range; the target
+/// moves the bytes. `false` when the target cannot register its memory (stage instead).
+#[allow(clippy::too_many_arguments)]
+fn transfer_in_place(
+    ib: &IbPath,
+    link: &Link,
+    pin: &Arc<super::registry::Pin>,
+    remote: &RdmaRemoteBuffer,
+    key: &str,
+    ib_key: ibverbx::RemoteKey,
+    notify: bool,
+    write: bool,
+    at: (Instant, Duration),
+) -> Result<bool> {
+    let op = if write { "write" } else { "read" };
+    let via = Via::IbDirect { key: ib_key };
+    let key = key.to_string();
+    let frame = |req| {
+        if write {
+            Frame::Write {
+                req,
+                key,
+                dst: remote.ptr,
+                len: remote.len,
+                notify,
+                via,
+            }
+        } else {
+            Frame::Read {
+                req,
+                key,
+                src: remote.ptr,
+                len: remote.len,
+                via,
+            }
+        }
+    };
+    match link.request(op, frame, Arc::clone(pin), Payload::None, at)? {
+        Status::NoDirect => {
+            ib.stage_from_now("the peer cannot register its memory in place");
+            Ok(false)
+        }
+        _ => Ok(true),
     }
 }
 

@@ -4,6 +4,7 @@
 
 use std::io::{self, Read};
 
+use ibverbx::RemoteKey as IbKey;
 use torchcomms_cuda::ipc::HANDLE_BYTES;
 
 /// Largest frame body (keys and error texts are short; payloads are not in frames).
@@ -41,6 +42,12 @@ pub(crate) enum Via {
     /// The ib data path: a write's bytes are in the target's write inbox, or the target puts
     /// a read's bytes into the requester's read inbox (`ib_path.rs`). At most one chunk.
     Ib,
+    /// The ib data path in place: the requester's range is registered with its NIC as `key`;
+    /// the target reads it into (a write) or writes into it from (a read) its own range.
+    IbDirect {
+        /// The requester's range, as its NIC names it (exactly the transfer's length).
+        key: IbKey,
+    },
 }
 
 /// One frame.
@@ -81,6 +88,9 @@ pub(crate) enum Status {
     Failed,
     /// Cross-memory attach is not permitted between the two processes: use the stream.
     CmaDenied,
+    /// The target cannot register its memory with its NIC in place: stage through the
+    /// inboxes (the text says why).
+    NoDirect,
 }
 
 #[derive(Default)]
@@ -121,6 +131,10 @@ impl Enc {
                 self.u64(*offset);
             }
             Via::Ib => self.u8(4),
+            Via::IbDirect { key } => {
+                self.u8(5);
+                self.0.extend_from_slice(&key.to_bytes());
+            }
         }
     }
 }
@@ -169,6 +183,9 @@ impl Dec<'_> {
                 offset: self.u64()?,
             },
             4 => Via::Ib,
+            5 => Via::IbDirect {
+                key: IbKey::from_bytes(self.take(IbKey::BYTES)?).map_err(|_| bad("ib key"))?,
+            },
             _ => return Err(bad("unknown data path")),
         })
     }
@@ -221,6 +238,7 @@ impl Frame {
                     Status::Ok => 0,
                     Status::Failed => 1,
                     Status::CmaDenied => 2,
+                    Status::NoDirect => 3,
                 });
                 e.str(text);
                 e.u64(*payload);
@@ -264,6 +282,7 @@ impl Frame {
                     0 => Status::Ok,
                     1 => Status::Failed,
                     2 => Status::CmaDenied,
+                    3 => Status::NoDirect,
                     _ => return Err(bad("unknown status")),
                 },
                 text: d.str()?,
@@ -310,6 +329,26 @@ mod tests {
                     buffer_id: 7,
                     offset: 8,
                 },
+            },
+            Frame::Write {
+                req: 8,
+                key: "ef".into(),
+                dst: 9,
+                len: 4096,
+                notify: false,
+                via: Via::IbDirect {
+                    key: IbKey {
+                        addr: 0x7f00_0000_1000,
+                        len: 4096,
+                        rkey: 0x1234,
+                    },
+                },
+            },
+            Frame::Response {
+                req: 6,
+                status: Status::NoDirect,
+                text: "no dma-buf".into(),
+                payload: 0,
             },
             Frame::Response {
                 req: 7,

@@ -11,7 +11,8 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use crate::provider::{Completion, WcOpcode, WcStatus, WriteRequest};
+use crate::provider::{Completion, RdmaOp, WcOpcode, WcStatus, WorkRequest};
+use crate::soft::memory::{move_bytes, Backing};
 use crate::soft::SoftConfig;
 
 /// splitmix64: small, seeded, deterministic.
@@ -39,8 +40,9 @@ impl Rng {
 
 pub(crate) struct Mr {
     pub(crate) device: usize,
+    /// The address work requests name (for the caller's memory, its own address).
     pub(crate) addr: u64,
-    pub(crate) data: Vec<u8>,
+    pub(crate) mem: Backing,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,7 +60,7 @@ pub(crate) struct Qp {
     pub(crate) cq: usize,
     pub(crate) peer: Option<u32>,
     pub(crate) state: QpState,
-    pub(crate) sq: VecDeque<WriteRequest>,
+    pub(crate) sq: VecDeque<WorkRequest>,
     pub(crate) rq: VecDeque<u64>,
     /// Injected faults: (writes to let through first, status of the next one).
     pub(crate) faults: VecDeque<(u64, WcStatus)>,
@@ -130,14 +132,17 @@ impl Fabric {
         cq.fifo.push_back(c);
     }
 
-    fn send_completion(&mut self, qp_num: u32, cq: usize, wr: &WriteRequest, status: WcStatus) {
+    fn send_completion(&mut self, qp_num: u32, cq: usize, wr: &WorkRequest, status: WcStatus) {
         self.push_completion(
             cq,
             Completion {
                 wr_id: wr.wr_id,
                 qp_num,
                 status,
-                opcode: WcOpcode::RdmaWrite,
+                opcode: match wr.op {
+                    RdmaOp::Write => WcOpcode::RdmaWrite,
+                    RdmaOp::Read => WcOpcode::RdmaRead,
+                },
                 byte_len: 0,
                 imm: None,
             },
@@ -149,7 +154,7 @@ impl Fabric {
         let Some(qp) = self.qp(num) else { return };
         qp.state = QpState::Error;
         let cq = qp.cq;
-        let sq: Vec<WriteRequest> = qp.sq.drain(..).collect();
+        let sq: Vec<WorkRequest> = qp.sq.drain(..).collect();
         let rq: Vec<u64> = qp.rq.drain(..).collect();
         for wr in &sq {
             self.send_completion(num, cq, wr, WcStatus::WrFlush);
@@ -177,7 +182,7 @@ impl Fabric {
                     && addr >= mr.addr
                     && addr
                         .checked_add(len)
-                        .is_some_and(|end| end <= mr.addr + mr.data.len() as u64)
+                        .is_some_and(|end| end <= mr.addr + mr.mem.len() as u64)
             }
             None => false,
         }
@@ -248,6 +253,11 @@ impl Fabric {
                 }
             }
             let len = u64::from(wr.len);
+            if wr.op == RdmaOp::Read && wr.imm.is_some() {
+                // verbs has no read with immediate data: a malformed request.
+                self.fail_write(num, cq, &wr, WcStatus::LocalQpOp);
+                return Step::Ran;
+            }
             if len > 0 && !self.check(wr.lkey, device, wr.local_addr, len) {
                 self.fail_write(num, cq, &wr, WcStatus::LocalProtection);
                 return Step::Ran;
@@ -284,7 +294,11 @@ impl Fabric {
                 }
             }
             if len > 0 && self.cfg.copy_data {
-                self.copy(&wr);
+                if let Err(why) = self.copy(&wr) {
+                    tracing::warn!("ibverbx soft: moving {len} bytes failed: {why}");
+                    self.fail_write(num, cq, &wr, WcStatus::General);
+                    return Step::Ran;
+                }
             }
             self.writes += 1;
             self.bytes += len;
@@ -307,7 +321,7 @@ impl Fabric {
         Step::Ran
     }
 
-    fn fail_write(&mut self, num: u32, cq: usize, wr: &WriteRequest, status: WcStatus) {
+    fn fail_write(&mut self, num: u32, cq: usize, wr: &WorkRequest, status: WcStatus) {
         if let Some(qp) = self.qp(num) {
             qp.sq.pop_front();
         }
@@ -315,26 +329,71 @@ impl Fabric {
         self.fail_qp(num);
     }
 
-    /// Copies a checked write's bytes between regions (possibly the same one).
-    fn copy(&mut self, wr: &WriteRequest) {
-        let len = wr.len as usize;
-        if wr.lkey == wr.rkey {
-            if let Some(mr) = self.mrs.get_mut(&wr.lkey) {
-                let src = (wr.local_addr - mr.addr) as usize;
-                let dst = (wr.remote_addr - mr.addr) as usize;
-                mr.data.copy_within(src..src + len, dst);
-            }
-            return;
-        }
-        let Some(mut dst) = self.mrs.remove(&wr.rkey) else {
-            return;
+    /// Moves a checked request's bytes between regions (possibly the same one): a write's
+    /// from local to remote, a read's from remote to local.
+    fn copy(&mut self, wr: &WorkRequest) -> Result<(), String> {
+        let local = (wr.lkey, wr.local_addr);
+        let remote = (wr.rkey, wr.remote_addr);
+        let (src, dst) = match wr.op {
+            RdmaOp::Write => (local, remote),
+            RdmaOp::Read => (remote, local),
         };
-        if let Some(src) = self.mrs.get(&wr.lkey) {
-            let s = (wr.local_addr - src.addr) as usize;
-            let d = (wr.remote_addr - dst.addr) as usize;
-            dst.data[d..d + len].copy_from_slice(&src.data[s..s + len]);
+        let (src_addr, src_engine) = self.reach(src.0, src.1)?;
+        let (dst_addr, dst_engine) = self.reach(dst.0, dst.1)?;
+        // SAFETY: `check` put both ranges inside live registrations: fabric-owned bytes, or
+        // memory whose registrant promised it stays valid while registered.
+        unsafe {
+            move_bytes(
+                dst_addr,
+                src_addr,
+                wr.len as usize,
+                dst_engine.or(src_engine).as_ref(),
+            )
         }
-        self.mrs.insert(wr.rkey, dst);
+    }
+
+    /// Where byte `addr` of region `key` is reached, and the engine that moves it.
+    fn reach(
+        &mut self,
+        key: u32,
+        addr: u64,
+    ) -> Result<(u64, Option<std::sync::Arc<dyn crate::soft::DmaEngine>>), String> {
+        let mr = self
+            .mrs
+            .get_mut(&key)
+            .ok_or_else(|| format!("region {key:#x} is gone"))?;
+        let off = (addr - mr.addr) as usize;
+        Ok((mr.mem.addr_at(off), mr.mem.engine().cloned()))
+    }
+
+    /// Copies between region `key` at `offset` and host `buf` (`into_region`: from `buf`).
+    pub(crate) fn host_copy(
+        &mut self,
+        key: u32,
+        offset: usize,
+        buf: *mut u8,
+        len: usize,
+        into_region: bool,
+    ) -> Result<(), String> {
+        let mr = self
+            .mrs
+            .get_mut(&key)
+            .ok_or_else(|| format!("region {key:#x} is gone"))?;
+        if offset.checked_add(len).is_none_or(|e| e > mr.mem.len()) {
+            return Err(format!(
+                "{len} bytes at offset {offset} pass the region's {} bytes",
+                mr.mem.len()
+            ));
+        }
+        let at = mr.mem.addr_at(offset);
+        let engine = mr.mem.engine().cloned();
+        let (dst, src) = if into_region {
+            (at, buf as u64)
+        } else {
+            (buf as u64, at)
+        };
+        // SAFETY: the region's range was checked above; `buf` is the caller's slice of `len`.
+        unsafe { move_bytes(dst, src, len, engine.as_ref()) }
     }
 
     /// Takes up to `max` completions of CQ `cq`, in order; with partial delivery a random

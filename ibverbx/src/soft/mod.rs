@@ -13,15 +13,19 @@
 //! background.
 
 mod fabric;
+mod memory;
 
+use std::os::fd::BorrowedFd;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::error::{Error, Result};
 use crate::provider::{
-    Completion, CqOps, LocalKey, Provider, QpOps, RemoteKey, WcStatus, WriteRequest,
+    Completion, CqOps, LocalKey, Provider, QpOps, RemoteKey, WcStatus, WorkRequest,
 };
 use crate::verbs::QpEndpoint;
 use fabric::{Cq, Fabric, Mr, Qp, QpState, QP_BASE};
+use memory::Backing;
+pub use memory::DmaEngine;
 
 /// Behaviour of a software fabric.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,27 +134,75 @@ pub struct SoftDevice {
 }
 
 impl SoftDevice {
-    /// Registers `len` zeroed bytes.
+    /// Registers `len` zeroed bytes the fabric owns.
     pub fn register(&self, len: usize) -> SoftMr {
         let mut f = lock(&self.fabric.inner);
-        let key = f.next_key;
-        f.next_key += 1;
         let addr = f.next_addr;
         // Regions sit 4 KiB-aligned with a gap, so an address past one is in no other.
         f.next_addr += (len as u64).div_ceil(4096) * 4096 + 4096;
+        self.insert(f, addr, Backing::Owned(vec![0; len]))
+    }
+
+    /// Registers `len` bytes of the caller's host memory at `addr` in place (zero copy, as
+    /// `ibv_reg_mr`): peers' writes land there, reads take from there.
+    ///
+    /// # Safety
+    /// The range must stay valid for reads and writes until the region is dropped.
+    pub unsafe fn register_raw(&self, addr: *mut u8, len: usize) -> SoftMr {
+        let backing = Backing::External {
+            base: addr as u64,
+            len,
+            engine: None,
+            _dmabuf: None,
+        };
+        self.insert(lock(&self.fabric.inner), addr as u64, backing)
+    }
+
+    /// Registers `len` bytes at `offset` of the dma-buf `fd` (a GPU's memory exported by its
+    /// driver), named `iova` in work requests, as `ibv_reg_dmabuf_mr` does. The descriptor
+    /// must be a dma-buf whose size covers the range (checked through `/proc/self/fdinfo`, so
+    /// a wrong descriptor fails here as on hardware); the region holds a duplicate of it.
+    /// The software NIC cannot map the dma-buf: it moves the bytes at `iova` (the memory's
+    /// address in this process) through `engine`.
+    ///
+    /// # Safety
+    /// `iova..iova + len` must be the memory the dma-buf range exports, valid until the
+    /// region is dropped.
+    pub unsafe fn register_dmabuf(
+        &self,
+        fd: BorrowedFd<'_>,
+        offset: u64,
+        len: usize,
+        iova: u64,
+        engine: Arc<dyn DmaEngine>,
+    ) -> Result<SoftMr> {
+        memory::check_dmabuf(fd, offset, len as u64)?;
+        let backing = Backing::External {
+            base: iova,
+            len,
+            engine: Some(engine),
+            _dmabuf: Some(memory::hold(fd)?),
+        };
+        Ok(self.insert(lock(&self.fabric.inner), iova, backing))
+    }
+
+    fn insert(&self, mut f: MutexGuard<'_, Fabric>, addr: u64, mem: Backing) -> SoftMr {
+        let key = f.next_key;
+        f.next_key += 1;
+        let len = mem.len() as u64;
         f.mrs.insert(
             key,
             Mr {
                 device: self.index,
                 addr,
-                data: vec![0; len],
+                mem,
             },
         );
         SoftMr {
             fabric: self.fabric.clone(),
             key,
             addr,
-            len: len as u64,
+            len,
         }
     }
 
@@ -215,29 +267,27 @@ impl SoftMr {
         }
     }
 
-    /// Copies `buf.len()` bytes at `offset` out.
-    pub fn read(&self, offset: usize, buf: &mut [u8]) {
-        let f = lock(&self.fabric.inner);
-        if let Some(mr) = f.mrs.get(&self.key) {
-            buf.copy_from_slice(&mr.data[offset..offset + buf.len()]);
-        }
+    /// Copies `buf.len()` bytes at `offset` out (through the region's engine, if any).
+    pub fn read(&self, offset: usize, buf: &mut [u8]) -> Result<()> {
+        let (ptr, len) = (buf.as_mut_ptr(), buf.len());
+        lock(&self.fabric.inner)
+            .host_copy(self.key, offset, ptr, len, false)
+            .map_err(|e| Error::Soft(format!("reading region {:#x}: {e}", self.key)))
     }
 
-    /// Copies `buf` in at `offset`.
-    pub fn write(&self, offset: usize, buf: &[u8]) {
-        let mut f = lock(&self.fabric.inner);
-        if let Some(mr) = f.mrs.get_mut(&self.key) {
-            mr.data[offset..offset + buf.len()].copy_from_slice(buf);
-        }
+    /// Copies `buf` in at `offset` (through the region's engine, if any).
+    pub fn write(&self, offset: usize, buf: &[u8]) -> Result<()> {
+        let (ptr, len) = (buf.as_ptr().cast_mut(), buf.len());
+        lock(&self.fabric.inner)
+            .host_copy(self.key, offset, ptr, len, true)
+            .map_err(|e| Error::Soft(format!("writing region {:#x}: {e}", self.key)))
     }
 
     /// The whole region.
-    pub fn to_vec(&self) -> Vec<u8> {
-        let f = lock(&self.fabric.inner);
-        f.mrs
-            .get(&self.key)
-            .map(|m| m.data.clone())
-            .unwrap_or_default()
+    pub fn to_vec(&self) -> Result<Vec<u8>> {
+        let mut v = vec![0; self.len as usize];
+        self.read(0, &mut v)?;
+        Ok(v)
     }
 }
 
@@ -326,11 +376,11 @@ impl QpOps for SoftQp {
         self.num
     }
 
-    fn post_write(&mut self, wr: &WriteRequest) -> Result<()> {
-        self.post_writes(std::slice::from_ref(wr))
+    fn post_send(&mut self, wr: &WorkRequest) -> Result<()> {
+        self.post_sends(std::slice::from_ref(wr))
     }
 
-    fn post_writes(&mut self, wrs: &[WriteRequest]) -> Result<()> {
+    fn post_sends(&mut self, wrs: &[WorkRequest]) -> Result<()> {
         let mut f = lock(&self.fabric.inner);
         let num = self.num;
         let qp = f.qp(num).ok_or_else(|| Error::PostSend {

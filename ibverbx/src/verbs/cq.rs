@@ -108,6 +108,7 @@ impl From<&sys::ibv_wc> for Completion {
             status: WcStatus::from_raw(wc.status, wc.vendor_err),
             opcode: match wc.opcode {
                 sys::IBV_WC_RDMA_WRITE => WcOpcode::RdmaWrite,
+                sys::IBV_WC_RDMA_READ => WcOpcode::RdmaRead,
                 sys::IBV_WC_RECV_RDMA_WITH_IMM => WcOpcode::RecvRdmaWithImm,
                 sys::IBV_WC_RECV => WcOpcode::Recv,
                 other => WcOpcode::Other(other),

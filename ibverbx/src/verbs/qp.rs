@@ -6,7 +6,7 @@
 use std::marker::PhantomData;
 
 use crate::error::{errno, rc_error, Error, Result};
-use crate::provider::{QpOps, WriteRequest};
+use crate::provider::{QpOps, RdmaOp, WorkRequest};
 use crate::sys;
 use crate::verbs::{CompletionQueue, LinkLayer, ProtectionDomain, QpEndpoint};
 
@@ -335,11 +335,11 @@ impl QpOps for QueuePair<Rts> {
         QueuePair::qp_num(self)
     }
 
-    fn post_write(&mut self, wr: &WriteRequest) -> Result<()> {
-        self.post_writes(std::slice::from_ref(wr))
+    fn post_send(&mut self, wr: &WorkRequest) -> Result<()> {
+        self.post_sends(std::slice::from_ref(wr))
     }
 
-    fn post_writes(&mut self, wrs: &[WriteRequest]) -> Result<()> {
+    fn post_sends(&mut self, wrs: &[WorkRequest]) -> Result<()> {
         const BATCH: usize = 16;
         for batch in wrs.chunks(BATCH) {
             let mut sges = [sys::ibv_sge::default(); BATCH];
@@ -354,10 +354,10 @@ impl QpOps for QueuePair<Rts> {
                 let r = &mut raw[i];
                 r.wr_id = w.wr_id;
                 r.num_sge = i32::from(w.len > 0);
-                r.opcode = if w.imm.is_some() {
-                    sys::IBV_WR_RDMA_WRITE_WITH_IMM
-                } else {
-                    sys::IBV_WR_RDMA_WRITE
+                r.opcode = match (w.op, w.imm) {
+                    (RdmaOp::Read, _) => sys::IBV_WR_RDMA_READ,
+                    (RdmaOp::Write, Some(_)) => sys::IBV_WR_RDMA_WRITE_WITH_IMM,
+                    (RdmaOp::Write, None) => sys::IBV_WR_RDMA_WRITE,
                 };
                 r.send_flags = sys::IBV_SEND_SIGNALED;
                 r.imm_data = w.imm.unwrap_or(0).to_be();

@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 
 use crate::error::{Error, Result};
-use crate::provider::{Completion, Provider, QpOps, WcStatus, WriteRequest};
+use crate::provider::{Completion, Provider, QpOps, RdmaOp, WcStatus, WorkRequest};
 use crate::virt::seq::{SeqSender, SeqTracker};
 use crate::virt::{Event, Failure, Put, VcMode, VirtualCompletion, VqpConfig};
 
@@ -33,6 +33,7 @@ enum NotifyState {
 struct Msg {
     id: u64,
     put: Put,
+    op: RdmaOp,
     chunk: u64,
     nchunks: u32,
     posted: u32,
@@ -48,11 +49,16 @@ impl Msg {
     }
 
     fn describe(&self) -> String {
-        format!(
-            "put #{} (wr_id {}, {} bytes)",
-            self.id, self.put.wr_id, self.put.len
-        )
+        describe(self.id, &self.put, self.op)
     }
+}
+
+fn describe(id: u64, put: &Put, op: RdmaOp) -> String {
+    let what = match op {
+        RdmaOp::Write => "put",
+        RdmaOp::Read => "get",
+    };
+    format!("{what} #{id} (wr_id {}, {} bytes)", put.wr_id, put.len)
 }
 
 pub(crate) struct Conn<P: Provider> {
@@ -81,7 +87,7 @@ pub(crate) struct Conn<P: Provider> {
     tracker: SeqTracker,
     notified: u64,
     recv_failed: bool,
-    batches: Vec<Vec<WriteRequest>>,
+    batches: Vec<Vec<WorkRequest>>,
     pub(crate) outbox: Vec<VirtualCompletion>,
 }
 
@@ -128,8 +134,13 @@ impl<P: Provider> Conn<P> {
         self.broken.as_ref()
     }
 
-    /// Accepts a put; its chunks go out now or as slots free up.
-    pub(crate) fn put(&mut self, put: &Put) -> Result<u64> {
+    /// Accepts a put (or, as `op` says, a get); its chunks go out now or as slots free up.
+    pub(crate) fn put(&mut self, put: &Put, op: RdmaOp) -> Result<u64> {
+        if op == RdmaOp::Read && put.notify {
+            return Err(Error::BadConfig(
+                "a get cannot notify the peer (an RDMA read carries no immediate data)".into(),
+            ));
+        }
         if let Some(f) = &self.broken {
             return Err(Error::Completion {
                 conn: self.id,
@@ -177,6 +188,7 @@ impl<P: Provider> Conn<P> {
         self.msgs.push_back(Msg {
             id,
             put: *put,
+            op,
             chunk,
             nchunks: nchunks as u32,
             posted: 0,
@@ -270,8 +282,10 @@ impl<P: Provider> Conn<P> {
                 let len = m.chunk.min(m.put.len - off.min(m.put.len));
                 let last = m.posted + 1 == m.nchunks;
                 let notify = m.put.notify && last;
-                let wr = WriteRequest {
+                let op = m.op;
+                let wr = WorkRequest {
                     wr_id: ((m.id & MSG_MASK) << CHUNK_BITS) | c,
+                    op,
                     local_addr: m.put.local.addr + m.put.local_offset + off,
                     lkey: m.put.local.lkey,
                     len: len as u32,
@@ -279,8 +293,9 @@ impl<P: Provider> Conn<P> {
                     rkey: m.put.remote.rkey,
                     imm: None,
                 };
-                let wr = if dqplb {
-                    WriteRequest {
+                // Reads carry no immediate data: no sequence number either.
+                let wr = if dqplb && op == RdmaOp::Write {
+                    WorkRequest {
                         imm: Some(self.take_seq(q, notify)),
                         ..wr
                     }
@@ -308,8 +323,9 @@ impl<P: Provider> Conn<P> {
                     {
                         break;
                     }
-                    let wr = WriteRequest {
+                    let wr = WorkRequest {
                         wr_id: WR_NOTIFY | ((m.id & MSG_MASK) << CHUNK_BITS),
+                        op: RdmaOp::Write,
                         local_addr: m.put.local.addr,
                         lkey: m.put.local.lkey,
                         len: 0,
@@ -317,7 +333,7 @@ impl<P: Provider> Conn<P> {
                         rkey: m.put.remote.rkey,
                         imm: None,
                     };
-                    let wr = WriteRequest {
+                    let wr = WorkRequest {
                         imm: Some(self.take_seq(0, true)),
                         ..wr
                     };
@@ -336,7 +352,7 @@ impl<P: Provider> Conn<P> {
                 continue;
             }
             let batch = std::mem::take(&mut self.batches[q]);
-            if let Err(e) = self.qps[q].post_writes(&batch) {
+            if let Err(e) = self.qps[q].post_sends(&batch) {
                 let qp_num = self.qps[q].qp_num();
                 for wr in batch.iter().rev() {
                     self.outstanding[q] -= 1;
@@ -417,7 +433,7 @@ impl<P: Provider> Conn<P> {
                     status: WcStatus::WrFlush,
                     detail: format!(
                         "{} not sent: the connection broke ({first})",
-                        format_args!("put #{} (wr_id {}, {} bytes)", m.id, m.put.wr_id, m.put.len)
+                        describe(m.id, &m.put, m.op)
                     ),
                 });
             }

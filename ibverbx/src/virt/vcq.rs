@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
-use crate::provider::{Completion, CqOps, Provider, QpOps};
+use crate::provider::{Completion, CqOps, Provider, QpOps, RdmaOp};
 use crate::virt::conn::Conn;
 use crate::virt::{Put, VirtualCompletion, VqpConfig};
 
@@ -69,8 +69,20 @@ impl<P: Provider> VirtualQp<P> {
     /// Posts a put; returns its number on this connection. Refused with an error when the
     /// connection broke earlier or the ranges are out of bounds.
     pub fn put(&self, put: &Put) -> Result<u64> {
+        self.submit(put, RdmaOp::Write)
+    }
+
+    /// Reads `get.len` bytes of the peer's `get.remote` at `get.remote_offset` into
+    /// `get.local` at `get.local_offset`, as RDMA reads spread like a put's chunks (on either
+    /// mode; a read cannot notify). Completes as [`Event::PutDone`](crate::Event::PutDone),
+    /// in posting order with the puts, once every chunk's bytes are in local memory.
+    pub fn get(&self, get: &Put) -> Result<u64> {
+        self.submit(get, RdmaOp::Read)
+    }
+
+    fn submit(&self, put: &Put, op: RdmaOp) -> Result<u64> {
         let mut c = self.shared.lock();
-        let id = c.put(put)?;
+        let id = c.put(put, op)?;
         if !c.outbox.is_empty() {
             self.shared.has_outbox.store(true, Ordering::Release);
         }

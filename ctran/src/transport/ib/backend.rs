@@ -4,10 +4,10 @@
 //! only backend that has run: no machine here has an RDMA device); [`super::verbs`] over real
 //! verbs.
 //!
-//! The transport copies user data through registered staging memory ([`IbMemory`]) rather
-//! than registering user buffers: the software fabric owns its memory (it cannot register a
-//! caller's buffer), and a staging copy keeps one code path for both providers. Registering
-//! user memory directly (zero copy) is a later step for the verbs backend.
+//! Communicators copy user data through registered staging memory ([`IbMemory`]): their
+//! buffers change every operation, and a staging copy keeps one code path for host and GPU
+//! memory. Memory registered once for many transfers (the RDMA transfer API's) is registered
+//! in place instead ([`IbBackend::register_user`], `user_memory.rs`).
 
 use std::fmt;
 
@@ -15,6 +15,7 @@ use ibverbx::soft::{Soft, SoftCq, SoftDevice, SoftMr, SoftQp};
 use ibverbx::verbs::QpEndpoint;
 use ibverbx::{LocalKey, Provider, QpOps, RemoteKey as IbKey};
 
+use super::user_memory::{gpu_dmabuf, CudaCopy, NicRegion, UserDevice};
 use crate::span::Span;
 
 /// Registered memory the transport writes from and peers write into.
@@ -41,9 +42,23 @@ pub trait IbBackend: Send + fmt::Debug + 'static {
     type Unconnected: Send;
     /// Registered memory.
     type Mem: IbMemory;
+    /// The caller's memory registered in place.
+    type UserMem: NicRegion;
 
     /// Registers `len` bytes (at least 1).
     fn register(&self, len: usize) -> Result<Self::Mem, ibverbx::Error>;
+    /// Registers `len` bytes (at least 1) of the caller's memory at `addr` in place: host
+    /// memory as it is, GPU memory through the dma-buf its driver exports (GPUDirect RDMA).
+    /// The error says why not (no dma-buf support, the device refused): stage instead.
+    ///
+    /// # Safety
+    /// The range must stay valid memory of `device` until the region is dropped.
+    unsafe fn register_user(
+        &self,
+        addr: u64,
+        len: usize,
+        device: &UserDevice,
+    ) -> Result<Self::UserMem, String>;
     /// A completion queue.
     fn create_cq(&self) -> Result<<Self::P as Provider>::Cq, ibverbx::Error>;
     /// A queue pair completing on `cq`.
@@ -74,6 +89,14 @@ impl SoftBackend {
     }
 }
 
+/// A copy in or out of a region the fabric owns fails only for a range past its end: the
+/// transport's bug, like an out-of-range slice.
+fn owned(r: Result<(), ibverbx::Error>) {
+    if let Err(e) = r {
+        panic!("ib transport staging: {e}");
+    }
+}
+
 impl IbMemory for SoftMr {
     fn local_key(&self) -> LocalKey {
         SoftMr::local_key(self)
@@ -90,7 +113,7 @@ impl IbMemory for SoftMr {
         // SAFETY: the transport passes only spans its callers keep valid and unaliased while
         // their request is pending (Transport::post_recv) or their region is registered
         // (Transport::register_region); the slice lives only for this call.
-        unsafe { dst.with_mut_slice(|b| SoftMr::read(self, offset, b)) }
+        unsafe { dst.with_mut_slice(|b| owned(SoftMr::read(self, offset, b))) }
     }
 
     fn write_from(&mut self, offset: usize, src: Span) {
@@ -99,15 +122,15 @@ impl IbMemory for SoftMr {
         }
         // SAFETY: as in `read_into`: the span is valid while its send is pending
         // (Transport::post_send); the slice lives only for this call.
-        unsafe { src.with_slice(|b| SoftMr::write(self, offset, b)) }
+        unsafe { src.with_slice(|b| owned(SoftMr::write(self, offset, b))) }
     }
 
     fn read(&self, offset: usize, buf: &mut [u8]) {
-        SoftMr::read(self, offset, buf)
+        owned(SoftMr::read(self, offset, buf))
     }
 
     fn write(&mut self, offset: usize, buf: &[u8]) {
-        SoftMr::write(self, offset, buf)
+        owned(SoftMr::write(self, offset, buf))
     }
 }
 
@@ -115,9 +138,35 @@ impl IbBackend for SoftBackend {
     type P = Soft;
     type Unconnected = SoftQp;
     type Mem = SoftMr;
+    type UserMem = SoftMr;
 
     fn register(&self, len: usize) -> Result<SoftMr, ibverbx::Error> {
         Ok(self.device.register(len.max(1)))
+    }
+
+    unsafe fn register_user(
+        &self,
+        addr: u64,
+        len: usize,
+        device: &UserDevice,
+    ) -> Result<SoftMr, String> {
+        match device {
+            // SAFETY: forwarded to the caller.
+            UserDevice::Host => Ok(unsafe { self.device.register_raw(addr as *mut u8, len) }),
+            UserDevice::Cuda(ctx) => {
+                let buf = gpu_dmabuf(ctx, addr, len as u64)?;
+                let engine = std::sync::Arc::new(CudaCopy(std::sync::Arc::clone(ctx)));
+                let offset = buf.offset_of(addr);
+                use std::os::fd::AsFd;
+                // SAFETY: the dma-buf exports exactly the pages of this range, which the
+                // caller keeps valid while registered.
+                unsafe {
+                    self.device
+                        .register_dmabuf(buf.fd.as_fd(), offset, len, addr, engine)
+                }
+                .map_err(|e| e.to_string())
+            }
+        }
     }
 
     fn create_cq(&self) -> Result<SoftCq, ibverbx::Error> {

@@ -45,6 +45,7 @@ mod pool;
 mod route;
 pub mod select;
 mod setup;
+pub mod user_memory;
 pub mod verbs;
 mod wire;
 
@@ -64,6 +65,7 @@ pub(crate) use route::{open_backend, WithBackend};
 pub use route::{soft_fabric, IbProvider, IbRoute};
 use setup::Half;
 pub use setup::{IbError, IbSettings};
+pub use user_memory::{NicRegion, UserDevice};
 pub use verbs::VerbsBackend;
 use wire::Ctl;
 

@@ -12,6 +12,7 @@ use ibverbx::verbs::{
 use ibverbx::{IbConfig, LocalKey, RemoteKey as IbKey};
 
 use super::backend::{IbBackend, IbMemory};
+use super::user_memory::{gpu_dmabuf, UserDevice};
 use crate::span::Span;
 
 /// One port of an RDMA device, with the protection domain every registration of the
@@ -101,9 +102,41 @@ impl IbBackend for VerbsBackend {
     type P = Verbs;
     type Unconnected = QueuePair<Init>;
     type Mem = MemoryRegion;
+    type UserMem = MemoryRegion;
 
     fn register(&self, len: usize) -> Result<MemoryRegion, ibverbx::Error> {
         MemoryRegion::new(&self.pd, len.max(1), DEFAULT_ACCESS)
+    }
+
+    unsafe fn register_user(
+        &self,
+        addr: u64,
+        len: usize,
+        device: &UserDevice,
+    ) -> Result<MemoryRegion, String> {
+        let r = match device {
+            // SAFETY: forwarded to the caller.
+            UserDevice::Host => unsafe {
+                MemoryRegion::register_raw(&self.pd, addr as *mut u8, len, DEFAULT_ACCESS)
+            },
+            UserDevice::Cuda(ctx) => {
+                let buf = gpu_dmabuf(ctx, addr, len as u64)?;
+                use std::os::fd::AsRawFd;
+                // SAFETY: the dma-buf exports the pages of this range, which the caller keeps
+                // valid while registered; the NIC names it by its device address.
+                unsafe {
+                    MemoryRegion::register_dmabuf(
+                        &self.pd,
+                        buf.fd.as_raw_fd(),
+                        buf.offset_of(addr),
+                        len,
+                        addr,
+                        DEFAULT_ACCESS,
+                    )
+                }
+            }
+        };
+        r.map_err(|e| e.to_string())
     }
 
     fn create_cq(&self) -> Result<CompletionQueue, ibverbx::Error> {
