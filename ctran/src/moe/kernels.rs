@@ -67,6 +67,9 @@ pub struct MoeParams {
 // the kernel would read).
 unsafe impl DeviceRepr for MoeParams {}
 
+/// Most tokens the fused dispatch takes: one thread of its block routes each token.
+pub const FUSED_MAX_TOKENS: usize = 256;
+
 /// One kernel of the exchange, and the block size it was written for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
@@ -74,6 +77,9 @@ pub enum Step {
     Route,
     /// Writes every token's records (a block per token).
     DispatchSend,
+    /// Few tokens over mapped memory: routes and writes in one launch (a block per token,
+    /// at most [`FUSED_MAX_TOKENS`]).
+    DispatchFused,
     /// Lists each local expert's records (a block per local expert); the last block lays out
     /// the rows.
     DispatchIndex,
@@ -88,9 +94,10 @@ pub enum Step {
 }
 
 impl Step {
-    const ALL: [Step; 7] = [
+    const ALL: [Step; 8] = [
         Step::Route,
         Step::DispatchSend,
+        Step::DispatchFused,
         Step::DispatchIndex,
         Step::DispatchCopy,
         Step::CombineSend,
@@ -102,6 +109,7 @@ impl Step {
         match self {
             Step::Route => "moe_route",
             Step::DispatchSend => "moe_dispatch_send",
+            Step::DispatchFused => "moe_dispatch_fused",
             Step::DispatchIndex => "moe_dispatch_index",
             Step::DispatchCopy => "moe_dispatch_copy",
             Step::CombineSend => "moe_combine_send",

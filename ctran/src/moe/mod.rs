@@ -212,7 +212,8 @@ impl DeviceMoe {
     }
 
     /// Dispatch, first half: checks the routing and writes every token's records (to peers,
-    /// or packed for [`DeviceMoe::staged_dispatch`]).
+    /// or packed for [`DeviceMoe::staged_dispatch`]). Few tokens over mapped memory take one
+    /// launch: every block routes all of them itself.
     pub fn dispatch_send(
         &self,
         tokens: usize,
@@ -221,6 +222,9 @@ impl DeviceMoe {
         stream: RawStream,
     ) -> Result<()> {
         let p = self.params(tokens, fp8, t);
+        if self.sym.is_mapped() && tokens <= kernels::FUSED_MAX_TOKENS {
+            return self.run(&[(Step::DispatchFused, tokens)], &p, stream);
+        }
         self.run(
             &[(Step::Route, 1), (Step::DispatchSend, tokens.min(1024))],
             &p,

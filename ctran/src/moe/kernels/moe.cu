@@ -233,6 +233,21 @@ __device__ float block_max(float v) {
 
 // ------------------------------------------------------------------------------ dispatch
 
+// Token t's k-th expert id if it is in range and not a repeat of an earlier slot's, else -1.
+__device__ __forceinline__ int moe_checked_id(const MoeParams& p, u32 t, u32 k) {
+    const long long* idx_in = (const long long*)p.idx + (u64)t * p.top_k;
+    long long id = idx_in[k];
+    bool ok = id >= 0 && id < (long long)p.num_experts;
+    for (u32 j = 0; ok && j < k; ++j) ok = idx_in[j] != id;
+    return ok ? (int)id : -1;
+}
+
+// Reports token t's k-th expert id when it is neither valid nor -1 (an unused slot).
+__device__ __forceinline__ void moe_check_id(const MoeParams& p, u32 t, u32 k, int checked) {
+    long long id = ((const long long*)p.idx)[(u64)t * p.top_k + k];
+    if (checked < 0 && id != -1) moe_fail(p, MOE_ERR_EXPERT, t, k, (u64)id);
+}
+
 // One block of 1024 threads. Starts a dispatch round; checks and copies the routing; gives
 // every token its record index at each destination rank (in token order); waits until every
 // destination finished reading the previous round (mapped).
@@ -251,7 +266,6 @@ extern "C" __global__ void __launch_bounds__(1024) moe_route(const __grid_consta
         // The previous round's records at this destination have been read.
         moe_wait(p, sym<u64>(p, p.rank, p.at.dack) + threadIdx.x, round - 1, threadIdx.x, 1);
     }
-    const long long* idx_in = (const long long*)p.idx;
     const float* w_in = (const float*)p.w;
     int* idx = scratch<int>(p, p.at.idx);
     float* w = scratch<float>(p, p.at.w);
@@ -263,13 +277,11 @@ extern "C" __global__ void __launch_bounds__(1024) moe_route(const __grid_consta
         u64 m = 0;
         if (t < p.tokens) {
             for (u32 k = 0; k < p.top_k; ++k) {
-                long long id = idx_in[(u64)t * p.top_k + k];
-                bool ok = id >= 0 && id < (long long)p.num_experts;
-                for (u32 j = 0; ok && j < k; ++j) ok = idx[(u64)t * p.top_k + j] != (int)id;
-                if (!ok && id != -1) moe_fail(p, MOE_ERR_EXPERT, t, k, (u64)id);
-                idx[(u64)t * p.top_k + k] = ok ? (int)id : -1;
+                int id = moe_checked_id(p, t, k);
+                moe_check_id(p, t, k, id);
+                idx[(u64)t * p.top_k + k] = id;
                 w[(u64)t * p.top_k + k] = w_in[(u64)t * p.top_k + k];
-                if (ok) m |= 1ull << ((u32)id / per_rank);
+                if (id >= 0) m |= 1ull << ((u32)id / per_rank);
             }
             mask[t] = m;
         }
@@ -293,6 +305,65 @@ extern "C" __global__ void __launch_bounds__(1024) moe_route(const __grid_consta
     }
 }
 
+// Quantizes token t (FP8) and writes its record to every rank r in `m`, as record `pos(r)`
+// there; `slot(k)` is its k-th checked expert id (or -1), `weight(k)` its weight. Every
+// thread of the block must call it.
+template <typename Pos, typename Slot, typename Weight>
+__device__ void moe_send_token(const MoeParams& p, u32 t, u64 m, Pos pos, Slot slot, Weight weight) {
+    __shared__ float scale_s;
+    const u64* send_off = scratch<u64>(p, p.at.send_off);
+    const u16* x = (const u16*)p.x + (u64)t * p.hidden;
+    float scale = 1.0f;
+    if (p.fp8) {
+        float amax = 0.0f;
+        for (u32 h = threadIdx.x; h < p.hidden; h += blockDim.x)
+            amax = fmaxf(amax, fabsf(bf16_to_f32(x[h])));
+        amax = block_max(amax);
+        if (threadIdx.x == 0) scale_s = amax > 0.0f ? amax / 448.0f : 1.0f;
+        __syncthreads();
+        scale = scale_s;
+    }
+    for (u32 r = 0; r < p.size; ++r) {
+        if (!((m >> r) & 1)) continue;
+        u64 record = pos(r);
+        u8* dst = p.mapped
+            ? sym<u8>(p, r, p.at.drecv) + ((u64)p.rank * p.max_tokens + record) * p.rec_stride
+            : scratch<u8>(p, p.at.send) + (send_off[r] + record) * p.rec_stride;
+        if (p.fp8) {
+            // Eight elements per thread and store.
+            for (u32 h = threadIdx.x * 8; h < p.hidden; h += blockDim.x * 8) {
+                u64 packed = 0;
+                for (u32 j = 0; j < 8; ++j)
+                    packed |= (u64)f32_to_e4m3(bf16_to_f32(x[h + j]) / scale) << (8 * j);
+                *(u64*)(dst + h) = packed;
+            }
+        } else {
+            moe_copy(dst, (const u8*)x, 2ull * p.hidden, threadIdx.x, blockDim.x);
+        }
+        if (threadIdx.x == 0) {
+            *(float*)(dst + scale_at(p)) = scale;
+            *(u32*)(dst + token_at(p)) = t;
+        }
+        for (u32 k = threadIdx.x; k < p.top_k; k += blockDim.x) {
+            int id = slot(k);
+            int e = (id >= 0 && (u32)id / p.local == r) ? (int)((u32)id % p.local) : -1;
+            *(int*)(dst + slot_at(p, k)) = e;
+            *(float*)(dst + slot_at(p, k) + 4) = weight(k);
+        }
+    }
+    __syncthreads();
+}
+
+// The last block of a dispatch's send: raises the round's flag, with this rank's record
+// count, at every rank (mapped).
+__device__ void moe_raise_dispatch(const MoeParams& p, u64 round, const long long* counts) {
+    for (u32 r = threadIdx.x; r < p.size; r += blockDim.x) {
+        sym<u64>(p, r, p.at.dcount)[p.rank] = (u64)counts[r];
+        __threadfence_system();
+        tc_st_release_sys(sym<u64>(p, r, p.at.dflag) + p.rank, round);
+    }
+}
+
 // A block per token (grid-strided): quantizes it (FP8) and writes its record to every rank of
 // its experts. The last block raises the round's flag at every rank (mapped).
 extern "C" __global__ void __launch_bounds__(256) moe_dispatch_send(const __grid_constant__ MoeParams p) {
@@ -302,58 +373,79 @@ extern "C" __global__ void __launch_bounds__(256) moe_dispatch_send(const __grid
     const u32* pos = scratch<u32>(p, p.at.pos);
     const int* idx = scratch<int>(p, p.at.idx);
     const float* w = scratch<float>(p, p.at.w);
-    const u64* send_off = scratch<u64>(p, p.at.send_off);
-    __shared__ float scale_s;
     for (u32 t = blockIdx.x; t < p.tokens; t += gridDim.x) {
-        const u16* x = (const u16*)p.x + (u64)t * p.hidden;
-        u64 m = mask[t];
-        float scale = 1.0f;
-        if (p.fp8) {
-            float amax = 0.0f;
-            for (u32 h = threadIdx.x; h < p.hidden; h += blockDim.x)
-                amax = fmaxf(amax, fabsf(bf16_to_f32(x[h])));
-            amax = block_max(amax);
-            if (threadIdx.x == 0) scale_s = amax > 0.0f ? amax / 448.0f : 1.0f;
-            __syncthreads();
-            scale = scale_s;
-        }
-        for (u32 r = 0; r < p.size; ++r) {
-            if (!((m >> r) & 1)) continue;
-            u64 record = pos[(u64)t * p.size + r];
-            u8* dst = p.mapped
-                ? sym<u8>(p, r, p.at.drecv) + ((u64)p.rank * p.max_tokens + record) * p.rec_stride
-                : scratch<u8>(p, p.at.send) + (send_off[r] + record) * p.rec_stride;
-            if (p.fp8) {
-                // Eight elements per thread and store.
-                for (u32 h = threadIdx.x * 8; h < p.hidden; h += blockDim.x * 8) {
-                    u64 packed = 0;
-                    for (u32 j = 0; j < 8; ++j)
-                        packed |= (u64)f32_to_e4m3(bf16_to_f32(x[h + j]) / scale) << (8 * j);
-                    *(u64*)(dst + h) = packed;
-                }
-            } else {
-                moe_copy(dst, (const u8*)x, 2ull * p.hidden, threadIdx.x, blockDim.x);
-            }
-            if (threadIdx.x == 0) {
-                *(float*)(dst + scale_at(p)) = scale;
-                *(u32*)(dst + token_at(p)) = t;
-            }
-            for (u32 k = threadIdx.x; k < p.top_k; k += blockDim.x) {
-                int id = idx[(u64)t * p.top_k + k];
-                int e = (id >= 0 && (u32)id / p.local == r) ? (int)((u32)id % p.local) : -1;
-                *(int*)(dst + slot_at(p, k)) = e;
-                *(float*)(dst + slot_at(p, k) + 4) = w[(u64)t * p.top_k + k];
-            }
-        }
-        __syncthreads();
+        moe_send_token(
+            p, t, mask[t], [&](u32 r) { return (u64)pos[(u64)t * p.size + r]; },
+            [&](u32 k) { return idx[(u64)t * p.top_k + k]; },
+            [&](u32 k) { return w[(u64)t * p.top_k + k]; });
     }
-    if (moe_last_block(&st->send_done) && p.mapped) {
-        const long long* counts = scratch<long long>(p, p.at.send_counts);
-        for (u32 r = threadIdx.x; r < p.size; r += blockDim.x) {
-            sym<u64>(p, r, p.at.dcount)[p.rank] = (u64)counts[r];
-            __threadfence_system();
-            tc_st_release_sys(sym<u64>(p, r, p.at.dflag) + p.rank, round);
+    if (moe_last_block(&st->send_done) && p.mapped)
+        moe_raise_dispatch(p, round, scratch<long long>(p, p.at.send_counts));
+}
+
+// Few tokens over mapped memory (at most a block's threads; a block per token): route and
+// send in one kernel. Every block routes every token itself (a few KB of expert ids read
+// again costs less than a kernel boundary) to find its token's record number at each rank,
+// waits until every destination read the previous round, and writes its token's records.
+// Block 0 keeps what later kernels read (the checked routing, the counts) and reports bad
+// expert ids; the last block starts the round and raises its flags.
+extern "C" __global__ void __launch_bounds__(256) moe_dispatch_fused(const __grid_constant__ MoeParams p) {
+    MoeState* st = moe_state(p);
+    u64 round = st->dround + 1;
+    __shared__ u32 mine[MOE_MAX_RANKS];  // this block's token: its record number per rank
+    __shared__ long long counts[MOE_MAX_RANKS];
+    __shared__ u64 own_mask;
+    u32 t = threadIdx.x;
+    u32 per_rank = p.num_experts / p.size;
+    const float* w_in = (const float*)p.w;
+    u64 m = 0;
+    if (t < p.tokens) {
+        for (u32 k = 0; k < p.top_k; ++k) {
+            int id = moe_checked_id(p, t, k);
+            if (blockIdx.x == 0) {
+                moe_check_id(p, t, k, id);
+                scratch<int>(p, p.at.idx)[(u64)t * p.top_k + k] = id;
+                scratch<float>(p, p.at.w)[(u64)t * p.top_k + k] = w_in[(u64)t * p.top_k + k];
+            }
+            if (id >= 0) m |= 1ull << ((u32)id / per_rank);
         }
+        if (blockIdx.x == 0) scratch<u64>(p, p.at.mask)[t] = m;
+    }
+    if (t == blockIdx.x) own_mask = m;
+    for (u32 r = 0; r < p.size; ++r) {
+        u32 total;
+        u32 before = block_prefix((m >> r) & 1, &total);
+        if (t == blockIdx.x) mine[r] = before;
+        if (threadIdx.x == 0) counts[r] = total;
+    }
+    if (threadIdx.x < p.size && threadIdx.x != p.rank) {
+        // The previous round's records at this destination have been read.
+        moe_wait(p, sym<u64>(p, p.rank, p.at.dack) + threadIdx.x, round - 1, threadIdx.x, 1);
+    }
+    __syncthreads();
+    u32 own = blockIdx.x;
+    if (own < p.tokens) {
+        moe_send_token(
+            p, own, own_mask, [&](u32 r) { return (u64)mine[r]; },
+            [&](u32 k) { return moe_checked_id(p, own, k); },
+            [&](u32 k) { return w_in[(u64)own * p.top_k + k]; });
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        long long* c = scratch<long long>(p, p.at.send_counts);
+        u64* off = scratch<u64>(p, p.at.send_off);
+        u64 acc = 0;
+        for (u32 r = 0; r < p.size; ++r) {
+            c[r] = counts[r];
+            off[r] = acc;
+            acc += (u64)counts[r];
+        }
+    }
+    if (moe_last_block(&st->send_done)) {
+        if (threadIdx.x == 0) {
+            st->dround = round;
+            st->tokens = p.tokens;
+        }
+        moe_raise_dispatch(p, round, counts);
     }
 }
 
