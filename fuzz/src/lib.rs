@@ -54,6 +54,21 @@ pub const TARGETS: &[Target] = &[
         run: ctran::fuzzing::init_records,
     },
     Target {
+        name: "rdma_frame",
+        what: "frames of the RDMA transfer API's connection (requests and responses of the peer)",
+        run: ctran::fuzzing::rdma_frame,
+    },
+    Target {
+        name: "rdma_text",
+        what: "an RDMA access key or peer URL handed over by the peer",
+        run: ctran::fuzzing::rdma_text,
+    },
+    Target {
+        name: "ib_control",
+        what: "control slots of the ib transport, RDMA-written by the peer",
+        run: ctran::fuzzing::ib_control,
+    },
+    Target {
         name: "colltrace_dump",
         what: "colltrace dumps loaded, analyzed and rendered by the analyzer",
         run: colltrace_dump,

@@ -128,6 +128,9 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
     rec.extend([0; 6]);
     rec.extend(&host[1..]);
     add("init_records", "split", rec);
+    for (t, name, bytes) in ctran::fuzzing::rdma_and_ib_seeds() {
+        add(t, &name, bytes);
+    }
 
     let dumps = vec![
         dump(

@@ -20,7 +20,7 @@ mod registry;
 mod transport;
 mod url;
 mod wait;
-mod wire;
+pub(crate) mod wire;
 
 pub use error::{RdmaError, Result};
 pub use key::{host_id, process_nonce, AccessKey};

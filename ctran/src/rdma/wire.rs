@@ -165,6 +165,14 @@ impl Dec<'_> {
             self.take(8)?.try_into().expect("8 bytes"),
         ))
     }
+    /// A boolean: exactly 0 or 1 (every frame has one encoding).
+    fn flag(&mut self) -> io::Result<bool> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(bad("a flag is neither 0 nor 1")),
+        }
+    }
     fn str(&mut self) -> io::Result<String> {
         let n = u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")) as usize;
         String::from_utf8(self.take(n)?.to_vec()).map_err(|_| bad("text is not UTF-8"))
@@ -266,7 +274,7 @@ impl Frame {
                 key: d.str()?,
                 dst: d.u64()?,
                 len: d.u64()?,
-                notify: d.u8()? != 0,
+                notify: d.flag()?,
                 via: d.via()?,
             },
             2 => Frame::Read {

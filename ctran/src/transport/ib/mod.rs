@@ -47,7 +47,7 @@ pub mod select;
 mod setup;
 pub mod user_memory;
 pub mod verbs;
-mod wire;
+pub(crate) mod wire;
 
 #[cfg(test)]
 mod tests;
