@@ -457,3 +457,25 @@ def test_device_alltoallv_single_counts_on_the_device(comm: Any) -> None:
         assert torch.all(out[at : at + n] == j).item(), f"rows from {j}"
         at += n
     assert torch.all(out[at:] == -1.0).item()
+
+
+@pytest.mark.parametrize("algo", [None, "pipelined", "direct"])
+def test_large_broadcast_on_copy_engines(comm: Any, algo: str | None) -> None:
+    """A large broadcast over NVLink: on two GPUs auto runs it on the root's copy engine
+    (`CTRAN_NVL_PIPE_BCAST_MIN_BYTES`); asked for, pipelined runs it so on any number of
+    ranks. Every root, twice in a row (the second finds the first's flags), equal to the
+    direct kernel's result."""
+    if BACKEND != "ctran" or not over_nvl() or WORLD < 2:
+        pytest.skip("the copy-engine broadcast is ctran's NVLink transport (2+ ranks)")
+    hints = None if algo is None else {"algo": algo}
+    # Above the 128 MiB threshold (auto takes copy engines), not a multiple of a vector.
+    n = (130 << 20) // 4 + 7
+    for root in range(WORLD):
+        for again in range(2):
+            t = torch.full((n,), float(RANK), device=DEV)
+            if RANK == root:
+                t = torch.arange(n, dtype=torch.float32, device=DEV) + again
+            comm.broadcast(t, root, async_op=False, hints=hints)
+            torch.cuda.synchronize(DEV)
+            want = torch.arange(n, dtype=torch.float32) + again
+            assert torch.equal(t.cpu(), want), (root, again)

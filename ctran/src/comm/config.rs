@@ -155,6 +155,7 @@ impl CommConfig {
                 pipe_bytes: cv.ctran_nvl_pipe_bytes(),
                 pipe_chunk_bytes: cv.ctran_nvl_pipe_chunk_bytes(),
                 pipe_min_bytes: cv.ctran_nvl_pipe_min_bytes(),
+                pipe_bcast_min_bytes: cv.ctran_nvl_pipe_bcast_min_bytes(),
             },
             shm,
             wait_spin: cv.ctran_wait_spin_us(),

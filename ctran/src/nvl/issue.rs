@@ -66,20 +66,20 @@ impl Nvl {
         let launch: Launch = match mode {
             None => Launch::P2p(Box::new(self.p2p_params(op, sync)?)),
             Some(Mode::Pipelined) => {
-                let Op::AllReduce {
-                    buf,
-                    dtype,
-                    op: rop,
-                } = op
-                else {
-                    unreachable!("mode() pipelines all_reduce only");
+                // A broadcast moves bytes: its "reduction" only carries the flags.
+                let (buf, dtype, rop, root) = match op {
+                    Op::AllReduce { buf, dtype, op } => (buf, *dtype, *op, None),
+                    Op::Broadcast { buf, root } => {
+                        (buf, crate::DataType::U8, crate::ReduceOp::Sum, Some(*root))
+                    }
+                    _ => unreachable!("mode() pipelines all_reduce and broadcast only"),
                 };
                 // A bad dtype or operator fails alike on every rank, before the exchange.
-                let reduction = plan::reduction(sync, *dtype, *rop, self.layout.nranks)?;
+                let reduction = plan::reduction(sync, dtype, rop, self.layout.nranks)?;
                 let reduction = Box::new(reduction);
                 let planned = match self.exchange(op, &mut inner.registry, timeout)? {
                     Ok(peers) => self
-                        .pipeline(buf, &peers)
+                        .pipeline(buf, root, &peers)
                         // Sizes differ: every rank has every rank's size, so all fail
                         // here and meet at the barriers of an empty schedule.
                         .map_err(|err| (err, 0)),
@@ -88,10 +88,10 @@ impl Nvl {
                     Err(err) => Err((err, buf.len())),
                 };
                 match planned {
-                    Ok(steps) => Launch::Pipeline(*dtype, reduction, steps),
+                    Ok(steps) => Launch::Pipeline(dtype, reduction, steps),
                     Err((err, agreed)) => {
                         let released = self.launch_now(
-                            &Launch::Pipeline(*dtype, reduction, self.syncs_only(agreed)),
+                            &Launch::Pipeline(dtype, reduction, self.syncs_only(root, agreed)),
                             caller,
                             stream,
                         );

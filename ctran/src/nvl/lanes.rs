@@ -20,21 +20,40 @@ impl Nvl {
         )
     }
 
-    /// The steps of a pipelined all_reduce of `buf` given every rank's buffer (`peers`, from
-    /// the exchange); an error when some rank's buffer has another size.
-    pub(super) fn pipeline(&self, buf: &Span, peers: &Peers) -> Result<Vec<Step>> {
+    /// The steps of a pipelined all_reduce of `buf` (a broadcast from `root`) given every
+    /// rank's buffer (`peers`, from the exchange); an error when some rank's buffer has
+    /// another size.
+    pub(super) fn pipeline(
+        &self,
+        buf: &Span,
+        root: Option<usize>,
+        peers: &Peers,
+    ) -> Result<Vec<Step>> {
         let rank = self.layout.rank;
         let mut bufs = [0; MAX_RANKS];
         for (q, list) in peers.iter().enumerate() {
             let (at, len) = list.first().copied().unwrap_or((0, 0));
             if len != buf.len() {
+                let what = if root.is_some() {
+                    "broadcast"
+                } else {
+                    "all_reduce"
+                };
                 return Err(Error::invalid(
-                    "all_reduce tensor",
+                    format!("{what} tensor"),
                     format!("{len} bytes, as rank {q} has"),
                     format!("{} bytes on rank {rank}", buf.len()),
                 ));
             }
             bufs[q] = if q == rank { buf.addr() as u64 } else { at };
+        }
+        if let Some(root) = root {
+            return Ok(pipeline::broadcast_schedule(
+                &self.layout,
+                &bufs,
+                buf.len(),
+                root,
+            ));
         }
         let chunking = self
             .chunking(buf.len())
@@ -47,13 +66,20 @@ impl Nvl {
         ))
     }
 
-    /// The flag steps of a pipelined all_reduce of `bytes` (0: the two barriers alone), which
-    /// release peers that run the same schedule when this rank cannot move data.
-    pub(super) fn syncs_only(&self, bytes: usize) -> Vec<Step> {
-        let Some(chunking) = self.chunking(bytes) else {
-            return Vec::new();
+    /// The flag steps of a pipelined all_reduce of `bytes` (0: the two barriers alone; a
+    /// broadcast from `root`: always those two), which release peers that run the same
+    /// schedule when this rank cannot move data.
+    pub(super) fn syncs_only(&self, root: Option<usize>, bytes: usize) -> Vec<Step> {
+        let steps = match root {
+            Some(root) => pipeline::broadcast_schedule(&self.layout, &[0; MAX_RANKS], 0, root),
+            None => match self.chunking(bytes) {
+                Some(chunking) => {
+                    pipeline::schedule(&self.layout, &[0; MAX_RANKS], bytes, &chunking)
+                }
+                None => return Vec::new(),
+            },
         };
-        pipeline::schedule(&self.layout, &[0; MAX_RANKS], bytes, &chunking)
+        steps
             .into_iter()
             .filter(|s| matches!(s, Step::Sync { .. } | Step::Order { .. }))
             .collect()

@@ -68,6 +68,8 @@ pub struct NvlConfig {
     pub pipe_chunk_bytes: usize,
     /// The smallest all_reduce `auto` pipelines.
     pub pipe_min_bytes: usize,
+    /// The smallest broadcast `auto` runs on copy engines.
+    pub pipe_bcast_min_bytes: usize,
 }
 
 /// The NVLink transport of one communicator on one device.

@@ -17,15 +17,20 @@ impl Nvl {
             if self.config.ll_max_bytes > 0 && buf.len() <= self.config.ll_max_bytes);
         // Whether the scratch holds chunks does not depend on the size: ask for none, so the
         // check allocates nothing on the latency path.
-        let pipelinable = matches!(op, Op::AllReduce { .. }) && self.chunking(0).is_some();
+        // A broadcast on copy engines needs no scratch.
+        let pipelinable = match op {
+            Op::AllReduce { .. } => self.chunking(0).is_some(),
+            Op::Broadcast { .. } => self.layout.nranks >= 2,
+            _ => false,
+        };
         // Auto pipelines only where it was measured to win: two GPUs (docs/perf/gpu.md). More
         // ranks may ask for it by cvar or hint.
+        let two = pipelinable && self.layout.nranks == 2;
         let auto = || match op {
-            Op::AllReduce { buf, .. }
-                if pipelinable
-                    && self.layout.nranks == 2
-                    && buf.len() >= self.config.pipe_min_bytes =>
-            {
+            Op::AllReduce { buf, .. } if two && buf.len() >= self.config.pipe_min_bytes => {
+                Mode::Pipelined
+            }
+            Op::Broadcast { buf, .. } if two && buf.len() >= self.config.pipe_bcast_min_bytes => {
                 Mode::Pipelined
             }
             _ if low_latency => Mode::LowLatency,
@@ -58,7 +63,7 @@ impl Nvl {
             "direct" | "two_shot" => Ok(Mode::Direct),
             "pipelined" if pipelinable => Ok(Mode::Pipelined),
             "pipelined" => refuse(format!(
-                "auto, staged or direct: pipelined is for all_reduce over at least two ranks with CTRAN_NVL_PIPE_BYTES of scratch (it is {})",
+                "auto, staged or direct: pipelined is for broadcast, and all_reduce over at least two ranks with CTRAN_NVL_PIPE_BYTES of scratch (it is {})",
                 self.config.pipe_bytes
             )),
             "low_latency" | "ll" => refuse(format!(
@@ -70,7 +75,7 @@ impl Nvl {
                 self.config.staged_max_bytes
             )),
             _ => refuse(
-                "one of auto, low_latency (ll; all_reduce), staged (one_shot), direct (two_shot), pipelined (all_reduce) for GPU buffers over NVLink"
+                "one of auto, low_latency (ll; all_reduce), staged (one_shot), direct (two_shot), pipelined (all_reduce, broadcast) for GPU buffers over NVLink"
                     .into(),
             ),
         }

@@ -14,6 +14,10 @@
 //! one-warp kernel that gives up after the timeout, and a start and an end barrier bracket
 //! the operation: after the start every peer's buffer and scratch are ours to write, after the
 //! end every peer has written ours. [`schedule`] lists the steps; the transport issues them.
+//!
+//! A large broadcast between two GPUs takes the same way ([`broadcast_schedule`]): between the
+//! barriers the root's copy engine writes its buffer into the peer's, which moves more than the
+//! direct kernel's stores.
 
 use super::kernels::{PipeFlag, MAX_RANKS};
 
@@ -242,6 +246,36 @@ pub fn schedule(l: &Layout, buf: &[u64; MAX_RANKS], bytes: usize, k: &Chunking) 
     steps
 }
 
+/// The steps of a broadcast of `bytes` from `root`, whose buffer is at `buf[q]` on rank q:
+/// after the start barrier the root copies its buffer into every peer's (one after another on
+/// the comm's stream), and the end barrier tells peers it has landed.
+pub fn broadcast_schedule(
+    l: &Layout,
+    buf: &[u64; MAX_RANKS],
+    bytes: usize,
+    root: usize,
+) -> Vec<Step> {
+    let barrier = |value: u64, advance: u64| Step::Sync {
+        lane: Lane::Main,
+        signal: Some((PipeFlag::Barrier, value)),
+        wait: Some((PipeFlag::Barrier, value)),
+        advance,
+    };
+    let mut steps = vec![barrier(START, 0)];
+    if l.rank == root && bytes > 0 {
+        for q in (1..l.nranks).map(|i| (root + i) % l.nranks) {
+            steps.push(Step::Copy {
+                lane: Lane::Main,
+                dst: buf[q],
+                src: buf[root],
+                len: bytes,
+            });
+        }
+    }
+    steps.push(barrier(END, END));
+    steps
+}
+
 #[cfg(test)]
 mod tests {
     //! The schedule runs here on a model: every rank's lanes advance one step at a time in a
@@ -407,7 +441,6 @@ mod tests {
         seed: u64,
     ) -> Vec<Vec<f64>> {
         let bytes = words * 8;
-        let buf = buffers(n);
         let slice = two_shot_slice(bytes, n, 0).1;
         let k = Chunking {
             bounds: (0..slice)
@@ -417,23 +450,40 @@ mod tests {
             slot_bytes: chunk,
             slots,
         };
+        let all_reduce = |q: usize| schedule(&layout(q, n), &buffers(n), bytes, &k);
+        run_ops(
+            n,
+            words,
+            &vec![&all_reduce as &dyn Fn(usize) -> Vec<Step>; ops],
+            seed,
+        )
+    }
+
+    /// Runs `ops` (each gives rank q's steps) on `n` ranks of `words` f64 each, in an
+    /// interleaving drawn from `seed`; returns every rank's final buffer.
+    fn run_ops(
+        n: usize,
+        words: usize,
+        ops: &[&dyn Fn(usize) -> Vec<Step>],
+        seed: u64,
+    ) -> Vec<Vec<f64>> {
+        let buf = buffers(n);
         let mut model = Model {
             ranks: Vec::new(),
             mem: HashMap::new(),
             marks: vec![Vec::new(); n],
         };
-        for q in 0..n {
+        for (q, &start) in buf.iter().enumerate().take(n) {
             for w in 0..words as u64 {
                 // Distinct per rank and word, exact in f64 sums.
                 model
                     .mem
-                    .insert(buf[q] + 8 * w, (q * 1000 + w as usize) as f64);
+                    .insert(start + 8 * w, (q * 1000 + w as usize) as f64);
             }
             let mut marks = 0;
             let mut lanes: HashMap<Lane, Vec<Item>> = HashMap::new();
-            for _ in 0..ops {
-                let steps = schedule(&layout(q, n), &buf, bytes, &k);
-                for (l, items) in lanes_of(&steps, &mut marks) {
+            for op in ops {
+                for (l, items) in lanes_of(&op(q), &mut marks) {
                     lanes.entry(l).or_default().extend(items);
                 }
             }
@@ -511,6 +561,31 @@ mod tests {
                         got, &want,
                         "n={n} words={words} chunk, slots={chunk:?} seed={seed} rank {q}"
                     );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn broadcasts_between_all_reduces_leave_every_rank_the_roots_buffer() {
+        for (n, words) in [(2, 64), (3, 40), (4, 7)] {
+            let bytes = words * 8;
+            let k = chunking(bytes, n, 64 * words, 32).expect("fits");
+            let all_reduce = |q: usize| schedule(&layout(q, n), &buffers(n), bytes, &k);
+            let from = |root: usize| {
+                move |q: usize| broadcast_schedule(&layout(q, n), &buffers(n), bytes, root)
+            };
+            let (b1, b0) = (from(1), from(0));
+            let ops: [&dyn Fn(usize) -> Vec<Step>; 4] = [&b1, &all_reduce, &b0, &all_reduce];
+            // Broadcasting rank 1's words, then summing: n copies of them; again after the
+            // second broadcast (every buffer equal): n times that.
+            let want: Vec<f64> = (0..words)
+                .map(|w| (1000 + w) as f64 * (n * n) as f64)
+                .collect();
+            for seed in 1..40u64 {
+                let out = run_ops(n, words, &ops, seed * 0x9E37_79B9);
+                for (q, got) in out.iter().enumerate() {
+                    assert_eq!(got, &want, "n={n} words={words} seed={seed} rank {q}");
                 }
             }
         }

@@ -271,6 +271,7 @@ mod tests {
             pipe_bytes: pipe,
             pipe_chunk_bytes: 0,
             pipe_min_bytes: 128 << 20,
+            pipe_bcast_min_bytes: 128 << 20,
         }
     }
 
