@@ -5,31 +5,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::{pair, pattern};
+use common::{cfg, pair, pattern, shuffled};
 use ibverbx::soft::{SoftConfig, SoftFabric};
-use ibverbx::{
-    CqOps, Error, Put, QpOps, RdmaOp, VcMode, VqpConfig, WcOpcode, WcStatus, WorkRequest,
-};
+use ibverbx::{CqOps, Error, Put, QpOps, RdmaOp, VcMode, WcOpcode, WcStatus, WorkRequest};
 
 const T: Duration = Duration::from_secs(20);
-
-fn cfg(mode: VcMode, chunk: u64) -> VqpConfig {
-    VqpConfig {
-        chunk_bytes: chunk,
-        mode,
-        max_msgs_per_qp: 8,
-        ..VqpConfig::default()
-    }
-}
-
-fn shuffled(seed: u64) -> SoftConfig {
-    SoftConfig {
-        seed,
-        reorder: true,
-        partial: true,
-        copy_data: true,
-    }
-}
 
 #[test]
 fn gets_bring_the_peers_bytes_in_order_with_puts() {

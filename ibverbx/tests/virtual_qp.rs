@@ -6,29 +6,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::{pair, pattern, Pair};
+use common::{cfg, pair, pattern, shuffled, Pair};
 use ibverbx::soft::SoftConfig;
 use ibverbx::{Error, Put, RemoteKey, VcMode, VqpConfig, WcStatus};
 
 const T: Duration = Duration::from_secs(20);
-
-fn cfg(mode: VcMode, chunk: u64) -> VqpConfig {
-    VqpConfig {
-        chunk_bytes: chunk,
-        mode,
-        max_msgs_per_qp: 16,
-        ..VqpConfig::default()
-    }
-}
-
-fn shuffled(seed: u64) -> SoftConfig {
-    SoftConfig {
-        seed,
-        reorder: true,
-        partial: true,
-        copy_data: true,
-    }
-}
 
 /// Puts `sizes` back to back (unaligned offsets), each notified, and checks bytes, order and
 /// notifications.

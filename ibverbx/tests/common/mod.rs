@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use ibverbx::soft::{connect_pairs, Soft, SoftConfig, SoftDevice, SoftFabric};
-use ibverbx::{Event, Failure, VirtualCq, VirtualQp, VqpConfig};
+use ibverbx::{Event, Failure, VcMode, VirtualCq, VirtualQp, VqpConfig};
 
 pub struct Pair {
     pub fabric: SoftFabric,
@@ -101,4 +101,24 @@ pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
                 .wrapping_add(i as u64 * 7 + (i as u64 >> 8))) as u8
         })
         .collect()
+}
+
+/// Settings of a test's virtual QPs: `mode`, chunks of `chunk` bytes, 16 outstanding per QP.
+pub fn cfg(mode: VcMode, chunk: u64) -> VqpConfig {
+    VqpConfig {
+        chunk_bytes: chunk,
+        mode,
+        max_msgs_per_qp: 16,
+        ..VqpConfig::default()
+    }
+}
+
+/// A fabric that reorders across QPs and delivers completions partly, from `seed`.
+pub fn shuffled(seed: u64) -> SoftConfig {
+    SoftConfig {
+        seed,
+        reorder: true,
+        partial: true,
+        copy_data: true,
+    }
 }
