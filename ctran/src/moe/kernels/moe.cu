@@ -242,10 +242,42 @@ __device__ __forceinline__ int moe_checked_id(const MoeParams& p, u32 t, u32 k) 
     return ok ? (int)id : -1;
 }
 
-// Reports token t's k-th expert id when it is neither valid nor -1 (an unused slot).
-__device__ __forceinline__ void moe_check_id(const MoeParams& p, u32 t, u32 k, int checked) {
-    long long id = ((const long long*)p.idx)[(u64)t * p.top_k + k];
-    if (checked < 0 && id != -1) moe_fail(p, MOE_ERR_EXPERT, t, k, (u64)id);
+// Token t's destination ranks, a bit each. With `keep`, also reports its expert ids that are
+// neither valid nor -1 (an unused slot) and keeps its checked routing (ids, weights, mask) for
+// the later kernels.
+__device__ u64 moe_route_token(const MoeParams& p, u32 t, bool keep) {
+    u32 per_rank = p.num_experts / p.size;
+    u64 m = 0;
+    for (u32 k = 0; k < p.top_k; ++k) {
+        int id = moe_checked_id(p, t, k);
+        if (keep) {
+            long long raw = ((const long long*)p.idx)[(u64)t * p.top_k + k];
+            if (id < 0 && raw != -1) moe_fail(p, MOE_ERR_EXPERT, t, k, (u64)raw);
+            scratch<int>(p, p.at.idx)[(u64)t * p.top_k + k] = id;
+            scratch<float>(p, p.at.w)[(u64)t * p.top_k + k] = ((const float*)p.w)[(u64)t * p.top_k + k];
+        }
+        if (id >= 0) m |= 1ull << ((u32)id / per_rank);
+    }
+    if (keep) scratch<u64>(p, p.at.mask)[t] = m;
+    return m;
+}
+
+// Threads 0..size: waits until every destination read the previous round's records (mapped).
+__device__ void moe_wait_acks(const MoeParams& p, u64 round) {
+    if (p.mapped && threadIdx.x < p.size && threadIdx.x != p.rank)
+        moe_wait(p, sym<u64>(p, p.rank, p.at.dack) + threadIdx.x, round - 1, threadIdx.x, 1);
+}
+
+// One thread: keeps the records sent to each rank and where each rank's start when packed.
+__device__ void moe_keep_counts(const MoeParams& p, const u32* count) {
+    long long* counts = scratch<long long>(p, p.at.send_counts);
+    u64* off = scratch<u64>(p, p.at.send_off);
+    u64 acc = 0;
+    for (u32 r = 0; r < p.size; ++r) {
+        counts[r] = count[r];
+        off[r] = acc;
+        acc += count[r];
+    }
 }
 
 // One block of 1024 threads. Starts a dispatch round; checks and copies the routing; gives
@@ -262,29 +294,11 @@ extern "C" __global__ void __launch_bounds__(1024) moe_route(const __grid_consta
     }
     if (threadIdx.x < p.size) base[threadIdx.x] = 0;
     __syncthreads();
-    if (p.mapped && threadIdx.x < p.size && threadIdx.x != p.rank) {
-        // The previous round's records at this destination have been read.
-        moe_wait(p, sym<u64>(p, p.rank, p.at.dack) + threadIdx.x, round - 1, threadIdx.x, 1);
-    }
-    const float* w_in = (const float*)p.w;
-    int* idx = scratch<int>(p, p.at.idx);
-    float* w = scratch<float>(p, p.at.w);
-    u64* mask = scratch<u64>(p, p.at.mask);
+    moe_wait_acks(p, round);
     u32* pos = scratch<u32>(p, p.at.pos);
-    u32 per_rank = p.num_experts / p.size;
     for (u32 chunk = 0; chunk < p.tokens; chunk += blockDim.x) {
         u32 t = chunk + threadIdx.x;
-        u64 m = 0;
-        if (t < p.tokens) {
-            for (u32 k = 0; k < p.top_k; ++k) {
-                int id = moe_checked_id(p, t, k);
-                moe_check_id(p, t, k, id);
-                idx[(u64)t * p.top_k + k] = id;
-                w[(u64)t * p.top_k + k] = w_in[(u64)t * p.top_k + k];
-                if (id >= 0) m |= 1ull << ((u32)id / per_rank);
-            }
-            mask[t] = m;
-        }
+        u64 m = t < p.tokens ? moe_route_token(p, t, true) : 0;
         for (u32 r = 0; r < p.size; ++r) {
             u32 total;
             u32 before = block_prefix((m >> r) & 1, &total);
@@ -293,16 +307,7 @@ extern "C" __global__ void __launch_bounds__(1024) moe_route(const __grid_consta
             __syncthreads();
         }
     }
-    if (threadIdx.x == 0) {
-        long long* counts = scratch<long long>(p, p.at.send_counts);
-        u64* off = scratch<u64>(p, p.at.send_off);
-        u64 acc = 0;
-        for (u32 r = 0; r < p.size; ++r) {
-            counts[r] = base[r];
-            off[r] = acc;
-            acc += base[r];
-        }
-    }
+    if (threadIdx.x == 0) moe_keep_counts(p, base);
 }
 
 // Quantizes token t (FP8) and writes its record to every rank r in `m`, as record `pos(r)`
@@ -393,24 +398,11 @@ extern "C" __global__ void __launch_bounds__(256) moe_dispatch_fused(const __gri
     MoeState* st = moe_state(p);
     u64 round = st->dround + 1;
     __shared__ u32 mine[MOE_MAX_RANKS];  // this block's token: its record number per rank
-    __shared__ long long counts[MOE_MAX_RANKS];
+    __shared__ u32 counts[MOE_MAX_RANKS];
     __shared__ u64 own_mask;
     u32 t = threadIdx.x;
-    u32 per_rank = p.num_experts / p.size;
     const float* w_in = (const float*)p.w;
-    u64 m = 0;
-    if (t < p.tokens) {
-        for (u32 k = 0; k < p.top_k; ++k) {
-            int id = moe_checked_id(p, t, k);
-            if (blockIdx.x == 0) {
-                moe_check_id(p, t, k, id);
-                scratch<int>(p, p.at.idx)[(u64)t * p.top_k + k] = id;
-                scratch<float>(p, p.at.w)[(u64)t * p.top_k + k] = w_in[(u64)t * p.top_k + k];
-            }
-            if (id >= 0) m |= 1ull << ((u32)id / per_rank);
-        }
-        if (blockIdx.x == 0) scratch<u64>(p, p.at.mask)[t] = m;
-    }
+    u64 m = t < p.tokens ? moe_route_token(p, t, blockIdx.x == 0) : 0;
     if (t == blockIdx.x) own_mask = m;
     for (u32 r = 0; r < p.size; ++r) {
         u32 total;
@@ -418,10 +410,7 @@ extern "C" __global__ void __launch_bounds__(256) moe_dispatch_fused(const __gri
         if (t == blockIdx.x) mine[r] = before;
         if (threadIdx.x == 0) counts[r] = total;
     }
-    if (threadIdx.x < p.size && threadIdx.x != p.rank) {
-        // The previous round's records at this destination have been read.
-        moe_wait(p, sym<u64>(p, p.rank, p.at.dack) + threadIdx.x, round - 1, threadIdx.x, 1);
-    }
+    moe_wait_acks(p, round);
     __syncthreads();
     u32 own = blockIdx.x;
     if (own < p.tokens) {
@@ -430,22 +419,14 @@ extern "C" __global__ void __launch_bounds__(256) moe_dispatch_fused(const __gri
             [&](u32 k) { return moe_checked_id(p, own, k); },
             [&](u32 k) { return w_in[(u64)own * p.top_k + k]; });
     }
-    if (blockIdx.x == 0 && threadIdx.x == 0) {
-        long long* c = scratch<long long>(p, p.at.send_counts);
-        u64* off = scratch<u64>(p, p.at.send_off);
-        u64 acc = 0;
-        for (u32 r = 0; r < p.size; ++r) {
-            c[r] = counts[r];
-            off[r] = acc;
-            acc += (u64)counts[r];
-        }
-    }
+    if (blockIdx.x == 0 && threadIdx.x == 0) moe_keep_counts(p, counts);
     if (moe_last_block(&st->send_done)) {
         if (threadIdx.x == 0) {
             st->dround = round;
             st->tokens = p.tokens;
         }
-        moe_raise_dispatch(p, round, counts);
+        // Block 0's counts: every block fenced its writes before it counted itself done.
+        moe_raise_dispatch(p, round, scratch<long long>(p, p.at.send_counts));
     }
 }
 
