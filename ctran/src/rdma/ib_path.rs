@@ -281,9 +281,24 @@ trait Push: Send {
     ) -> Result<()>;
 }
 
-impl<B: IbBackend> Lane<B> {
-    /// Posts `put` (an RDMA read when `get`) and waits for its completion.
-    fn run(&mut self, put: Put, get: bool, deadline: Instant) -> Result<()> {
+impl<B: IbBackend> Push for Lane<B> {
+    fn push(&mut self, data: &[u8], deadline: Instant) -> Result<()> {
+        self.send.write(0, data);
+        let inbox = IbKey {
+            len: data.len() as u64,
+            ..self.peer_inbox
+        };
+        self.direct(self.send.local_key(), 0, inbox, false, deadline)
+    }
+
+    fn direct(
+        &mut self,
+        local: LocalKey,
+        local_offset: u64,
+        remote: IbKey,
+        get: bool,
+        deadline: Instant,
+    ) -> Result<()> {
         let op = if get { "RDMA read" } else { "RDMA write" };
         let lost = |detail: String| RdmaError::Disconnected {
             peer: "the ib peer".into(),
@@ -291,7 +306,15 @@ impl<B: IbBackend> Lane<B> {
         };
         let wr_id = self.next_wr;
         self.next_wr += 1;
-        let put = Put { wr_id, ..put };
+        let put = Put {
+            wr_id,
+            local,
+            local_offset,
+            remote,
+            remote_offset: 0,
+            len: remote.len,
+            notify: false,
+        };
         let posted = if get {
             self.vqp.get(&put)
         } else {
@@ -326,42 +349,6 @@ impl<B: IbBackend> Lane<B> {
                 }
             }
         }
-    }
-}
-
-impl<B: IbBackend> Push for Lane<B> {
-    fn push(&mut self, data: &[u8], deadline: Instant) -> Result<()> {
-        self.send.write(0, data);
-        let put = Put {
-            wr_id: 0,
-            local: self.send.local_key(),
-            local_offset: 0,
-            remote: self.peer_inbox,
-            remote_offset: 0,
-            len: data.len() as u64,
-            notify: false,
-        };
-        self.run(put, false, deadline)
-    }
-
-    fn direct(
-        &mut self,
-        local: LocalKey,
-        local_offset: u64,
-        remote: IbKey,
-        get: bool,
-        deadline: Instant,
-    ) -> Result<()> {
-        let put = Put {
-            wr_id: 0,
-            local,
-            local_offset,
-            remote,
-            remote_offset: 0,
-            len: remote.len,
-            notify: false,
-        };
-        self.run(put, get, deadline)
     }
 }
 

@@ -436,26 +436,8 @@ impl RdmaTransport {
         loop {
             let payload = via == Via::Payload;
             let v = via.clone();
-            let frame = |req| {
-                if write {
-                    Frame::Write {
-                        req,
-                        key: key.clone(),
-                        dst: remote.ptr,
-                        len: remote.len,
-                        notify,
-                        via: v,
-                    }
-                } else {
-                    Frame::Read {
-                        req,
-                        key: key.clone(),
-                        src: remote.ptr,
-                        len: remote.len,
-                        via: v,
-                    }
-                }
-            };
+            let frame =
+                |req| Frame::request(write, req, key.clone(), remote.ptr, remote.len, notify, v);
             let carry = match (payload, write) {
                 (false, _) => Payload::None,
                 (true, true) => Payload::Send,
@@ -510,26 +492,16 @@ fn transfer_in_place(
 ) -> Result<bool> {
     let op = if write { "write" } else { "read" };
     let via = Via::IbDirect { key: ib_key };
-    let key = key.to_string();
     let frame = |req| {
-        if write {
-            Frame::Write {
-                req,
-                key,
-                dst: remote.ptr,
-                len: remote.len,
-                notify,
-                via,
-            }
-        } else {
-            Frame::Read {
-                req,
-                key,
-                src: remote.ptr,
-                len: remote.len,
-                via,
-            }
-        }
+        Frame::request(
+            write,
+            req,
+            key.to_string(),
+            remote.ptr,
+            remote.len,
+            notify,
+            via,
+        )
     };
     match link.request(op, frame, Arc::clone(pin), Payload::None, at)? {
         Status::NoDirect => {
@@ -566,24 +538,13 @@ fn transfer_ib(
             let _turn = ib.write_turn();
             copy::read_pin(&part, data)?;
             ib.push_write(data, deadline)?;
-            let frame = |req| Frame::Write {
-                req,
-                key,
-                dst: remote.ptr + off,
-                len: n,
-                notify: notify && last,
-                via: Via::Ib,
-            };
+            let at = remote.ptr + off;
+            let frame = |req| Frame::request(true, req, key, at, n, notify && last, Via::Ib);
             link.request(op, frame, part, Payload::None, (deadline, limit))?;
         } else {
             let _turn = ib.read_turn();
-            let frame = |req| Frame::Read {
-                req,
-                key,
-                src: remote.ptr + off,
-                len: n,
-                via: Via::Ib,
-            };
+            let at = remote.ptr + off;
+            let frame = |req| Frame::request(false, req, key, at, n, false, Via::Ib);
             link.request(
                 op,
                 frame,

@@ -200,6 +200,37 @@ impl Dec<'_> {
 }
 
 impl Frame {
+    /// A write request (`write`) of `len` bytes into the peer's registration `key` at `at`,
+    /// or a read request of them; `notify` counts for writes only.
+    pub(crate) fn request(
+        write: bool,
+        req: u64,
+        key: String,
+        at: u64,
+        len: u64,
+        notify: bool,
+        via: Via,
+    ) -> Frame {
+        if write {
+            Frame::Write {
+                req,
+                key,
+                dst: at,
+                len,
+                notify,
+                via,
+            }
+        } else {
+            Frame::Read {
+                req,
+                key,
+                src: at,
+                len,
+                via,
+            }
+        }
+    }
+
     /// The frame's bytes, length-prefixed.
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut e = Enc::default();

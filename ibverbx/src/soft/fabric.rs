@@ -375,18 +375,17 @@ impl Fabric {
         len: usize,
         into_region: bool,
     ) -> Result<(), String> {
-        let mr = self
+        let (base, size) = self
             .mrs
-            .get_mut(&key)
+            .get(&key)
+            .map(|mr| (mr.addr, mr.mem.len()))
             .ok_or_else(|| format!("region {key:#x} is gone"))?;
-        if offset.checked_add(len).is_none_or(|e| e > mr.mem.len()) {
+        if offset.checked_add(len).is_none_or(|e| e > size) {
             return Err(format!(
-                "{len} bytes at offset {offset} pass the region's {} bytes",
-                mr.mem.len()
+                "{len} bytes at offset {offset} pass the region's {size} bytes"
             ));
         }
-        let at = mr.mem.addr_at(offset);
-        let engine = mr.mem.engine().cloned();
+        let (at, engine) = self.reach(key, base + offset as u64)?;
         let (dst, src) = if into_region {
             (at, buf as u64)
         } else {
