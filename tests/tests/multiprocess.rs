@@ -400,12 +400,13 @@ fn point_to_point_sends_that_wait_for_their_receiver_do_not_deadlock() {
     }
 }
 
-/// A second thread issuing while another thread's operation is in flight is refused on every
-/// rank, naming the cause, and aborts the communicator (its in-flight receive fails too).
+/// A thread issuing while another thread's operations are in flight (the autograd thread after
+/// the main thread) runs, with correct results on every rank. A thread issuing while another is
+/// mid-issue is refused: `ctran/tests/issuing_threads.rs`.
 #[test]
-fn a_second_thread_issuing_while_the_first_has_work_in_flight_is_refused() {
+fn threads_taking_turns_run_with_the_others_work_in_flight() {
     for backends in ["socket", "socket,shm"] {
-        let mut job = Job::new(3, &["two-threads"])
+        let mut job = Job::new(3, &["threads-taking-turns"])
             .env("CTRAN_BACKENDS", backends)
             .env("TORCHCOMM_TIMEOUT_SECONDS", "30");
         job.timeout = Duration::from_secs(60);
@@ -413,22 +414,10 @@ fn a_second_thread_issuing_while_the_first_has_work_in_flight_is_refused() {
         assert_all_ok(&outs, backends);
         for o in &outs {
             assert!(
-                o.stdout.contains("second thread"),
+                o.stdout.contains("THREADS OK"),
                 "{backends}: rank {} printed {}",
                 o.rank,
                 o.stdout
-            );
-            // The refusal itself, as the rank timed it (how long the process then takes to
-            // exit is not what this checks).
-            let ms: u64 = o
-                .stdout
-                .lines()
-                .find_map(|l| l.split(" after ").nth(1)?.split(" ms").next()?.parse().ok())
-                .unwrap_or_else(|| panic!("{backends}: rank {} printed no time", o.rank));
-            assert!(
-                ms < 5_000,
-                "{backends}: rank {} was refused after {ms} ms",
-                o.rank
             );
         }
     }

@@ -90,8 +90,8 @@ struct Submitter {
     p2p_seq: u64,
     /// Tasks handed to the progress thread.
     sent: u64,
-    /// The thread that issued the operations in flight (see [`Comm::claim_issuer`]).
-    issuer: Option<std::thread::ThreadId>,
+    /// The thread inside an issue call and how deeply (see [`Comm::claim_issuer`]).
+    issuing: Option<(std::thread::ThreadId, u32)>,
 }
 
 /// A communicator of the ctran engine.
@@ -161,7 +161,7 @@ impl Comm {
                 tx,
                 coll_seq: 0,
                 p2p_seq: 0,
-                issuer: None,
+                issuing: None,
                 sent: 0,
             }),
             waker,
@@ -313,32 +313,37 @@ impl Comm {
         request
     }
 
-    /// Refuses `op` when another thread issued operations that are still in flight. Ranks pair
-    /// operations by issue order, which two threads interleave differently on each rank: the
-    /// results would be silently mixed. Like NCCL, a communicator takes operations from one
-    /// thread at a time; unlike NCCL, a second thread is detected. The communicator is aborted,
-    /// so the peers fail too instead of pairing what is left. Threads may take turns: once the
-    /// first thread's work completed, another may issue.
-    pub fn claim_issuer(&self, op: &str) -> Result<()> {
+    /// Marks the calling thread as issuing `op` until the guard drops, and refuses `op` when
+    /// another thread is issuing at the same moment. Ranks pair operations by issue order, which
+    /// two threads issuing concurrently interleave differently on each rank: the results would
+    /// be silently mixed. As NCCL documents, a communicator takes operations from one thread at
+    /// a time; here an overlap that happens is detected, and the communicator is aborted so the
+    /// peers fail too instead of pairing what is left. Threads that take turns keep the order
+    /// the same on every rank, also while the other thread's operations are still in flight
+    /// (PyTorch's autograd thread issues backward's collectives after the main thread's), so
+    /// that is allowed.
+    pub fn claim_issuer(&self, op: &str) -> Result<IssueGuard<'_>> {
         let me = std::thread::current().id();
         let mut sub = self.submitter.lock().unwrap_or_else(|p| p.into_inner());
-        let busy = sub.sent != self.shared.tasks_done.load(Ordering::Acquire);
-        if busy && sub.issuer.is_some_and(|t| t != me) {
-            drop(sub);
-            let reason = format!(
-                "{op} was issued from a second thread while operations issued by another thread \
-                 were in flight; ranks could pair the two threads' operations differently, so \
-                 the communicator is aborted (issue a communicator's operations from one thread \
-                 at a time, or wait for the other thread's work first)"
-            );
-            self.abort(&reason);
-            return Err(Error::Aborted {
-                comm: self.shared.name.clone(),
-                reason,
-            });
+        match &mut sub.issuing {
+            Some((t, depth)) if *t == me => *depth += 1,
+            Some(_) => {
+                drop(sub);
+                let reason = format!(
+                    "{op} was issued from a second thread while another thread was issuing on \
+                     the same communicator; ranks could pair the two threads' operations \
+                     differently, so the communicator is aborted (issue a communicator's \
+                     operations from one thread at a time)"
+                );
+                self.abort(&reason);
+                return Err(Error::Aborted {
+                    comm: self.shared.name.clone(),
+                    reason,
+                });
+            }
+            None => sub.issuing = Some((me, 1)),
         }
-        sub.issuer = Some(me);
-        Ok(())
+        Ok(IssueGuard { comm: self })
     }
 
     /// The algorithm `op` would run with, given the hints (`Some("ring")`, `None`, or
@@ -504,6 +509,30 @@ impl Drop for Comm {
         // connections close.
         if self.thread.get_mut().map(|t| t.is_some()).unwrap_or(false) {
             self.stop_thread();
+        }
+    }
+}
+
+/// A thread's turn at issuing on a communicator (see [`Comm::claim_issuer`]); the turn ends
+/// when the guard drops.
+#[derive(Debug)]
+#[must_use = "the turn ends when the guard drops"]
+pub struct IssueGuard<'a> {
+    comm: &'a Comm,
+}
+
+impl Drop for IssueGuard<'_> {
+    fn drop(&mut self) {
+        let mut sub = self
+            .comm
+            .submitter
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some((_, depth)) = &mut sub.issuing {
+            *depth -= 1;
+            if *depth == 0 {
+                sub.issuing = None;
+            }
         }
     }
 }

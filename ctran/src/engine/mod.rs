@@ -142,7 +142,7 @@ impl Engine {
     /// Runs `op` on the path the selector names, holding `keep` (the owners of its buffers)
     /// until it finished.
     pub fn submit(&self, op: Op, keep: KeepAlive, issue: &Issue<'_>) -> Result<Handle> {
-        self.comm.claim_issuer(op.name())?;
+        let _turn = self.comm.claim_issuer(op.name())?;
         let Some(gpe) = &self.gpe else {
             let request = self.comm.submit_with_options(
                 op,

@@ -220,37 +220,6 @@ pub(crate) fn disagree(what: &str) -> Result<()> {
     Ok(())
 }
 
-/// A second thread issues an all_reduce while a receive issued by another thread is still in
-/// flight: ranks could pair the two threads' operations differently, so it must be refused
-/// (naming the threads) and the communicator aborted, never run.
-pub(crate) fn two_threads() -> Result<()> {
-    let comm = comm_from_env("threads")?;
-    let (me, n) = (comm.get_rank(), comm.get_size());
-    let landing = Tensor::from_vec(vec![0.0f32; 4]);
-    // Nothing is ever sent to it: it stays in flight.
-    let recv = std::thread::scope(|s| {
-        s.spawn(|| comm.recv(&landing, (me + 1) % n, &OpOptions::async_op()))
-            .join()
-            .expect("the receiving thread panicked")
-    })?;
-    let t = Tensor::from_vec(vec![1.0f32; 4]);
-    let start = Instant::now();
-    match comm
-        .all_reduce(&t, ReduceOp::Sum, &OpOptions::sync())
-        .and_then(|w| w.wait())
-    {
-        Ok(_) => bail!("rank {me}: an all_reduce from a second thread ran"),
-        Err(e) => println!(
-            "THREADS rank {me} after {} ms: {e}",
-            start.elapsed().as_millis()
-        ),
-    }
-    if recv.wait().is_ok() {
-        bail!("rank {me}: the first thread's receive succeeded after the abort");
-    }
-    Ok(())
-}
-
 /// The last rank never joins a split: the others' split, given no timeout of its own, must fail
 /// within the parent's timeout, not the default one.
 pub(crate) fn split_without_a_peer() -> Result<()> {

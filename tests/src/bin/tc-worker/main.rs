@@ -7,6 +7,7 @@ mod moe;
 mod p2p;
 mod rdma;
 mod suite;
+mod threads;
 mod window;
 
 use anyhow::{bail, Result};
@@ -83,8 +84,8 @@ enum Scenario {
         #[arg(long)]
         what: String,
     },
-    /// A second thread issues while the first one's operation is in flight.
-    TwoThreads,
+    /// A thread issues while another thread's operations are in flight.
+    ThreadsTakingTurns,
     /// Point-to-point orders where a waiting sender's acknowledgement follows data its
     /// receiver has not asked for yet.
     P2pOrder,
@@ -180,7 +181,7 @@ fn main() {
         Scenario::Disagree { what } => ("disagree", bad_input::disagree(&what)),
         Scenario::Moe { mode, fp8, routing } => ("moe", moe::moe(&mode, fp8, &routing)),
         Scenario::DynamicCounts { what } => ("dynamic-counts", bad_input::dynamic_counts(&what)),
-        Scenario::TwoThreads => ("two-threads", bad_input::two_threads()),
+        Scenario::ThreadsTakingTurns => ("threads-taking-turns", threads::threads_taking_turns()),
         Scenario::P2pOrder => ("p2p-order", p2p::p2p_order()),
         Scenario::Lopsided { what } => ("lopsided", bad_input::lopsided(&what)),
         Scenario::SplitWithoutAPeer => ("split-without-a-peer", bad_input::split_without_a_peer()),
