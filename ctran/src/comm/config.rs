@@ -45,6 +45,9 @@ pub struct CommConfig {
     pub want_ib: bool,
     /// What ib runs on (`CTRAN_IB_PROVIDER`).
     pub ib_provider: crate::transport::ib::IbProvider,
+    /// The smallest GPU send or receive moved in place over ib (`CTRAN_IB_GPU_DIRECT` and
+    /// `CTRAN_IB_GPU_DIRECT_MIN_BYTES`); `None`: every one stages.
+    pub ib_gpu_direct_min_bytes: Option<usize>,
     /// The NVLink transport's settings.
     pub nvl: crate::nvl::NvlConfig,
     /// Shared-memory transport settings.
@@ -142,6 +145,9 @@ impl CommConfig {
                 .ok_or_else(|| {
                     Error::invalid("CTRAN_IB_PROVIDER", "verbs or soft", cv.ctran_ib_provider())
                 })?,
+            ib_gpu_direct_min_bytes: cv
+                .ctran_ib_gpu_direct()
+                .then(|| cv.ctran_ib_gpu_direct_min_bytes()),
             nvl: crate::nvl::NvlConfig {
                 staged_max_bytes: cv.ctran_nvl_staged_max_bytes(),
                 ll_max_bytes: cv.ctran_nvl_ll_max_bytes(),

@@ -142,6 +142,8 @@ pub(crate) enum Command {
     /// Work of the communicator's own, run like an operation but not traced: the cost model's
     /// calibration (see [`super::calibration`]).
     Step(Step),
+    /// Local work on the transports, between operations (registering buffers).
+    Net(Box<dyn FnOnce(&mut Mapper) + Send>),
 }
 
 /// A step of the communicator's own work; an error fails the communicator.
@@ -219,6 +221,7 @@ impl Executor {
             match cmd {
                 Command::Run(task) => self.execute(*task),
                 Command::Step(step) => self.run_step(step),
+                Command::Net(work) => work(&mut self.net),
                 Command::Shutdown(reply) => {
                     self.write_unwritten();
                     // An aborted (failed) communicator's transfers can never finish: waiting

@@ -1,6 +1,7 @@
 //! The communicator: a group of ranks connected by transports, running operations in issue
 //! order on its own progress thread.
 
+mod buffers;
 mod calibration;
 pub mod config;
 mod cpus;

@@ -6,12 +6,17 @@
 //! - **On the comm's stream** (after the caller's current stream): for each step of the
 //!   [`plan`], copy the inputs to pinned staging and `post` the step number; then, for each
 //!   step, `wait` until the host reports it done and copy the outputs back; record an event.
+//!   An operation with nothing to copy back on this rank (a send) does not wait: the stream
+//!   moves on once its inputs are staged, as NCCL's sends do once the data left the buffer, so
+//!   ranks that all send before they receive (both ways around a ring) do not deadlock; its
+//!   work completes when its host half has.
 //! - **On the GPE thread**: when a step is posted, submit its host operation (over staging) to
 //!   the ctran communicator, which runs every algorithm and transport of the CPU path; when it
 //!   completes, raise `done` to its number.
 //!
-//! Steps are numbered in issue order and complete in that order (the communicator runs
-//! operations in order), so two counters serve every operation in flight. A failed or timed-out
+//! Steps are numbered in issue order and `done` rises in that order (the communicator runs
+//! operations in order), so two counters serve every operation in flight; it passes over the
+//! steps no stream waits for (staged sends) while they are still in flight. A failed or timed-out
 //! step still raises `done`, so the stream never hangs on a dead peer: the error reaches the
 //! work handle, and the outputs are left unspecified, as with NCCL after an abort.
 //!
@@ -23,12 +28,14 @@
 //! Not capturable in CUDA graphs: the host half is driven per issue, and a replay would find
 //! its steps already done. An op issued while the caller's stream captures is refused.
 
+mod direct;
 pub mod kernels;
 pub(crate) mod plan;
+mod request;
 mod staging;
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -42,6 +49,7 @@ use crate::error::{Error, Result};
 use crate::Op;
 pub use kernels::DeviceLanding;
 use kernels::GpeKernels;
+pub use request::{cuda_err, DeviceStatus, GpeRequest, OpState};
 
 use plan::Plan;
 use staging::{Staging, StagingPool};
@@ -82,6 +90,8 @@ struct Shared {
     pre: Event,
     flags: PinnedBuffer,
     pool: StagingPool,
+    /// Sends and receives moved in place over ib (GPUDirect RDMA).
+    direct: direct::Direct,
     config: GpeConfig,
     /// Serialises issue: step numbers, stream order and the job queue must agree.
     issue: Mutex<u64>,
@@ -105,6 +115,9 @@ struct Job {
     state: Arc<OpState>,
     staging: Option<Staging>,
     keep: KeepAlive,
+    /// Whether the stream waits for its steps (it has outputs to copy back, or the NIC moves
+    /// its buffers in place); a staged send's stream does not.
+    device_waits: bool,
 }
 
 impl Job {
@@ -121,238 +134,6 @@ impl Job {
     }
 }
 
-/// The host half's outcome, shared with the work handle.
-#[derive(Debug, Default)]
-pub struct OpState {
-    result: Mutex<Option<Result<()>>>,
-    /// Where kernels that wait on peers report giving up (the NVLink path).
-    device: Option<DeviceStatus>,
-    /// Its device half could not be enqueued (see [`Gpe::issue`]).
-    cancelled: AtomicBool,
-}
-
-/// A status word in mapped host memory that a comm's kernels set when they time out or see the
-/// abort flag; sticky, like NCCL's asynchronous error.
-#[derive(Debug, Clone)]
-pub struct DeviceStatus {
-    /// The word (and what keeps it allocated).
-    pub word: Arc<PinnedBuffer>,
-    /// The communicator's name.
-    pub comm: String,
-    /// The operation's timeout.
-    pub timeout: Duration,
-}
-
-impl DeviceStatus {
-    /// The error the word reports for `op` on `rank`, if any.
-    pub fn error(&self, op: &str, rank: usize) -> Option<Error> {
-        // SAFETY: the word is 4 aligned bytes of mapped memory that kernels write atomically.
-        let v = unsafe { std::ptr::read_volatile(self.word.as_ptr().cast::<u32>()) };
-        match v {
-            0 => None,
-            crate::nvl::kernels::STATUS_TIMEOUT => Some(Error::Timeout {
-                op: op.into(),
-                seq: 0,
-                rank,
-                peer: None,
-                timeout: self.timeout,
-            }),
-            _ => Some(Error::Aborted {
-                comm: self.comm.clone(),
-                reason: format!("{op}: the communicator was aborted while its kernels waited"),
-            }),
-        }
-    }
-}
-
-impl OpState {
-    /// The outcome of an operation whose kernels report through `device`.
-    pub(crate) fn on_device(device: DeviceStatus) -> OpState {
-        OpState {
-            result: Mutex::new(None),
-            device: Some(device),
-            cancelled: AtomicBool::new(false),
-        }
-    }
-
-    /// Fails an operation whose device half could not be enqueued.
-    fn cancel(&self, why: Error) {
-        self.finish(Err(why));
-        self.cancelled.store(true, Ordering::Release);
-    }
-
-    fn is_cancelled(&self) -> bool {
-        self.cancelled.load(Ordering::Acquire)
-    }
-
-    fn finish(&self, r: Result<()>) {
-        let mut g = self.result.lock().unwrap_or_else(|p| p.into_inner());
-        if g.is_none() || matches!(g.as_ref(), Some(Ok(()))) && r.is_err() {
-            *g = Some(r);
-        }
-    }
-
-    fn get(&self) -> Option<Result<()>> {
-        self.result
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    fn get_for(&self, op: &str, rank: usize) -> Option<Result<()>> {
-        if let Some(e) = self.device.as_ref().and_then(|d| d.error(op, rank)) {
-            return Some(Err(e));
-        }
-        self.get()
-    }
-}
-
-/// One issued operation, as the work handle sees it.
-#[derive(Debug, Clone)]
-pub struct GpeRequest {
-    op: &'static str,
-    done_event: Arc<Event>,
-    state: Arc<OpState>,
-    caller: RawStream,
-    rank: usize,
-    /// Issued while the caller's stream captured a CUDA graph: it runs at each replay, which
-    /// the graph's owner waits for, so the handle has nothing to poll.
-    captured: bool,
-    /// Earlier stages of the same operation (enqueued before this one, so done when it is),
-    /// whose errors this handle reports too.
-    before: Vec<GpeRequest>,
-    /// It ran on the caller's stream itself, which therefore needs no wait for it.
-    on_caller: bool,
-}
-
-impl GpeRequest {
-    /// A request completed by `done_event` on the device, its outcome in `state`.
-    pub(crate) fn new(
-        op: &'static str,
-        done_event: Arc<Event>,
-        state: Arc<OpState>,
-        caller: RawStream,
-        rank: usize,
-        captured: bool,
-    ) -> GpeRequest {
-        GpeRequest {
-            op,
-            done_event,
-            state,
-            caller,
-            rank,
-            captured,
-            before: Vec::new(),
-            on_caller: false,
-        }
-    }
-
-    /// This request's work was enqueued on the caller's stream itself (see
-    /// [`crate::nvl::Nvl::issue`]): waiting on it orders nothing more.
-    pub fn on_caller_stream(mut self) -> GpeRequest {
-        self.on_caller = true;
-        self
-    }
-
-    /// This request as the last stage of an operation issued after the work on `caller`,
-    /// whose `earlier` stages ran before it on the device: waiting on it orders `caller` after
-    /// the whole operation (not after the stream this stage was ordered behind), and it reports
-    /// the earlier stages' errors as well as its own.
-    pub fn finishing(mut self, caller: RawStream, earlier: Vec<GpeRequest>) -> GpeRequest {
-        self.on_caller &= self.caller == caller;
-        self.caller = caller;
-        self.before.extend(earlier);
-        self
-    }
-
-    /// The first error of the operation's stages, if any has failed.
-    fn failure(&self) -> Option<Error> {
-        self.before
-            .iter()
-            .find_map(GpeRequest::failure)
-            .or_else(|| match self.state.get_for(self.op, self.rank) {
-                Some(Err(e)) => Some(e),
-                _ => None,
-            })
-    }
-
-    /// Makes the caller's stream wait for the operation (returns at once). An error the host
-    /// half already met is returned.
-    pub fn wait_on_stream(&self) -> Result<()> {
-        self.wait_on(self.caller)
-    }
-
-    /// Makes `stream` wait for the operation (returns at once). An error the host half already
-    /// met is returned.
-    pub fn wait_on(&self, stream: RawStream) -> Result<()> {
-        if let Some(e) = self.failure() {
-            return Err(e);
-        }
-        if self.on_caller && stream == self.caller {
-            return Ok(());
-        }
-        stream
-            .wait_event(&self.done_event)
-            .map_err(|e| cuda_err(self.op, self.rank, e))
-    }
-
-    /// Blocks the host until the operation's device work is done, or `timeout` passes.
-    pub fn wait_blocking(&self, timeout: Duration) -> Result<()> {
-        let deadline = Instant::now() + timeout;
-        let mut nap = Duration::from_micros(20);
-        if self.captured {
-            return Ok(());
-        }
-        loop {
-            if let Some(e) = self.failure() {
-                return Err(e);
-            }
-            if self.is_done()? {
-                return self.failure().map_or(Ok(()), Err);
-            }
-            if Instant::now() >= deadline {
-                return Err(Error::Timeout {
-                    op: self.op.into(),
-                    seq: 0,
-                    rank: self.rank,
-                    peer: None,
-                    timeout,
-                });
-            }
-            std::thread::sleep(nap);
-            nap = (nap * 2).min(Duration::from_millis(1));
-        }
-    }
-
-    fn is_done(&self) -> Result<bool> {
-        self.done_event
-            .query()
-            .map_err(|e| cuda_err(self.op, self.rank, e))
-    }
-
-    /// True once the device work is done (successfully or not).
-    pub fn is_completed(&self) -> bool {
-        self.captured || self.is_done().unwrap_or(true)
-    }
-
-    /// The error of a failed operation.
-    pub fn error(&self) -> Option<Error> {
-        if self.captured {
-            return None;
-        }
-        self.failure()
-    }
-}
-
-/// A driver error of `op` on `rank` as an engine error.
-pub fn cuda_err(op: &str, rank: usize, e: crate::cuda::CudaError) -> Error {
-    Error::Cuda {
-        op: op.into(),
-        rank,
-        detail: e.to_string(),
-    }
-}
-
 impl Gpe {
     /// Starts the engine of `comm` on device `ctx`.
     pub fn start(comm: Arc<Comm>, ctx: &Arc<Context>, config: GpeConfig) -> Result<Gpe> {
@@ -365,7 +146,8 @@ impl Gpe {
         let (reaper, reaper_rx) = crossbeam_channel::unbounded::<KeepAlive>();
         let shared = Arc::new(Shared {
             reaper,
-            pool: StagingPool::new(ctx, config.staging_budget),
+            pool: StagingPool::new(ctx, config.staging_budget, &comm),
+            direct: direct::Direct::new(&comm),
             comm,
             ctx: Arc::clone(ctx),
             kernels,
@@ -447,27 +229,35 @@ impl Gpe {
         // Check the choice now, so a bad hint fails at the call rather than on the GPE thread.
         s.comm.algo_for(&op, hints)?;
         s.ctx.bind().map_err(e)?;
-        // Earlier operations still hold the ring: wait for them (bounded by the timeout).
-        let staging = s
-            .pool
-            .take(plan::staging_bytes(&op, rank), Instant::now() + timeout)
-            .map_err(e)?
-            .ok_or_else(|| Error::Timeout {
-                op: name.into(),
-                seq: 0,
+        // Moved by the NIC between the tensors themselves: one step over the device buffers,
+        // nothing to copy, and the stream waits until the NIC is done with them.
+        let in_place = landing.is_none() && s.direct.prepare(&op, &s.comm, &s.ctx);
+        let (staging, Plan { steps }) = if in_place {
+            (None, plan::in_place(op))
+        } else {
+            // Earlier operations still hold the ring: wait for them (bounded by the timeout).
+            let staging = s
+                .pool
+                .take(plan::staging_bytes(&op, rank), Instant::now() + timeout)
+                .map_err(e)?
+                .ok_or_else(|| Error::Timeout {
+                    op: name.into(),
+                    seq: 0,
+                    rank,
+                    peer: None,
+                    timeout,
+                })?;
+            let plan = plan::plan(
+                &op,
                 rank,
-                peer: None,
-                timeout,
-            })?;
-        let Plan { steps } = plan::plan(
-            &op,
-            rank,
-            staging.as_ptr(),
-            s.config.chunk_bytes,
-            hints.uniform,
-        );
+                staging.as_ptr(),
+                s.config.chunk_bytes,
+                hints.uniform,
+            );
+            (Some(staging), plan)
+        };
         let done_event = Arc::new(Event::new(&s.ctx).map_err(e)?);
-        let base = staging.as_ptr() as u64;
+        let base = staging.as_ref().map_or(0, |b| b.as_ptr() as u64);
         tracing::trace!(rank, op = name, steps = steps.len(), "GPE: issue");
         let mut next = s.issue.lock().unwrap_or_else(|p| p.into_inner());
         let first = *next + 1;
@@ -479,6 +269,12 @@ impl Gpe {
             copies.push((st.inputs, st.outputs));
             host_steps.push((first + i as u64, st.host));
         }
+        // An operation that writes nothing back on this rank (a send, a reduce's non-root)
+        // releases the stream once its inputs are staged, as NCCL's sends leave once the data
+        // is in the peer's buffer: later operations on the stream (the matching receive of a
+        // both-ways exchange) are posted without waiting for the peer to take it.
+        let stream_waits =
+            in_place || landing.is_some() || copies.iter().any(|(_, out)| !out.is_empty());
         let state = Arc::new(OpState::default());
         // The host half goes to the GPE thread before the device half is enqueued. Once the
         // stream holds a wait kernel, another thread's `cuMemFree` (which waits for the device)
@@ -492,8 +288,9 @@ impl Gpe {
             issued: Instant::now(),
             timeout,
             state: Arc::clone(&state),
-            staging: Some(staging),
+            staging,
             keep,
+            device_waits: stream_waits,
         };
         if self.tx.send(job).is_err() {
             // The thread is gone: nothing was enqueued, so nothing waits for it.
@@ -502,7 +299,15 @@ impl Gpe {
                 reason: format!("{name}: the GPU progress engine of rank {rank} has stopped"),
             });
         }
-        if let Err(err) = s.enqueue(caller, first, &copies, base, landing, &done_event) {
+        if let Err(err) = s.enqueue(
+            caller,
+            first,
+            &copies,
+            base,
+            landing,
+            stream_waits,
+            &done_event,
+        ) {
             // Part of the device half may be enqueued and the peers expect this rank: the
             // communicator cannot go on. The GPE thread releases what was enqueued.
             let err = e(err);
@@ -513,9 +318,12 @@ impl Gpe {
             return Err(err);
         }
         drop(next);
-        Ok(GpeRequest::new(
-            name, done_event, state, caller, rank, false,
-        ))
+        let request = GpeRequest::new(name, done_event, state, caller, rank, false);
+        Ok(if stream_waits {
+            request
+        } else {
+            request.completed_by_host()
+        })
     }
 
     /// Stops the thread after the operations in flight (their device halves are released even
@@ -531,6 +339,12 @@ impl Gpe {
         if let Err(e) = self.shared.stream.as_raw().synchronize() {
             tracing::warn!("GPE stop: synchronising the comm stream: {e}");
         }
+        self.shared.direct.release(&self.shared.comm);
+    }
+
+    /// How many sends, receives and batches of them moved in place over ib so far.
+    pub fn direct_ops(&self) -> u64 {
+        self.shared.direct.ran()
     }
 }
 
@@ -543,8 +357,10 @@ impl Drop for Gpe {
 impl Shared {
     /// The device half of an operation whose steps are numbered from `first`, on the comm's
     /// stream after the caller's: per step, copy its inputs to staging and post it; then per
-    /// step, wait for the host and copy its outputs back; then run the landing copy, if any,
-    /// mark it finished and record `done_event`.
+    /// step, wait for the host and copy its outputs back (unless `stream_waits` is false:
+    /// nothing comes back); then run the landing copy, if any, mark it finished and record
+    /// `done_event`.
+    #[allow(clippy::too_many_arguments)]
     fn enqueue(
         &self,
         caller: RawStream,
@@ -552,6 +368,7 @@ impl Shared {
         copies: &[(Vec<plan::Copy>, Vec<plan::Copy>)],
         base: u64,
         landing: Option<DeviceLanding>,
+        stream_waits: bool,
         done_event: &Event,
     ) -> std::result::Result<(), cuda::CudaError> {
         let stream = self.stream.as_raw();
@@ -571,7 +388,7 @@ impl Shared {
             // work (Drop synchronises the stream).
             unsafe { self.kernels.post(posted, first + i as u64, stream) }?;
         }
-        for (i, (_, outputs)) in copies.iter().enumerate() {
+        for (i, (_, outputs)) in copies.iter().enumerate().filter(|_| stream_waits) {
             // SAFETY: as for post; the GPE thread raises `done` for every step it is given,
             // failed and cancelled ones included.
             unsafe { self.kernels.wait(done, first + i as u64, stream) }?;
@@ -608,6 +425,51 @@ impl Shared {
     }
 }
 
+/// A step submitted to the communicator.
+struct Submitted {
+    step: u64,
+    req: crate::Request,
+    /// The outcome of its job.
+    state: Arc<OpState>,
+    /// Whether the device waits for it (see [`Job::device_waits`]).
+    device_waits: bool,
+}
+
+/// Takes the completed steps out of `inflight` (in step order) and says how far `done` may
+/// rise: past every step before the first one that is neither completed nor passable (`state`
+/// gives (completed, the device waits for it)).
+fn settle<T: Stepped>(
+    inflight: &mut VecDeque<T>,
+    state: impl Fn(&T) -> (bool, bool),
+) -> (Vec<T>, Option<u64>) {
+    let (mut retired, mut done) = (Vec::new(), None);
+    let mut i = 0;
+    while let Some(f) = inflight.get(i) {
+        let (completed, device_waits) = state(f);
+        if !completed && device_waits {
+            break;
+        }
+        done = Some(f.step());
+        if completed {
+            retired.extend(inflight.remove(i));
+        } else {
+            i += 1;
+        }
+    }
+    (retired, done)
+}
+
+/// What [`settle`] needs of a submitted step.
+trait Stepped {
+    fn step(&self) -> u64;
+}
+
+impl Stepped for Submitted {
+    fn step(&self) -> u64 {
+        self.step
+    }
+}
+
 /// A job on the GPE thread: its next step to submit and its requests in flight.
 struct Running {
     job: Job,
@@ -625,7 +487,7 @@ fn run(s: &Shared, rx: &Receiver<Job>) {
     // Jobs whose steps are not all submitted yet, in issue order.
     let mut waiting: VecDeque<Running> = VecDeque::new();
     // Submitted steps: (step number, request, the outcome of its job).
-    let mut inflight: VecDeque<(u64, crate::Request, Arc<OpState>)> = VecDeque::new();
+    let mut inflight: VecDeque<Submitted> = VecDeque::new();
     // Jobs whose host half is over, kept until their device copies have run.
     let mut draining: Vec<Job> = Vec::new();
     let mut idle_rounds = 0u32;
@@ -669,7 +531,12 @@ fn run(s: &Shared, rx: &Receiver<Job>) {
                     Some(true),
                 );
                 tracing::trace!(rank, step, op = front.job.op, "GPE: step posted, submitted");
-                inflight.push_back((step, req, Arc::clone(&front.job.state)));
+                inflight.push_back(Submitted {
+                    step,
+                    req,
+                    state: Arc::clone(&front.job.state),
+                    device_waits: front.job.device_waits,
+                });
                 front.next += 1;
                 progressed = true;
                 continue;
@@ -701,26 +568,28 @@ fn run(s: &Shared, rx: &Receiver<Job>) {
             draining.push(r.job);
             progressed = true;
         }
-        // Complete steps, in order.
-        while let Some((step, req, state)) = inflight.front() {
-            if !req.is_completed() {
-                break;
+        // Complete steps. `done` rises in step order, passing over steps the device never
+        // waits for (a staged send's): a receive issued after a send that waits for its
+        // receiver completes on the device without it (both ways around a ring, every rank
+        // sends first).
+        let (retired, done) = settle(&mut inflight, |f| (f.req.is_completed(), f.device_waits));
+        for f in &retired {
+            if let Some(e) = f.req.error() {
+                tracing::debug!(rank, step = f.step, "GPE: step failed: {e}");
+                f.state.finish(Err(e));
             }
-            if let Some(e) = req.error() {
-                tracing::debug!(rank, step, "GPE: step failed: {e}");
-                state.finish(Err(e));
-            }
-            tracing::trace!(rank, step, "GPE: step done");
-            s.raise_done(*step);
-            inflight.pop_front();
-            progressed = true;
+            tracing::trace!(rank, step = f.step, "GPE: step done");
+        }
+        progressed |= !retired.is_empty();
+        if let Some(step) = done {
+            s.raise_done(step);
         }
         // Finish jobs whose steps all completed; release their buffers once the device is
         // past their copies back.
         draining.retain_mut(|job| {
             let last = job.last_step();
             let host_over = s.counter(DONE).load(Ordering::Acquire) >= last
-                && !inflight.iter().any(|(n, _, _)| *n <= last);
+                && !inflight.iter().any(|f| f.step <= last);
             if !host_over {
                 return true;
             }
@@ -784,5 +653,49 @@ fn run(s: &Shared, rx: &Receiver<Job>) {
                 100
             }));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    impl Stepped for (u64, bool, bool) {
+        fn step(&self) -> u64 {
+            self.0
+        }
+    }
+
+    fn run(steps: &[(u64, bool, bool)]) -> (Vec<u64>, Option<u64>, Vec<u64>) {
+        let mut q: VecDeque<(u64, bool, bool)> = steps.iter().copied().collect();
+        let (retired, done) = settle(&mut q, |&(_, c, w)| (c, w));
+        let left = q.iter().map(|s| s.0).collect();
+        (retired.iter().map(|s| s.0).collect(), done, left)
+    }
+
+    #[test]
+    fn done_passes_over_steps_the_device_does_not_wait_for() {
+        // (step, completed, device waits)
+        // Two staged sends in flight, then a completed receive: done reaches the receive.
+        assert_eq!(
+            run(&[
+                (1, false, false),
+                (2, false, false),
+                (3, true, true),
+                (4, false, true)
+            ]),
+            (vec![3], Some(3), vec![1, 2, 4])
+        );
+        // An incomplete step the device waits for stops it; later completions wait.
+        assert_eq!(
+            run(&[(1, true, true), (2, false, true), (3, true, true)]),
+            (vec![1], Some(1), vec![2, 3])
+        );
+        assert_eq!(run(&[(5, false, true)]), (vec![], None, vec![5]));
+        // Everything completed.
+        assert_eq!(
+            run(&[(1, true, false), (2, true, true)]),
+            (vec![1, 2], Some(2), vec![])
+        );
     }
 }

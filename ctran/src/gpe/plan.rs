@@ -52,6 +52,18 @@ impl Role {
 /// Staging regions start on cache lines.
 const ALIGN: usize = 64;
 
+/// The plan of an operation whose device buffers the transports move in place: one step, the
+/// operation itself, nothing copied.
+pub(crate) fn in_place(op: Op) -> Plan {
+    Plan {
+        steps: vec![Step {
+            inputs: Vec::new(),
+            host: op,
+            outputs: Vec::new(),
+        }],
+    }
+}
+
 /// Rebuilds `op` with every buffer passed through `f` (with its role on this rank).
 pub(crate) fn map_spans(op: &Op, rank: usize, f: &mut dyn FnMut(Span, Role) -> Span) -> Op {
     fn all(v: &[Span], role: Role, f: &mut dyn FnMut(Span, Role) -> Span) -> Vec<Span> {

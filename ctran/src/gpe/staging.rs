@@ -6,13 +6,20 @@
 //! must issue 100 async ops in milliseconds), and `cuMemFreeHost` waits for the device, which
 //! could wait for the GPE thread itself. Operations larger than the ring get a buffer of their
 //! own, kept for reuse and freed only when the engine stops (after its stream is idle).
+//!
+//! Where the communicator uses ib, every staging buffer is registered with it when allocated
+//! (and deregistered before it is freed): the NIC then reads and writes the staging itself,
+//! without the ib transport's own copies.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
+use crate::comm::Comm;
 use crate::cuda::error::Result;
 use crate::cuda::{Context, PinnedBuffer};
+use crate::span::Span;
+use crate::transport::ib::UserDevice;
 
 /// Ring allocations are rounded to this (keeps DMA transfers aligned).
 const ALIGN: usize = 4096;
@@ -57,26 +64,64 @@ pub(crate) struct StagingPool {
     ring: Mutex<Option<PinnedBuffer>>,
     state: Mutex<Ring>,
     freed: Condvar,
+    /// The communicator whose transports the buffers are registered with, if it uses ib.
+    nic: Option<Arc<Comm>>,
+    /// The buffers registered with it.
+    registered: Mutex<Vec<Span>>,
 }
 
 impl StagingPool {
-    pub(crate) fn new(ctx: &Arc<Context>, capacity: usize) -> StagingPool {
+    pub(crate) fn new(ctx: &Arc<Context>, capacity: usize, comm: &Arc<Comm>) -> StagingPool {
         StagingPool {
             ctx: Arc::clone(ctx),
             capacity: capacity.div_ceil(ALIGN) * ALIGN,
             ring: Mutex::new(None),
             state: Mutex::new(Ring::default()),
             freed: Condvar::new(),
+            nic: comm.config().want_ib.then(|| Arc::clone(comm)),
+            registered: Mutex::new(Vec::new()),
         }
     }
 
     fn ring_base(&self) -> Result<*mut u8> {
         let mut r = self.ring.lock().unwrap_or_else(|p| p.into_inner());
         if r.is_none() {
-            *r = Some(PinnedBuffer::alloc(&self.ctx, self.capacity)?);
+            let ring = PinnedBuffer::alloc(&self.ctx, self.capacity)?;
+            self.register(&ring);
+            *r = Some(ring);
         }
         Ok(r.as_ref()
             .map_or(std::ptr::null_mut(), PinnedBuffer::as_ptr))
+    }
+
+    /// A buffer of its own for an operation larger than the ring.
+    fn alloc_own(&self, bytes: usize) -> Result<PinnedBuffer> {
+        let b = PinnedBuffer::alloc(&self.ctx, bytes)?;
+        self.register(&b);
+        Ok(b)
+    }
+
+    /// Registers `b` with the communicator's ib transport, if it has one. Failing leaves the
+    /// transfers staged by the transport, as before.
+    fn register(&self, b: &PinnedBuffer) {
+        let Some(comm) = &self.nic else { return };
+        // SAFETY: the buffer is pinned host memory that lives until this pool deregisters it
+        // (Drop), or longer: an operation that could not finish leaks its buffer.
+        let span = unsafe { Span::from_raw(b.as_ptr(), b.len()) };
+        // SAFETY: as above: deregistered before it is freed.
+        match unsafe { comm.register_buffer(span, UserDevice::Host) } {
+            Ok(true) => self
+                .registered
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(span),
+            Ok(false) => {}
+            Err(e) => tracing::warn!(
+                rank = comm.rank(),
+                "GPE staging of {} B stays copied by the ib transport: {e}",
+                b.len()
+            ),
+        }
     }
 
     /// Staging of `bytes`, waiting until `deadline` for earlier operations to give theirs
@@ -89,7 +134,7 @@ impl StagingPool {
                 return Ok(Some(Staging::Own(st.spare.swap_remove(i))));
             }
             drop(st);
-            return PinnedBuffer::alloc(&self.ctx, bytes).map(|b| Some(Staging::Own(b)));
+            return self.alloc_own(bytes).map(|b| Some(Staging::Own(b)));
         }
         let base = self.ring_base()?;
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -143,6 +188,22 @@ impl StagingPool {
             }
         }
         self.freed.notify_all();
+    }
+}
+
+impl Drop for StagingPool {
+    fn drop(&mut self) {
+        // Before the buffers are freed (the fields drop after this).
+        if let Some(comm) = &self.nic {
+            for span in self
+                .registered
+                .get_mut()
+                .unwrap_or_else(|p| p.into_inner())
+                .drain(..)
+            {
+                comm.deregister_buffer(span);
+            }
+        }
     }
 }
 

@@ -297,6 +297,34 @@ impl Transport for Mapper {
         Ok((id, key))
     }
 
+    // Buffers registered for transfers in place: only ib moves data by the NIC, so only ib
+    // takes them; TCP and shared memory copy as always.
+
+    fn register_buffer(
+        &mut self,
+        span: Span,
+        device: &crate::transport::ib::UserDevice,
+    ) -> Result<bool, TransportError> {
+        match self.ib.as_mut() {
+            Some(ib) => ib.register_buffer(span, device),
+            None => Ok(false),
+        }
+    }
+
+    fn deregister_buffer(&mut self, span: Span) {
+        if let Some(ib) = self.ib.as_mut() {
+            ib.deregister_buffer(span);
+        }
+    }
+
+    fn moves_in_place(&self, peer: usize) -> bool {
+        !self.via_shm(peer) && self.via_ib(peer)
+    }
+
+    fn moved_in_place(&self) -> u64 {
+        self.ib.as_ref().map_or(0, |ib| ib.moved_in_place())
+    }
+
     fn deregister_region(&mut self, id: RegionId) -> bool {
         if let (Some(ib_id), Some(ib)) = (self.ib_regions.remove(&id.0), self.ib.as_mut()) {
             ib.deregister_region(ib_id);

@@ -191,6 +191,39 @@ pub trait Transport: Send + fmt::Debug {
     /// passed on to peers where the transport can (so they can name the root cause).
     fn abort(&mut self, reason: &str);
 
+    /// Registers `span`, memory of `device` that stays valid until
+    /// [`Transport::deregister_buffer`], so that sends from it and receives into it move in
+    /// place (no staging copy) where this transport can. `Ok(false)`: this transport copies as
+    /// before. An error says why registering failed; transfers then stage as before.
+    fn register_buffer(
+        &mut self,
+        span: Span,
+        device: &crate::transport::ib::UserDevice,
+    ) -> Result<bool, TransportError> {
+        let _ = (span, device);
+        Ok(false)
+    }
+
+    /// Forgets the registration of `span` (made by [`Transport::register_buffer`]); transfers
+    /// posted before it still complete in place.
+    fn deregister_buffer(&mut self, span: Span) {
+        let _ = span;
+    }
+
+    /// Whether transfers with `peer` go through a transport that moves registered buffers in
+    /// place, without touching them from this process (ib): only then may a registered
+    /// buffer be memory this process cannot read (GPU memory).
+    fn moves_in_place(&self, peer: usize) -> bool {
+        let _ = peer;
+        false
+    }
+
+    /// How many transfers moved in place through buffers of [`Transport::register_buffer`]
+    /// (diagnostics).
+    fn moved_in_place(&self) -> u64 {
+        0
+    }
+
     // One-sided operations (windows). A region is registered locally; its [`RemoteKey`]
     // travels to the peers (as bytes, through an all_gather); puts and signals name it. The
     // target's progress thread applies them whenever they arrive, in order per peer, and

@@ -5,9 +5,9 @@
 //! verbs.
 //!
 //! Communicators copy user data through registered staging memory ([`IbMemory`]): their
-//! buffers change every operation, and a staging copy keeps one code path for host and GPU
-//! memory. Memory registered once for many transfers (the RDMA transfer API's) is registered
-//! in place instead ([`IbBackend::register_user`], `user_memory.rs`).
+//! buffers change every operation. Memory registered once for many transfers (the RDMA
+//! transfer API's, the GPU progress engine's staging, GPU buffers of sends and receives) is
+//! registered in place instead ([`IbBackend::register_user`], `user_memory.rs`, `in_place.rs`).
 
 use std::fmt;
 

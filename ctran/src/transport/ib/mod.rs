@@ -20,7 +20,9 @@
 //! roots) fail both. On agreement the sender copies the data into a staging buffer of its own
 //! and RDMA-writes it into the receiver's. Once that write completed (so the data is placed), a
 //! `Data` message tells the receiver, which copies the data out and finishes the receive.
-//! Staging buffers are reused (`pool.rs`). [`Delivery::Eager`] sends finish when their write
+//! Staging buffers are reused (`pool.rs`). Buffers registered with
+//! [`Transport::register_buffer`] skip the copies: the write goes from the send's buffer, or
+//! into the receive's (`in_place.rs`). [`Delivery::Eager`] sends finish when their write
 //! completed; [`Delivery::Confirmed`] ones too, with the receiver's `Ack` awaited through
 //! [`Transport::unconfirmed`]; [`Delivery::Accepted`] ones finish on the `Ack`.
 //!
@@ -39,6 +41,7 @@
 //! [`Transport::abort`] tells every peer (an `Abort` message) and fails everything pending.
 
 pub mod backend;
+mod in_place;
 mod onesided;
 mod peer;
 mod pool;
@@ -58,14 +61,15 @@ use std::time::{Duration, Instant};
 use ibverbx::{Event, Put, RemoteKey as IbKey, VirtualCompletion, VirtualCq};
 
 pub use backend::{IbBackend, IbMemory, SoftBackend};
-use peer::{Cts, InFlight, OneSided, Peer, RecvReq, SendReq};
+use in_place::InPlace;
+use peer::{Cts, InFlight, OneSided, Peer, RecvReq, SendReq, Through};
 use pool::Pool;
 pub(crate) use route::connect as connect_peers;
 pub(crate) use route::{open_backend, WithBackend};
 pub use route::{soft_fabric, IbProvider, IbRoute};
 use setup::Half;
 pub use setup::{IbError, IbSettings};
-pub use user_memory::{NicRegion, UserDevice};
+pub use user_memory::{gpu_dmabuf_supported, NicRegion, UserDevice};
 pub use verbs::VerbsBackend;
 use wire::Ctl;
 
@@ -102,6 +106,8 @@ pub struct IbTransport<B: IbBackend> {
     regions: RegionTable,
     region_mems: HashMap<u32, B::Mem>,
     pool: Pool<B::Mem>,
+    /// Buffers registered for transfers in place ([`Transport::register_buffer`]).
+    in_place: InPlace<B::UserMem>,
     events: Vec<VirtualCompletion>,
 }
 
@@ -236,13 +242,20 @@ impl<B: IbBackend> IbTransport<B> {
             self.send_written(peer, s.id, c.rid, s.delivery);
             return Ok(());
         }
-        let staging = self.stage(peer, s.data)?;
+        let source = match self.in_place.slice(s.data) {
+            Some(slice) => Through::InPlace(slice),
+            None => Through::Staging(self.stage(peer, s.data)?),
+        };
+        let (local, local_offset) = match &source {
+            Through::Staging(m) => (m.local_key(), 0),
+            Through::InPlace(slice) => (slice.local_key(), slice.offset()),
+        };
         let wr = self.next_wr;
         self.next_wr += 1;
         let put = Put {
             wr_id: wr,
-            local: staging.local_key(),
-            local_offset: 0,
+            local,
+            local_offset,
             remote: c.key,
             remote_offset: 0,
             len: c.len,
@@ -256,7 +269,7 @@ impl<B: IbBackend> IbTransport<B> {
                 req: s.id,
                 rid: c.rid,
                 delivery: s.delivery,
-                staging,
+                source,
             },
         );
         Ok(())
@@ -311,9 +324,11 @@ impl<B: IbBackend> IbTransport<B> {
                         req,
                         rid,
                         delivery,
-                        staging,
+                        source,
                     }) => {
-                        self.pool.give(staging);
+                        if let Through::Staging(m) = source {
+                            self.pool.give(m);
+                        }
                         self.send_written(peer, req, rid, delivery);
                     }
                     Some(InFlight::OneSided { req, staging }) => {
@@ -397,7 +412,7 @@ impl<B: IbBackend> IbTransport<B> {
                 if ack && live {
                     p.queue(Ctl::Ack { rid }, None);
                 }
-                if let Some(m) = r.staging {
+                if let Some(Through::Staging(m)) = r.landing {
                     if live {
                         m.read_into(0, r.data);
                     }
@@ -604,24 +619,27 @@ impl<B: IbBackend> Transport for IbTransport<B> {
     fn post_recv(&mut self, peer: usize, data: Span, tag: OpTag) -> Result<ReqId, TransportError> {
         self.peer_mut(peer)?;
         self.note_current(tag);
-        let staging = if data.is_empty() {
+        let landing = if data.is_empty() {
             None
+        } else if let Some(slice) = self.in_place.slice(data) {
+            Some(Through::InPlace(slice))
         } else {
             let backend = &self.backend;
             let m = self.pool.take(data.len(), |n| backend.register(n));
-            Some(m.map_err(|e| lost(peer, e))?)
+            Some(Through::Staging(m.map_err(|e| lost(peer, e))?))
         };
-        let key = staging.as_ref().map_or(
-            IbKey {
+        let key = match &landing {
+            None => IbKey {
                 addr: 0,
                 len: 0,
                 rkey: 0,
             },
-            IbMemory::remote_key,
-        );
+            Some(Through::Staging(m)) => m.remote_key(),
+            Some(Through::InPlace(slice)) => slice.remote_key(data.len() as u64),
+        };
         let id = self.new_id(peer);
         let p = self.peer_mut(peer)?;
-        p.recvs.insert(id, RecvReq { data, tag, staging });
+        p.recvs.insert(id, RecvReq { data, tag, landing });
         p.queue(
             Ctl::Cts {
                 rid: id,
@@ -691,6 +709,36 @@ impl<B: IbBackend> Transport for IbTransport<B> {
         self.pass();
         self.aborted = true;
         self.requests.fail_where(|_| true, &TransportError::Aborted);
+    }
+
+    fn register_buffer(&mut self, span: Span, device: &UserDevice) -> Result<bool, TransportError> {
+        if span.is_empty() {
+            return Ok(false);
+        }
+        if self.in_place.overlaps(span) {
+            return Err(TransportError::Unsupported(format!(
+                "registering {span:?} with ib: it overlaps a buffer registered already"
+            )));
+        }
+        // SAFETY: the caller of register_buffer keeps the memory valid until it deregisters
+        // it; transfers in flight then hold the registration, not the memory's owner.
+        let region = unsafe {
+            self.backend
+                .register_user(span.addr() as u64, span.len(), device)
+        };
+        let region = region.map_err(|why| {
+            TransportError::Unsupported(format!("registering {span:?} with ib: {why}"))
+        })?;
+        self.in_place.insert(span, region);
+        Ok(true)
+    }
+
+    fn deregister_buffer(&mut self, span: Span) {
+        self.in_place.remove(span);
+    }
+
+    fn moved_in_place(&self) -> u64 {
+        self.in_place.moved
     }
 
     fn register_region(

@@ -7,6 +7,7 @@ use std::time::Instant;
 use ibverbx::{Put, RemoteKey as IbKey, VirtualQp};
 
 use super::backend::{IbBackend, IbMemory};
+use super::in_place::Slice;
 use super::wire::{Ctl, RING_SLOTS, SLOT};
 use crate::span::Span;
 use crate::transport::{Delivery, OpTag, TransportError};
@@ -29,18 +30,26 @@ pub(crate) struct Cts {
     pub(crate) key: IbKey,
 }
 
+/// Registered memory a transfer's bytes go through: the transport's staging (copied) or the
+/// caller's registered buffer itself.
+#[derive(Debug)]
+pub(crate) enum Through<M, U> {
+    Staging(M),
+    InPlace(Slice<U>),
+}
+
 /// A posted receive whose clear-to-send went (or waits) to the peer.
 #[derive(Debug)]
-pub(crate) struct RecvReq<M> {
+pub(crate) struct RecvReq<M, U> {
     pub(crate) data: Span,
     pub(crate) tag: OpTag,
     /// Where the sender writes (none for an empty message).
-    pub(crate) staging: Option<M>,
+    pub(crate) landing: Option<Through<M, U>>,
 }
 
 /// What a write posted on the virtual QP was for.
 #[derive(Debug)]
-pub(crate) enum InFlight<M> {
+pub(crate) enum InFlight<M, U> {
     /// A control message; `req` finishes once it is written (a signal).
     Control { req: Option<u64> },
     /// The data of send `req` into receive `rid`.
@@ -48,7 +57,7 @@ pub(crate) enum InFlight<M> {
         req: u64,
         rid: u64,
         delivery: Delivery,
-        staging: M,
+        source: Through<M, U>,
     },
     /// One-sided put `req` (its entry in [`Peer::onesided`] says what follows).
     OneSided { req: u64, staging: M },
@@ -75,10 +84,10 @@ pub(crate) struct Peer<B: IbBackend> {
     consumed: u64,
     acked_sent: u64,
     out: VecDeque<(Ctl, Option<u64>)>,
-    pub(crate) writes: HashMap<u64, InFlight<B::Mem>>,
+    pub(crate) writes: HashMap<u64, InFlight<B::Mem, B::UserMem>>,
     pub(crate) sends: VecDeque<SendReq>,
     pub(crate) ctss: VecDeque<Cts>,
-    pub(crate) recvs: HashMap<u64, RecvReq<B::Mem>>,
+    pub(crate) recvs: HashMap<u64, RecvReq<B::Mem, B::UserMem>>,
     /// Sends whose receiver's acknowledgement is awaited: receive id -> (send id, delivery).
     pub(crate) acks: HashMap<u64, (u64, Delivery)>,
     pub(crate) onesided: VecDeque<OneSided>,

@@ -154,6 +154,7 @@ impl<B: IbBackend> IbTransport<B> {
             regions: RegionTable::new(size),
             region_mems: HashMap::new(),
             pool: Pool::new(POOL_BYTES),
+            in_place: super::in_place::InPlace::new(),
             events: Vec::new(),
         })
     }

@@ -49,6 +49,19 @@ pub enum UserDevice {
     Cuda(Arc<Context>),
 }
 
+/// Whether the driver of `ctx`'s device exports dma-bufs (GPUDirect RDMA through
+/// `ibv_reg_dmabuf_mr`), or why not.
+pub fn gpu_dmabuf_supported(ctx: &Arc<Context>) -> Result<(), String> {
+    let gpu = format!("cuda:{}", ctx.ordinal());
+    match dmabuf::supported(ctx) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(format!(
+            "the driver of {gpu} cannot export dma-bufs (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED is 0)"
+        )),
+        Err(e) => Err(format!("asking whether {gpu} exports dma-bufs: {e}")),
+    }
+}
+
 /// The dma-buf exporting device range `addr..addr + len`, or why GPUDirect RDMA is not
 /// available for it.
 pub(crate) fn gpu_dmabuf(
@@ -56,17 +69,8 @@ pub(crate) fn gpu_dmabuf(
     addr: u64,
     len: u64,
 ) -> Result<dmabuf::DmaBuf, String> {
+    gpu_dmabuf_supported(ctx)?;
     let gpu = format!("cuda:{}", ctx.ordinal());
-    match dmabuf::supported(ctx) {
-        Ok(true) => {}
-        Ok(false) => {
-            return Err(format!(
-                "the driver of {gpu} cannot export dma-bufs (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED \
-                 is 0)"
-            ))
-        }
-        Err(e) => return Err(format!("asking whether {gpu} exports dma-bufs: {e}")),
-    }
     dmabuf::export(ctx, addr, len)
         .map_err(|e| format!("exporting {len} bytes of {gpu} at {addr:#x} as a dma-buf: {e}"))
 }

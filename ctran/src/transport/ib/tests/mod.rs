@@ -10,6 +10,7 @@ use ibverbx::{VcMode, VqpConfig, WcStatus};
 use super::*;
 use crate::transport::tag::TagKind;
 
+mod in_place;
 mod onesided;
 
 type Ib = IbTransport<SoftBackend>;
