@@ -9,6 +9,7 @@
 //! |---|---|
 //! | [`sys`] | raw declarations of the verbs.h structures and functions used (written by hand) |
 //! | [`loader`] | run-time loading: [`availability`], [`supported`], the symbol table |
+//! | [`mlx5dv`] | libmlx5 loaded where present: Data Direct registration of GPU memory |
 //! | [`verbs`] | safe types: [`verbs::DeviceList`], [`verbs::Context`], [`verbs::ProtectionDomain`], [`verbs::MemoryRegion`], [`verbs::CompletionQueue`], [`verbs::QueuePair`] (typestate RESET→INIT→RTR→RTS), [`verbs::QpEndpoint`] |
 //! | [`provider`] | the traits a virtual QP runs on ([`QpOps`], [`CqOps`], [`Provider`]) |
 //! | [`virt`] | [`VirtualQp`], [`VirtualCq`], DQPLB sequence tracking ([`virt::seq`]) |
@@ -96,6 +97,7 @@ pub mod config;
 mod error;
 pub mod hca;
 pub mod loader;
+pub mod mlx5dv;
 pub mod provider;
 pub mod soft;
 pub mod sys;

@@ -11,6 +11,8 @@ pub(crate) struct ContextInner {
     pub(crate) raw: *mut sys::ibv_context,
     pub(crate) name: String,
     pub(crate) syms: &'static Symbols,
+    /// The device's Data Direct sysfs path (an mlx5 NIC with its own PCIe path to the GPU).
+    pub(crate) data_direct: Option<String>,
 }
 
 // SAFETY: rdma-core's verbs are thread safe (the library and providers lock internally); the
@@ -103,9 +105,24 @@ impl Context {
                 source: errno(),
             });
         }
+        let data_direct = crate::mlx5dv::data_direct_path(device.as_raw(), raw);
+        if let Some(path) = &data_direct {
+            tracing::info!(device = %name, "Data Direct at {path}");
+        }
         Ok(Context {
-            inner: Arc::new(ContextInner { raw, name, syms }),
+            inner: Arc::new(ContextInner {
+                raw,
+                name,
+                syms,
+                data_direct,
+            }),
         })
+    }
+
+    /// The device's Data Direct sysfs path, where libmlx5 reports one: GPU memory is then
+    /// registered for Data Direct ([`crate::verbs::MemoryRegion::register_dmabuf`]).
+    pub fn data_direct(&self) -> Option<&str> {
+        self.inner.data_direct.as_deref()
     }
 
     /// The device's name.

@@ -68,6 +68,10 @@ impl MemoryRegion {
     /// Registers `len` bytes at `offset` of a dma-buf (e.g. GPU memory exported by
     /// `cuMemGetHandleForAddressRange`), addressed by the NIC as `iova`.
     ///
+    /// On a device with Data Direct ([`crate::verbs::Context::data_direct`]) and a libmlx5
+    /// that registers for it, `mlx5dv_reg_dmabuf_mr` with Data Direct access does, unless
+    /// `CTRAN_IB_DATA_DIRECT` is off; otherwise `ibv_reg_dmabuf_mr`.
+    ///
     /// Returns [`Error::Unsupported`] when libibverbs predates rdma-core 34.
     ///
     /// # Safety
@@ -81,7 +85,21 @@ impl MemoryRegion {
         iova: u64,
         access: i32,
     ) -> Result<MemoryRegion> {
-        let syms = pd.inner.ctx.inner.syms;
+        let ctx = &pd.inner.ctx.inner;
+        let mlx5 = crate::mlx5dv::mlx5dv().ok();
+        let route = crate::mlx5dv::dmabuf_registration(
+            ctx.data_direct.is_some(),
+            mlx5.is_some_and(crate::mlx5dv::Mlx5dv::has_data_direct),
+            torchcomms_cvars::current().ctran_ib_data_direct(),
+        );
+        if let (crate::mlx5dv::DmabufRegistration::DataDirect, Some(mlx5)) = (route, mlx5) {
+            let reg = mlx5.reg_dmabuf_mr.expect("has_data_direct checked it");
+            let dd = crate::mlx5dv::REG_DMABUF_ACCESS_DATA_DIRECT;
+            // SAFETY: live PD; the caller vouches for the dma-buf.
+            let raw = unsafe { reg(pd.inner.raw, offset, len, iova, fd, access, dd) };
+            return Self::registered(pd, raw, "mlx5dv_reg_dmabuf_mr", len);
+        }
+        let syms = ctx.syms;
         let Some(reg) = syms.reg_dmabuf_mr else {
             return Err(Error::Unsupported {
                 symbol: "ibv_reg_dmabuf_mr",
