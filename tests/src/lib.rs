@@ -206,3 +206,21 @@ pub fn run_self_as_ranks(n: usize, env: &[(&str, String)]) -> std::io::Result<()
         Err(std::io::Error::other(failed.join("; ")))
     }
 }
+
+/// Exit status of a GPU check program that tested nothing because there is no usable CUDA
+/// here: the automake convention for SKIP, so that a skip is never read as a pass.
+pub const EXIT_SKIPPED: u8 = 77;
+
+/// The exit status of a GPU check program named `name`: 0 when it passed (`Ok(true)`),
+/// [`EXIT_SKIPPED`] when nothing could be tested (`Ok(false)`), 1 (with the error printed)
+/// when a check failed.
+pub fn gpu_exit<E: std::fmt::Display>(name: &str, r: Result<bool, E>) -> std::process::ExitCode {
+    match r {
+        Ok(true) => std::process::ExitCode::SUCCESS,
+        Ok(false) => std::process::ExitCode::from(EXIT_SKIPPED),
+        Err(e) => {
+            eprintln!("{name}: FAILED: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

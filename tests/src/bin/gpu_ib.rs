@@ -27,18 +27,10 @@ use ctran::engine::{Engine, Issue};
 use ctran::transport::ib::IbProvider;
 use ctran::{Comm, CommConfig, DataType, Device, Op, P2p, ReduceOp, Span};
 
-const EXIT_SKIPPED: u8 = 77;
 const TIMEOUT: Duration = Duration::from_secs(60);
 
 fn main() -> ExitCode {
-    match run() {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::from(EXIT_SKIPPED),
-        Err(e) => {
-            eprintln!("torchcomms-gpu-ib: FAILED: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    torchcomms_tests::gpu_exit("torchcomms-gpu-ib", run())
 }
 
 fn run() -> Result<bool> {

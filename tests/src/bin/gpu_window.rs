@@ -26,7 +26,6 @@ use ctran::engine::Engine;
 use ctran::nvl::window::NvlWindow;
 use ctran::{Comm, CommConfig, Device, Op};
 
-const EXIT_SKIPPED: u8 = 77;
 const TIMEOUT: Duration = Duration::from_secs(60);
 /// Windows of the checks: CUDA IPC exports allocations of at least 2 MiB.
 const WIN_BYTES: usize = 4 << 20;
@@ -37,14 +36,7 @@ fn main() -> ExitCode {
         Ok(_) => rank_main().map(|()| true),
         Err(_) => parent_main(),
     };
-    match r {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::from(EXIT_SKIPPED),
-        Err(e) => {
-            eprintln!("torchcomms-gpu-window: FAILED: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    torchcomms_tests::gpu_exit("torchcomms-gpu-window", r)
 }
 
 fn parent_main() -> Result<bool> {
