@@ -5,6 +5,11 @@
 //!
 //! A registration is shared with the transfers that use it, so deregistering while one is in
 //! flight leaves that transfer's memory registered until it completes.
+//!
+//! Unlike a staged receive, a receive in place that fails (a disagreement with another peer)
+//! can still be written by its peer until the communicator's abort reaches that peer: the
+//! peer holds the buffer's key. The operation has failed and the communicator is aborted, so
+//! the buffer's contents are unspecified, as after any abort.
 
 use std::sync::Arc;
 
