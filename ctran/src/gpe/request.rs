@@ -227,7 +227,14 @@ impl GpeRequest {
             .done_event
             .query()
             .map_err(|e| cuda_err(self.op, self.rank, e))?;
-        Ok(device && (!self.host_completes || self.state.get().is_some()))
+        Ok(device && self.host_done())
+    }
+
+    /// Whether the host halves the device did not wait for (this stage's and earlier ones')
+    /// have finished.
+    fn host_done(&self) -> bool {
+        (!self.host_completes || self.state.get().is_some())
+            && self.before.iter().all(GpeRequest::host_done)
     }
 
     /// True once the device work is done (successfully or not).
