@@ -238,6 +238,11 @@ impl Shared {
         drop(guard);
     }
 
+    /// Whether the NCCL communicator is gone (finalized or aborted).
+    pub(crate) fn is_destroyed(&self) -> bool {
+        self.raw.load(Ordering::Acquire).is_null()
+    }
+
     /// Destroys the NCCL communicator after its work (`ncclCommFinalize` when present).
     pub(crate) fn destroy(&self) -> Result<(), NcclError> {
         let _g = self.issue.lock().unwrap_or_else(|p| p.into_inner());

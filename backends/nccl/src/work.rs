@@ -49,7 +49,12 @@ enum Msg {
 pub(crate) struct Watchdog {
     tx: Sender<Msg>,
     thread: Option<JoinHandle<()>>,
+    /// Disconnected when the thread ends (its sender drops with it, panic or not).
+    ended: Receiver<()>,
 }
+
+/// How long dropping a watchdog waits for its thread before leaving it behind.
+const STOP_WAIT: Duration = Duration::from_secs(2);
 
 /// How often the watchdog polls events while operations are in flight.
 const POLL: Duration = Duration::from_micros(500);
@@ -59,14 +64,19 @@ const HEALTH: Duration = Duration::from_millis(250);
 impl Watchdog {
     pub(crate) fn start(shared: Arc<Shared>) -> Result<Watchdog, NcclError> {
         let (tx, rx) = crossbeam_channel::unbounded();
+        let (alive, ended) = crossbeam_channel::bounded::<()>(0);
         let name = format!("nccl-wd-{}", shared.rank);
         let thread = std::thread::Builder::new()
             .name(name)
-            .spawn(move || run(&shared, &rx))
+            .spawn(move || {
+                let _alive = alive;
+                run(&shared, &rx);
+            })
             .map_err(|e| NcclError::NotSupported(format!("cannot start the watchdog: {e}")))?;
         Ok(Watchdog {
             tx,
             thread: Some(thread),
+            ended,
         })
     }
 
@@ -80,11 +90,22 @@ impl Watchdog {
 }
 
 impl Drop for Watchdog {
+    /// Stops the thread and waits for it a bounded time: a watchdog dropped while the Python
+    /// interpreter shuts down (the last owner was a Python object) may be stuck on the
+    /// interpreter in a store call, and waiting for it forever would hang the process's exit.
     fn drop(&mut self) {
         let _ = self.tx.send(Msg::Stop);
-        if let Some(t) = self.thread.take() {
-            if t.join().is_err() {
-                tracing::warn!("the NCCL watchdog thread panicked");
+        let Some(t) = self.thread.take() else { return };
+        match self.ended.recv_timeout(STOP_WAIT) {
+            Err(RecvTimeoutError::Disconnected) => {
+                if t.join().is_err() {
+                    tracing::warn!("the NCCL watchdog thread panicked");
+                }
+            }
+            Ok(()) | Err(RecvTimeoutError::Timeout) => {
+                tracing::warn!(
+                    "the NCCL watchdog thread did not stop within {STOP_WAIT:?}; left behind"
+                );
             }
         }
     }
@@ -169,7 +190,9 @@ fn run(s: &Shared, rx: &Receiver<Msg>) {
 
 /// Asynchronous NCCL errors and other ranks' abort notices.
 fn health(s: &Shared) {
-    if s.failure().is_some() {
+    // Once finalized there is nothing to watch. The abort channel's store may be a Python
+    // object: touching it then could wait for an interpreter that is shutting down.
+    if s.failure().is_some() || s.is_destroyed() {
         return;
     }
     if let Some(e) = s.async_error() {
