@@ -117,7 +117,7 @@ struct Job {
     keep: KeepAlive,
     /// Whether the stream waits for its steps (it has outputs to copy back, or the NIC moves
     /// its buffers in place); a staged send's stream does not.
-    device_waits: bool,
+    stream_waits: bool,
 }
 
 impl Job {
@@ -290,7 +290,7 @@ impl Gpe {
             state: Arc::clone(&state),
             staging,
             keep,
-            device_waits: stream_waits,
+            stream_waits,
         };
         if self.tx.send(job).is_err() {
             // The thread is gone: nothing was enqueued, so nothing waits for it.
@@ -431,25 +431,25 @@ struct Submitted {
     req: crate::Request,
     /// The outcome of its job.
     state: Arc<OpState>,
-    /// Whether the device waits for it (see [`Job::device_waits`]).
-    device_waits: bool,
+    /// Whether the stream waits for it (see [`Job::stream_waits`]).
+    stream_waits: bool,
 }
 
 /// Takes the completed steps out of `inflight` (in step order) and says how far `done` may
 /// rise: past every step before the first one that is neither completed nor passable (`state`
-/// gives (completed, the device waits for it)).
-fn settle<T: Stepped>(
+/// gives (step number, completed, the stream waits for it)).
+fn settle<T>(
     inflight: &mut VecDeque<T>,
-    state: impl Fn(&T) -> (bool, bool),
+    state: impl Fn(&T) -> (u64, bool, bool),
 ) -> (Vec<T>, Option<u64>) {
     let (mut retired, mut done) = (Vec::new(), None);
     let mut i = 0;
     while let Some(f) = inflight.get(i) {
-        let (completed, device_waits) = state(f);
-        if !completed && device_waits {
+        let (step, completed, stream_waits) = state(f);
+        if !completed && stream_waits {
             break;
         }
-        done = Some(f.step());
+        done = Some(step);
         if completed {
             retired.extend(inflight.remove(i));
         } else {
@@ -457,17 +457,6 @@ fn settle<T: Stepped>(
         }
     }
     (retired, done)
-}
-
-/// What [`settle`] needs of a submitted step.
-trait Stepped {
-    fn step(&self) -> u64;
-}
-
-impl Stepped for Submitted {
-    fn step(&self) -> u64 {
-        self.step
-    }
 }
 
 /// A job on the GPE thread: its next step to submit and its requests in flight.
@@ -535,7 +524,7 @@ fn run(s: &Shared, rx: &Receiver<Job>) {
                     step,
                     req,
                     state: Arc::clone(&front.job.state),
-                    device_waits: front.job.device_waits,
+                    stream_waits: front.job.stream_waits,
                 });
                 front.next += 1;
                 progressed = true;
@@ -572,7 +561,9 @@ fn run(s: &Shared, rx: &Receiver<Job>) {
         // waits for (a staged send's): a receive issued after a send that waits for its
         // receiver completes on the device without it (both ways around a ring, every rank
         // sends first).
-        let (retired, done) = settle(&mut inflight, |f| (f.req.is_completed(), f.device_waits));
+        let (retired, done) = settle(&mut inflight, |f| {
+            (f.step, f.req.is_completed(), f.stream_waits)
+        });
         for f in &retired {
             if let Some(e) = f.req.error() {
                 tracing::debug!(rank, step = f.step, "GPE: step failed: {e}");
@@ -660,15 +651,9 @@ fn run(s: &Shared, rx: &Receiver<Job>) {
 mod tests {
     use super::*;
 
-    impl Stepped for (u64, bool, bool) {
-        fn step(&self) -> u64 {
-            self.0
-        }
-    }
-
     fn run(steps: &[(u64, bool, bool)]) -> (Vec<u64>, Option<u64>, Vec<u64>) {
         let mut q: VecDeque<(u64, bool, bool)> = steps.iter().copied().collect();
-        let (retired, done) = settle(&mut q, |&(_, c, w)| (c, w));
+        let (retired, done) = settle(&mut q, |&t| t);
         let left = q.iter().map(|s| s.0).collect();
         (retired.iter().map(|s| s.0).collect(), done, left)
     }

@@ -64,8 +64,9 @@ pub(crate) struct StagingPool {
     ring: Mutex<Option<PinnedBuffer>>,
     state: Mutex<Ring>,
     freed: Condvar,
-    /// The communicator whose transports the buffers are registered with, if it uses ib.
-    nic: Option<Arc<Comm>>,
+    /// The communicator whose transports the buffers are registered with (a no-op unless it
+    /// uses ib).
+    comm: Arc<Comm>,
     /// The buffers registered with it.
     registered: Mutex<Vec<Span>>,
 }
@@ -78,7 +79,7 @@ impl StagingPool {
             ring: Mutex::new(None),
             state: Mutex::new(Ring::default()),
             freed: Condvar::new(),
-            nic: comm.config().want_ib.then(|| Arc::clone(comm)),
+            comm: Arc::clone(comm),
             registered: Mutex::new(Vec::new()),
         }
     }
@@ -104,7 +105,7 @@ impl StagingPool {
     /// Registers `b` with the communicator's ib transport, if it has one. Failing leaves the
     /// transfers staged by the transport, as before.
     fn register(&self, b: &PinnedBuffer) {
-        let Some(comm) = &self.nic else { return };
+        let comm = &self.comm;
         // SAFETY: the buffer is pinned host memory that lives until this pool deregisters it
         // (Drop), or longer: an operation that could not finish leaks its buffer.
         let span = unsafe { Span::from_raw(b.as_ptr(), b.len()) };
@@ -194,15 +195,13 @@ impl StagingPool {
 impl Drop for StagingPool {
     fn drop(&mut self) {
         // Before the buffers are freed (the fields drop after this).
-        if let Some(comm) = &self.nic {
-            for span in self
-                .registered
-                .get_mut()
-                .unwrap_or_else(|p| p.into_inner())
-                .drain(..)
-            {
-                comm.deregister_buffer(span);
-            }
+        for span in self
+            .registered
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+        {
+            self.comm.deregister_buffer(span);
         }
     }
 }

@@ -86,14 +86,18 @@ impl MemoryRegion {
         access: i32,
     ) -> Result<MemoryRegion> {
         let ctx = &pd.inner.ctx.inner;
-        let mlx5 = crate::mlx5dv::mlx5dv().ok();
+        // libmlx5's registration, where it also offers Data Direct.
+        let data_direct_reg = crate::mlx5dv::mlx5dv()
+            .ok()
+            .filter(|m| m.has_data_direct())
+            .and_then(|m| m.reg_dmabuf_mr);
         let route = crate::mlx5dv::dmabuf_registration(
             ctx.data_direct.is_some(),
-            mlx5.is_some_and(crate::mlx5dv::Mlx5dv::has_data_direct),
+            data_direct_reg.is_some(),
             torchcomms_cvars::current().ctran_ib_data_direct(),
         );
-        if let (crate::mlx5dv::DmabufRegistration::DataDirect, Some(mlx5)) = (route, mlx5) {
-            let reg = mlx5.reg_dmabuf_mr.expect("has_data_direct checked it");
+        if let (crate::mlx5dv::DmabufRegistration::DataDirect, Some(reg)) = (route, data_direct_reg)
+        {
             let dd = crate::mlx5dv::REG_DMABUF_ACCESS_DATA_DIRECT;
             // SAFETY: live PD; the caller vouches for the dma-buf.
             let raw = unsafe { reg(pd.inner.raw, offset, len, iova, fd, access, dd) };

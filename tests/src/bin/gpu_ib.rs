@@ -191,22 +191,33 @@ fn check(b: &DeviceBuffer, want: &[u8], what: &str) -> Result<()> {
     Ok(())
 }
 
+/// This rank's half of moving `buf` from rank 0 to rank 1.
+fn zero_to_one(r: &Rank, buf: &DeviceBuffer) -> Op {
+    if r.rank == 0 {
+        Op::Send {
+            buf: span(buf),
+            peer: 1,
+        }
+    } else {
+        Op::Recv {
+            buf: span(buf),
+            peer: 0,
+        }
+    }
+}
+
 /// Rank 0 sends `len` bytes to rank 1.
 fn one_way(r: &Rank, len: usize) -> Result<()> {
-    if r.rank == 0 {
-        let src = device_with(&r.ctx, &pattern(0, 1, len))?;
-        r.run(Op::Send {
-            buf: span(&src),
-            peer: 1,
-        })
+    let buf = if r.rank == 0 {
+        device_with(&r.ctx, &pattern(0, 1, len))?
     } else {
-        let dst = DeviceBuffer::zeroed(&r.ctx, len)?;
-        r.run(Op::Recv {
-            buf: span(&dst),
-            peer: 0,
-        })?;
-        check(&dst, &pattern(0, 1, len), "received")
+        DeviceBuffer::zeroed(&r.ctx, len)?
+    };
+    r.run(zero_to_one(r, &buf))?;
+    if r.rank == 1 {
+        check(&buf, &pattern(0, 1, len), "received")?;
     }
+    Ok(())
 }
 
 /// Both ranks send and receive `len` bytes in one batch.
@@ -276,18 +287,7 @@ fn bench(r: &Rank) -> Result<()> {
     let mut best = f64::MAX;
     for i in 0..6 {
         let t0 = Instant::now();
-        let op = if r.rank == 0 {
-            Op::Send {
-                buf: span(&buf),
-                peer: 1,
-            }
-        } else {
-            Op::Recv {
-                buf: span(&buf),
-                peer: 0,
-            }
-        };
-        r.run(op)?;
+        r.run(zero_to_one(r, &buf))?;
         if i > 0 {
             best = best.min(t0.elapsed().as_secs_f64());
         }
