@@ -10,8 +10,10 @@ use std::sync::Arc;
 
 use cudarc::driver::sys;
 
-use super::driver::{Context, RawStream};
-use super::error::{DriverResultExt, Result};
+use super::driver::Context;
+use super::error::{CudaError, DriverResultExt, Result};
+use super::platform::Platform;
+use super::stream::RawStream;
 
 /// A dma-buf exporting `len` bytes of device memory from `base` (both page-aligned).
 #[derive(Debug)]
@@ -34,7 +36,12 @@ impl DmaBuf {
 /// Whether `ctx`'s device and driver can export memory as a dma-buf
 /// (`CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED`; the kernel must allow it too, which only the
 /// export itself tells).
+/// On HIP: no (ROCm 5's runtime has no `hipMemGetHandleForAddressRange`; GPUDirect over
+/// ib then stages, as for a CUDA driver that exports none).
 pub fn supported(ctx: &Context) -> Result<bool> {
+    if ctx.platform() == Platform::Hip {
+        return Ok(false);
+    }
     let mut v = 0i32;
     // SAFETY: a plain integer query of a valid device.
     unsafe {
@@ -58,6 +65,12 @@ fn page() -> u64 {
 /// Exports the pages holding device range `addr..addr + len` of `ctx`.
 pub fn export(ctx: &Arc<Context>, addr: u64, len: u64) -> Result<DmaBuf> {
     ctx.bind()?;
+    if ctx.platform() == Platform::Hip {
+        return Err(CudaError::Unsupported {
+            what: "exporting device memory as a dma-buf",
+            platform: "HIP",
+        });
+    }
     let page = page();
     let base = addr & !(page - 1);
     let end = (addr + len.max(1)).div_ceil(page) * page;

@@ -73,6 +73,17 @@ pub enum CudaError {
         /// Reduction.
         op: String,
     },
+    /// A call of the HIP runtime or hiprtc failed (AMD GPUs), or ROCm is absent.
+    #[error(transparent)]
+    Hip(#[from] torchcomms_hip::HipError),
+    /// What this runtime does not offer (named, with the platform).
+    #[error("{what} is not available on {platform}")]
+    Unsupported {
+        /// The feature.
+        what: &'static str,
+        /// `CUDA` or `HIP`.
+        platform: &'static str,
+    },
     /// A buffer argument does not fit the call.
     #[error("{call}: {detail}")]
     BadArgument {

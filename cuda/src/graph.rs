@@ -1,4 +1,4 @@
-//! CUDA graphs: capture the work issued on a stream, then replay it.
+//! Graphs (CUDA's or HIP's): capture the work issued on a stream, then replay it.
 //!
 //! Collectives must run correctly when issued while the caller's stream is capturing (PyTorch's
 //! `torch.cuda.graph`). These types let the GPU tests capture and replay like PyTorch does, and
@@ -8,8 +8,10 @@ use std::sync::Arc;
 
 use cudarc::driver::{result, sys};
 
-use super::driver::{Context, RawStream};
+use super::driver::Context;
 use super::error::{DriverResultExt, Result};
+use super::platform::{platform, Platform};
+use super::stream::RawStream;
 
 /// How a capture treats calls that could implicitly synchronise with it
 /// (`CUstreamCaptureMode`). PyTorch's `torch.cuda.graph` uses `Global` by default.
@@ -24,6 +26,15 @@ pub enum CaptureMode {
 }
 
 impl CaptureMode {
+    fn hip(self) -> i32 {
+        use torchcomms_hip::sys as h;
+        match self {
+            CaptureMode::Global => h::HIP_STREAM_CAPTURE_MODE_GLOBAL,
+            CaptureMode::ThreadLocal => h::HIP_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            CaptureMode::Relaxed => h::HIP_STREAM_CAPTURE_MODE_RELAXED,
+        }
+    }
+
     fn raw(self) -> sys::CUstreamCaptureMode {
         use sys::CUstreamCaptureMode as M;
         match self {
@@ -37,6 +48,10 @@ impl CaptureMode {
 /// Starts capturing the work issued on `stream` (which must not be the legacy default stream).
 pub fn begin_capture(ctx: &Arc<Context>, stream: RawStream, mode: CaptureMode) -> Result<()> {
     ctx.bind()?;
+    if ctx.platform() == Platform::Hip {
+        // SAFETY: the caller vouches for the stream; HIP rejects the null stream.
+        return Ok(unsafe { torchcomms_hip::graph::begin_capture(stream.hip(), mode.hip()) }?);
+    }
     // SAFETY: the caller vouches for the stream; the driver rejects the default stream.
     unsafe { result::stream::begin_capture(stream.raw(), mode.raw()) }.call("cuStreamBeginCapture")
 }
@@ -44,6 +59,14 @@ pub fn begin_capture(ctx: &Arc<Context>, stream: RawStream, mode: CaptureMode) -
 /// Ends the capture started on `stream` and instantiates the captured graph.
 pub fn end_capture(ctx: &Arc<Context>, stream: RawStream) -> Result<Graph> {
     ctx.bind()?;
+    if ctx.platform() == Platform::Hip {
+        // SAFETY: as for begin_capture.
+        let hip = unsafe { torchcomms_hip::graph::end_capture(stream.hip()) }?;
+        return Ok(Graph {
+            ctx: Arc::clone(ctx),
+            inner: GraphInner::Hip(hip),
+        });
+    }
     // SAFETY: as for begin_capture; on success we own the returned graph.
     let graph = unsafe { result::stream::end_capture(stream.raw()) }.call("cuStreamEndCapture")?;
     // SAFETY: `graph` is the valid graph just captured.
@@ -59,14 +82,16 @@ pub fn end_capture(ctx: &Arc<Context>, stream: RawStream) -> Result<Graph> {
     };
     Ok(Graph {
         ctx: Arc::clone(ctx),
-        graph,
-        exec,
+        inner: GraphInner::Cuda { graph, exec },
     })
 }
 
 /// Makes this thread exempt from a global-mode capture on another thread: a watchdog that
 /// queries events must keep working while the user captures a graph (as PyTorch's does).
 pub fn relax_capture_mode_for_this_thread() -> Result<()> {
+    if platform() == Platform::Hip {
+        return Ok(torchcomms_hip::relax_capture_mode_for_this_thread()?);
+    }
     let mut mode = CaptureMode::Relaxed.raw();
     // SAFETY: exchanges one enum of this thread's state.
     unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) }
@@ -78,6 +103,15 @@ pub fn relax_capture_mode_for_this_thread() -> Result<()> {
 /// here: a poll from a thread that is not capturing would otherwise invalidate another thread's
 /// global-mode capture (PyTorch guards its own polls the same way).
 pub fn relaxed<T>(f: impl FnOnce() -> T) -> T {
+    if platform() == Platform::Hip {
+        use torchcomms_hip::graph::exchange_capture_mode;
+        let before = exchange_capture_mode(CaptureMode::Relaxed.hip());
+        let out = f();
+        if let Ok(mode) = before {
+            let _ = exchange_capture_mode(mode);
+        }
+        return out;
+    }
     let mut mode = CaptureMode::Relaxed.raw();
     // SAFETY: exchanges one enum of this thread's state; restored below.
     let swapped = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) }
@@ -95,8 +129,17 @@ pub fn relaxed<T>(f: impl FnOnce() -> T) -> T {
 #[derive(Debug)]
 pub struct Graph {
     ctx: Arc<Context>,
-    graph: sys::CUgraph,
-    exec: sys::CUgraphExec,
+    inner: GraphInner,
+}
+
+/// A graph's handles in its runtime.
+#[derive(Debug)]
+enum GraphInner {
+    Cuda {
+        graph: sys::CUgraph,
+        exec: sys::CUgraphExec,
+    },
+    Hip(torchcomms_hip::graph::Graph),
 }
 
 // SAFETY: graph handles may be launched and destroyed from any thread of the process.
@@ -108,18 +151,27 @@ impl Graph {
     /// Replays the graph on `stream` (stream-ordered, returns at once).
     pub fn launch(&self, stream: RawStream) -> Result<()> {
         self.ctx.bind()?;
-        // SAFETY: the executable graph is alive; the caller vouches for the stream.
-        unsafe { result::graph::launch(self.exec, stream.raw()) }.call("cuGraphLaunch")
+        match &self.inner {
+            GraphInner::Cuda { exec, .. } => {
+                // SAFETY: the executable graph is alive; the caller vouches for the stream.
+                unsafe { result::graph::launch(*exec, stream.raw()) }.call("cuGraphLaunch")
+            }
+            // SAFETY: as above.
+            GraphInner::Hip(g) => Ok(unsafe { g.launch(stream.hip()) }?),
+        }
     }
 }
 
 impl Drop for Graph {
     fn drop(&mut self) {
+        let GraphInner::Cuda { graph, exec } = self.inner else {
+            return;
+        };
         let r = self.ctx.bind().and_then(|()| {
             // SAFETY: ours, each destroyed once; the driver waits for launches in flight.
-            unsafe { result::graph::exec_destroy(self.exec) }.call("cuGraphExecDestroy")?;
+            unsafe { result::graph::exec_destroy(exec) }.call("cuGraphExecDestroy")?;
             // SAFETY: as above.
-            unsafe { result::graph::destroy(self.graph) }.call("cuGraphDestroy")
+            unsafe { result::graph::destroy(graph) }.call("cuGraphDestroy")
         });
         if let Err(e) = r {
             tracing::warn!("destroying a CUDA graph: {e}");

@@ -1,6 +1,6 @@
-//! CUDA IPC: exporting device allocations to other processes of the host and mapping theirs,
-//! plus the topology questions the NVLink transport asks (which device a peer uses, whether
-//! this device can reach it).
+//! GPU IPC (CUDA IPC, or HIP's over Infinity Fabric): exporting device allocations to other
+//! processes of the host and mapping theirs, plus the topology questions the NVLink transport
+//! asks (which device a peer uses, whether this device can reach it).
 //!
 //! A handle names a whole allocation (the range `cuMemAlloc` returned), so a pointer into a
 //! tensor is exported as (handle of its allocation, offset). The allocation's buffer id tells a
@@ -13,6 +13,7 @@ use cudarc::driver::sys;
 
 use super::driver::Context;
 use super::error::{DriverResultExt, Result};
+use super::platform::Platform;
 
 /// Bytes of an IPC memory handle.
 pub const HANDLE_BYTES: usize = 64;
@@ -33,6 +34,9 @@ pub struct Exported {
 /// The allocation that holds device address `ptr`: its start, size and buffer id.
 pub fn allocation_of(ctx: &Arc<Context>, ptr: u64) -> Result<(u64, u64, u64)> {
     ctx.bind()?;
+    if ctx.platform() == Platform::Hip {
+        return Ok(torchcomms_hip::allocation_of(ptr)?);
+    }
     let (mut base, mut size) = (0u64, 0usize);
     // SAFETY: writes two values; the driver checks that `ptr` is a device address.
     unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) }
@@ -55,6 +59,14 @@ pub fn allocation_of(ctx: &Arc<Context>, ptr: u64) -> Result<(u64, u64, u64)> {
 /// Exports the allocation holding `ptr`.
 pub fn export(ctx: &Arc<Context>, ptr: u64) -> Result<Exported> {
     let (base, size, buffer_id) = allocation_of(ctx, ptr)?;
+    if ctx.platform() == Platform::Hip {
+        return Ok(Exported {
+            handle: torchcomms_hip::ipc_handle_of(base)?.reserved,
+            base,
+            size,
+            buffer_id,
+        });
+    }
     let mut h = sys::CUipcMemHandle_st {
         reserved: [0; HANDLE_BYTES],
     };
@@ -75,12 +87,24 @@ pub fn export(ctx: &Arc<Context>, ptr: u64) -> Result<Exported> {
 pub struct Mapped {
     ctx: Arc<Context>,
     ptr: u64,
+    /// HIP's mapping, closed by its own drop; `None` on CUDA.
+    hip: Option<torchcomms_hip::IpcMapping>,
 }
 
 impl Mapped {
     /// Maps a peer's exported allocation (peer access is enabled as needed).
     pub fn open(ctx: &Arc<Context>, handle: &[u8; HANDLE_BYTES]) -> Result<Mapped> {
         ctx.bind()?;
+        if ctx.platform() == Platform::Hip {
+            let m = torchcomms_hip::IpcMapping::open(&torchcomms_hip::HipIpcMemHandle {
+                reserved: *handle,
+            })?;
+            return Ok(Mapped {
+                ctx: Arc::clone(ctx),
+                ptr: m.as_raw() as u64,
+                hip: Some(m),
+            });
+        }
         let h = sys::CUipcMemHandle_st {
             reserved: handle.map(|b| b as c_char),
         };
@@ -98,6 +122,7 @@ impl Mapped {
         Ok(Mapped {
             ctx: Arc::clone(ctx),
             ptr,
+            hip: None,
         })
     }
 
@@ -109,6 +134,9 @@ impl Mapped {
 
 impl Drop for Mapped {
     fn drop(&mut self) {
+        if self.hip.is_some() {
+            return;
+        }
         let r = self.ctx.bind().and_then(|()| {
             // SAFETY: our mapping, closed once; kernels using it have been waited for by the
             // owner (the transport drops mappings after its stream is idle).
@@ -124,6 +152,9 @@ impl Drop for Mapped {
 
 /// The PCI bus id of `ctx`'s device (`0000:1b:00.0`), which names it across processes.
 pub fn pci_bus_id(ctx: &Arc<Context>) -> Result<String> {
+    if ctx.platform() == Platform::Hip {
+        return Ok(torchcomms_hip::device::pci_bus_id(ctx.ordinal() as i32)?);
+    }
     let mut buf = [0 as c_char; 32];
     // SAFETY: writes at most `len` bytes, NUL-terminated.
     unsafe { sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as i32, ctx.device()) }
@@ -140,6 +171,12 @@ pub fn pci_bus_id(ctx: &Arc<Context>) -> Result<String> {
 /// Whether `ctx`'s device can map memory of the device with PCI bus id `peer` (which this
 /// process must see). `false` when it cannot see that device.
 pub fn can_access(ctx: &Arc<Context>, peer: &str) -> Result<bool> {
+    if ctx.platform() == Platform::Hip {
+        return Ok(torchcomms_hip::device::can_access(
+            ctx.ordinal() as i32,
+            peer,
+        )?);
+    }
     if pci_bus_id(ctx)?.eq_ignore_ascii_case(peer) {
         return Ok(false);
     }

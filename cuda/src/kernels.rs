@@ -10,9 +10,12 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use half::{bf16, f16};
 
-use super::driver::{driver, Context, Function, Module, RawStream};
+use super::driver::{driver, Context};
 use super::error::{CudaError, Result};
+use super::module::{Function, Module};
 use super::nvrtc;
+use super::platform::Platform;
+use super::stream::RawStream;
 use torchcomms_core::{DataType, ReduceOp};
 
 /// What differs between CUDA and HIP (inline PTX under CUDA, clang builtins under HIP): the
@@ -49,8 +52,9 @@ pub const BLOCK: u32 = 512;
 /// Kernels of one source loaded per device ordinal.
 pub type PerDevice<T> = OnceLock<Mutex<HashMap<u32, Arc<T>>>>;
 
-/// The kernels of `source` on device `ctx`: compiled by NVRTC (or read from the disk cache) and
-/// loaded at the first call for that device, then shared; `make` wraps the loaded module.
+/// The kernels of `source` on device `ctx`: compiled by NVRTC (or read from the disk cache), or
+/// on AMD GPUs by hiprtc for the GPU's architecture, and loaded at the first call for that
+/// device, then shared; `make` wraps the loaded module.
 pub fn load_once<T>(
     loaded: &PerDevice<T>,
     ctx: &Arc<Context>,
@@ -64,6 +68,12 @@ pub fn load_once<T>(
         .unwrap_or_else(|p| p.into_inner());
     if let Some(k) = map.get(&ctx.ordinal()) {
         return Ok(Arc::clone(k));
+    }
+    if ctx.platform() == Platform::Hip {
+        let image = hiprtc_image(name, source)?;
+        let k = Arc::new(make(Module::load(ctx, &image.bytes)?, image)?);
+        map.insert(ctx.ordinal(), Arc::clone(&k));
+        return Ok(k);
     }
     let (cc, version) = (ctx.compute_capability(), driver()?.version);
     let mut image = nvrtc::compile(name, source, cc, version)?;
@@ -83,6 +93,21 @@ pub fn load_once<T>(
     let k = Arc::new(make(module, image)?);
     map.insert(ctx.ordinal(), Arc::clone(&k));
     Ok(k)
+}
+
+/// `source` compiled by hiprtc for the AMD architecture of this machine
+/// (`TORCHCOMMS_HIP_ARCH`, else the kernel driver's topology). Not cached on disk: hiprtc
+/// compiles each source once per process.
+fn hiprtc_image(name: &str, source: &str) -> Result<nvrtc::Image> {
+    let arch = torchcomms_hip::target_arch()?;
+    let bytes = torchcomms_hip::rtc::compile(name, source, &arch)?;
+    Ok(nvrtc::Image {
+        bytes,
+        target: arch,
+        cache_path: None,
+        from_cache: false,
+        prebuilt: false,
+    })
 }
 
 /// The kernel of `reduce.cu` that combines two partials of `op` over `dtype`

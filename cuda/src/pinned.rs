@@ -1,6 +1,7 @@
 //! Pinned host memory mapped into the device's address space (`cuMemHostAlloc` with
-//! `DEVICEMAP | PORTABLE`), and stream-ordered copies between any two addresses (unified
-//! addressing: host staging and device tensors alike).
+//! `DEVICEMAP | PORTABLE`, or `hipHostMalloc` with `Mapped | Portable`), and stream-ordered
+//! copies between any two addresses (unified addressing: host staging and device tensors
+//! alike).
 //!
 //! The GPU progress engine keeps its flags and its staging buffers here: the device copies
 //! into and out of them at full PCIe speed, kernels read and write the flags, and the host
@@ -12,8 +13,10 @@ use std::sync::Arc;
 
 use cudarc::driver::{result, sys};
 
-use super::driver::{Context, RawStream};
+use super::driver::Context;
 use super::error::{DriverResultExt, Result};
+use super::platform::{platform, Platform};
+use super::stream::RawStream;
 
 /// Page-locked host memory, visible to every context of the process and mapped for kernels.
 #[derive(Debug)]
@@ -22,6 +25,8 @@ pub struct PinnedBuffer {
     ptr: *mut u8,
     bytes: usize,
     device_ptr: u64,
+    /// HIP's allocation, freed by its own drop; `None` on CUDA.
+    hip: Option<torchcomms_hip::PinnedHost>,
 }
 
 // SAFETY: pinned memory is ordinary host memory that any thread may access; the handle is an
@@ -36,6 +41,17 @@ impl PinnedBuffer {
     pub fn alloc(ctx: &Arc<Context>, bytes: usize) -> Result<PinnedBuffer> {
         ctx.bind()?;
         let size = bytes.max(1);
+        if ctx.platform() == Platform::Hip {
+            let host = torchcomms_hip::PinnedHost::new(size)?;
+            LIVE_PINNED_BYTES.fetch_add(size as u64, Ordering::Relaxed);
+            return Ok(PinnedBuffer {
+                ctx: Arc::clone(ctx),
+                ptr: host.as_ptr(),
+                bytes,
+                device_ptr: host.device_ptr(),
+                hip: Some(host),
+            });
+        }
         let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
         // SAFETY: allocates `size` bytes; we own the result until Drop.
         let raw = unsafe { result::malloc_host(size, flags) }.call("cuMemHostAlloc")?;
@@ -53,6 +69,7 @@ impl PinnedBuffer {
             ptr,
             bytes,
             device_ptr,
+            hip: None,
         };
         r.map(|()| buf)
     }
@@ -78,12 +95,15 @@ impl PinnedBuffer {
     }
 }
 
-/// Pinned bytes held now (see [`crate::driver::live_bytes`]).
+/// Pinned bytes held now (see [`crate::live_bytes`]).
 pub(crate) static LIVE_PINNED_BYTES: AtomicU64 = AtomicU64::new(0);
 
 impl Drop for PinnedBuffer {
     fn drop(&mut self) {
         LIVE_PINNED_BYTES.fetch_sub(self.bytes.max(1) as u64, Ordering::Relaxed);
+        if self.hip.is_some() {
+            return;
+        }
         let r = self.ctx.bind().and_then(|()| {
             // SAFETY: ours, freed once; users stop using it before dropping (the GPE keeps a
             // buffer until the device work that touches it has completed).
@@ -103,6 +123,10 @@ impl Drop for PinnedBuffer {
 pub unsafe fn copy_any_async(dst: u64, src: u64, bytes: usize, stream: RawStream) -> Result<()> {
     if bytes == 0 {
         return Ok(());
+    }
+    if platform() == Platform::Hip {
+        // SAFETY: forwarded to the caller.
+        return Ok(unsafe { torchcomms_hip::copy_async(dst, src, bytes, stream.hip()) }?);
     }
     // SAFETY: forwarded to the caller.
     unsafe { sys::cuMemcpyAsync(dst, src, bytes, stream.raw()) }

@@ -102,15 +102,36 @@ impl DeviceBuffer {
         check(hip, "hipMalloc", unsafe { (hip.hipMalloc)(&mut ptr, len) })?;
         Ok(Self { ptr, len })
     }
+    /// `len` bytes of fine-grained memory on the current device (uninitialised): memory whose
+    /// writes other GPUs and the host see while a kernel runs, which flags that peers spin on
+    /// over an IPC mapping need (`hipMalloc`'s coarse-grained memory is coherent only at kernel
+    /// boundaries; RCCL allocates its flags the same way).
+    pub fn fine_grained(len: usize) -> Result<Self> {
+        availability()?;
+        let hip = sys::hip()?;
+        let mut ptr = std::ptr::null_mut();
+        // SAFETY: `ptr` is a valid out-pointer; a size of 0 gives null, which drop accepts.
+        check(hip, "hipExtMallocWithFlags", unsafe {
+            (hip.hipExtMallocWithFlags)(&mut ptr, len, sys::HIP_DEVICE_MALLOC_FINEGRAINED)
+        })?;
+        Ok(Self { ptr, len })
+    }
     /// `len` bytes on the current device, set to zero.
     pub fn zeroed(len: usize) -> Result<Self> {
         let b = Self::new(len)?;
-        if len > 0 {
-            let hip = sys::hip()?;
-            // SAFETY: the buffer holds `len` bytes.
-            check(hip, "hipMemset", unsafe { (hip.hipMemset)(b.ptr, 0, len) })?;
-        }
+        b.zero()?;
         Ok(b)
+    }
+    /// Sets every byte to zero (synchronously).
+    pub fn zero(&self) -> Result<()> {
+        if self.len == 0 {
+            return Ok(());
+        }
+        let hip = sys::hip()?;
+        // SAFETY: the buffer holds `len` bytes.
+        check(hip, "hipMemset", unsafe {
+            (hip.hipMemset)(self.ptr, 0, self.len)
+        })
     }
     /// Copies `src` into the buffer from offset 0 (synchronously).
     pub fn write(&self, src: &[u8]) -> Result<()> {
@@ -302,6 +323,7 @@ impl Stream {
 /// # Safety
 /// `stream` must be null or a live `hipStream_t` of the current device.
 pub unsafe fn stream_wait_event(stream: *mut c_void, event: &Event) -> Result<()> {
+    availability()?;
     let hip = sys::hip()?;
     // SAFETY: the caller vouches for `stream`; `event` is live.
     check(hip, "hipStreamWaitEvent", unsafe {
@@ -314,6 +336,7 @@ pub unsafe fn stream_wait_event(stream: *mut c_void, event: &Event) -> Result<()
 /// # Safety
 /// `stream` must be null or a live `hipStream_t` of the current device.
 pub unsafe fn stream_is_capturing(stream: *mut c_void) -> Result<bool> {
+    availability()?;
     let hip = sys::hip()?;
     let mut status = sys::HIP_STREAM_CAPTURE_STATUS_NONE;
     // SAFETY: the caller vouches for `stream`; `status` is a valid out-pointer.
@@ -339,6 +362,7 @@ pub fn relax_capture_mode_for_this_thread() -> Result<()> {
 /// # Safety
 /// Both ranges must stay valid until the copy has run; `stream` must be null or live.
 pub unsafe fn copy_async(dst: u64, src: u64, bytes: usize, stream: *mut c_void) -> Result<()> {
+    availability()?;
     let hip = sys::hip()?;
     // SAFETY: forwarded to the caller.
     check(hip, "hipMemcpyAsync", unsafe {
@@ -437,4 +461,120 @@ impl Drop for Event {
             );
         }
     }
+}
+
+/// Blocks until the work on `stream` (null: the null stream) is done.
+///
+/// # Safety
+/// `stream` must be null or a live `hipStream_t`.
+pub unsafe fn stream_synchronize(stream: *mut c_void) -> Result<()> {
+    availability()?;
+    let hip = sys::hip()?;
+    // SAFETY: forwarded to the caller.
+    check(hip, "hipStreamSynchronize", unsafe {
+        (hip.hipStreamSynchronize)(stream)
+    })
+}
+
+/// Holds `stream` until the 64-bit word at `addr` is at least `value` (`hipStreamWaitValue64`,
+/// `hipStreamWaitValueGte`).
+///
+/// # Safety
+/// `addr` must be 8 aligned bytes the device can read (mapped pinned memory counts) until the
+/// wait has passed, and someone must raise the word; `stream` must be null or live.
+pub unsafe fn stream_wait_value64(stream: *mut c_void, addr: u64, value: u64) -> Result<()> {
+    availability()?;
+    let hip = sys::hip()?;
+    // SAFETY: forwarded to the caller.
+    check(hip, "hipStreamWaitValue64", unsafe {
+        (hip.hipStreamWaitValue64)(
+            stream,
+            addr as *mut c_void,
+            value,
+            sys::HIP_STREAM_WAIT_VALUE_GTE,
+            u64::MAX,
+        )
+    })
+}
+
+/// Copies `bytes` between any two addresses (unified) and waits for the copy.
+///
+/// # Safety
+/// Both ranges must be valid for `bytes` during the call.
+pub unsafe fn copy_sync(dst: u64, src: u64, bytes: usize) -> Result<()> {
+    availability()?;
+    let hip = sys::hip()?;
+    // SAFETY: forwarded to the caller.
+    check(hip, "hipMemcpy", unsafe {
+        (hip.hipMemcpy)(
+            dst as *mut c_void,
+            src as *const c_void,
+            bytes,
+            sys::HIP_MEMCPY_DEFAULT,
+        )
+    })
+}
+
+/// Copies `bytes` from device `src_device`'s `src` to device `dst_device`'s `dst` on `stream`.
+///
+/// # Safety
+/// Both ranges must be valid device memory of their devices while the copy runs; `stream`
+/// must be null or a live stream of one of them.
+pub unsafe fn copy_peer_async(
+    dst: u64,
+    dst_device: i32,
+    src: u64,
+    src_device: i32,
+    bytes: usize,
+    stream: *mut c_void,
+) -> Result<()> {
+    availability()?;
+    let hip = sys::hip()?;
+    // SAFETY: forwarded to the caller.
+    check(hip, "hipMemcpyPeerAsync", unsafe {
+        (hip.hipMemcpyPeerAsync)(
+            dst as *mut c_void,
+            dst_device,
+            src as *const c_void,
+            src_device,
+            bytes,
+            stream,
+        )
+    })
+}
+
+/// The allocation holding device address `ptr`: its start, size and unique buffer id.
+pub fn allocation_of(ptr: u64) -> Result<(u64, u64, u64)> {
+    availability()?;
+    let hip = sys::hip()?;
+    let (mut base, mut size) = (std::ptr::null_mut(), 0usize);
+    // SAFETY: valid out-pointers; HIP checks that `ptr` is a device address.
+    check(hip, "hipMemGetAddressRange", unsafe {
+        (hip.hipMemGetAddressRange)(&mut base, &mut size, ptr as *mut c_void)
+    })?;
+    let mut id = 0u64;
+    // SAFETY: the buffer id attribute is one unsigned 64-bit value.
+    check(hip, "hipPointerGetAttribute(BUFFER_ID)", unsafe {
+        (hip.hipPointerGetAttribute)(
+            (&mut id as *mut u64).cast(),
+            sys::HIP_POINTER_ATTRIBUTE_BUFFER_ID,
+            ptr as *mut c_void,
+        )
+    })?;
+    Ok((base as u64, size as u64, id))
+}
+
+/// An IPC handle for the allocation starting at device address `base` (another process of
+/// the host opens it with [`IpcMapping::open`]).
+pub fn ipc_handle_of(base: u64) -> Result<HipIpcMemHandle> {
+    availability()?;
+    let hip = sys::hip()?;
+    let mut h = HipIpcMemHandle {
+        reserved: [0; sys::HIP_IPC_HANDLE_SIZE],
+    };
+    // SAFETY: `h` is a valid out-pointer; HIP checks that `base` starts an allocation.
+    check(hip, "hipIpcGetMemHandle", unsafe {
+        (hip.hipIpcGetMemHandle)(&mut h, base as *mut c_void)
+    })?;
+    Ok(h)
 }

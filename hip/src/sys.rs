@@ -40,6 +40,10 @@ pub type HipModule = *mut c_void;
 pub type HipFunction = *mut c_void;
 /// `hiprtcProgram`.
 pub type RtcProgram = *mut c_void;
+/// `hipGraph_t`.
+pub type HipGraph = *mut c_void;
+/// `hipGraphExec_t`.
+pub type HipGraphExec = *mut c_void;
 
 /// `hipStreamNonBlocking`: the stream does not synchronise with the null stream.
 pub const HIP_STREAM_NON_BLOCKING: c_uint = 1;
@@ -56,8 +60,31 @@ pub const HIP_MEMCPY_DEVICE_TO_HOST: c_int = 2;
 /// `hipMemcpyDefault` (direction from the pointers; unified addressing).
 pub const HIP_MEMCPY_DEFAULT: c_int = 4;
 
+/// `hipErrorPeerAccessAlreadyEnabled`.
+pub const HIP_ERROR_PEER_ACCESS_ALREADY_ENABLED: HipStatus = 704;
+/// `hipHostMallocPortable | hipHostMallocMapped`: pinned memory every device sees, mapped
+/// into their address spaces.
+pub const HIP_HOST_MALLOC_PORTABLE_MAPPED: c_uint = 0x1 | 0x2;
+/// `hipDeviceMallocFinegrained` (`hipExtMallocWithFlags`).
+pub const HIP_DEVICE_MALLOC_FINEGRAINED: c_uint = 0x1;
+/// `hipStreamWaitValueGte`: wait until `*ptr & mask >= value`.
+pub const HIP_STREAM_WAIT_VALUE_GTE: c_uint = 0;
+/// `HIP_POINTER_ATTRIBUTE_BUFFER_ID`: an allocation's unique id.
+pub const HIP_POINTER_ATTRIBUTE_BUFFER_ID: c_int = 7;
+/// `hipDeviceAttributeComputeCapabilityMajor` (values of `hipDeviceAttribute_t` as ROCm
+/// 5.2's headers number them; checked against no other version).
+pub const HIP_DEVICE_ATTRIBUTE_CC_MAJOR: c_int = 23;
+/// `hipDeviceAttributeComputeCapabilityMinor`.
+pub const HIP_DEVICE_ATTRIBUTE_CC_MINOR: c_int = 61;
+/// `hipDeviceAttributeMultiprocessorCount` (compute units).
+pub const HIP_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: c_int = 63;
+
 /// `hipStreamCaptureStatusNone`: the stream is not being captured.
 pub const HIP_STREAM_CAPTURE_STATUS_NONE: c_int = 0;
+/// `hipStreamCaptureModeGlobal`.
+pub const HIP_STREAM_CAPTURE_MODE_GLOBAL: c_int = 0;
+/// `hipStreamCaptureModeThreadLocal`.
+pub const HIP_STREAM_CAPTURE_MODE_THREAD_LOCAL: c_int = 1;
 /// `hipStreamCaptureModeRelaxed`.
 pub const HIP_STREAM_CAPTURE_MODE_RELAXED: c_int = 2;
 
@@ -124,6 +151,44 @@ pub struct Hip {
     pub hipStreamIsCapturing: unsafe extern "C" fn(HipStream, *mut c_int) -> HipStatus,
     pub hipThreadExchangeStreamCaptureMode: unsafe extern "C" fn(*mut c_int) -> HipStatus,
     pub hipMemset: unsafe extern "C" fn(*mut c_void, c_int, usize) -> HipStatus,
+    pub hipDriverGetVersion: unsafe extern "C" fn(*mut c_int) -> HipStatus,
+    pub hipExtMallocWithFlags: unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> HipStatus,
+    pub hipDeviceGetAttribute: unsafe extern "C" fn(*mut c_int, c_int, c_int) -> HipStatus,
+    pub hipDeviceGetName: unsafe extern "C" fn(*mut c_char, c_int, c_int) -> HipStatus,
+    pub hipDeviceGetPCIBusId: unsafe extern "C" fn(*mut c_char, c_int, c_int) -> HipStatus,
+    pub hipDeviceGetByPCIBusId: unsafe extern "C" fn(*mut c_int, *const c_char) -> HipStatus,
+    pub hipDeviceCanAccessPeer: unsafe extern "C" fn(*mut c_int, c_int, c_int) -> HipStatus,
+    pub hipDeviceEnablePeerAccess: unsafe extern "C" fn(c_int, c_uint) -> HipStatus,
+    pub hipMemGetInfo: unsafe extern "C" fn(*mut usize, *mut usize) -> HipStatus,
+    pub hipMemGetAddressRange:
+        unsafe extern "C" fn(*mut *mut c_void, *mut usize, *mut c_void) -> HipStatus,
+    pub hipPointerGetAttribute: unsafe extern "C" fn(*mut c_void, c_int, *mut c_void) -> HipStatus,
+    pub hipHostMalloc: unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> HipStatus,
+    pub hipHostFree: unsafe extern "C" fn(*mut c_void) -> HipStatus,
+    pub hipHostGetDevicePointer:
+        unsafe extern "C" fn(*mut *mut c_void, *mut c_void, c_uint) -> HipStatus,
+    pub hipMemcpyPeerAsync: unsafe extern "C" fn(
+        *mut c_void,
+        c_int,
+        *const c_void,
+        c_int,
+        usize,
+        HipStream,
+    ) -> HipStatus,
+    pub hipStreamWaitValue64:
+        unsafe extern "C" fn(HipStream, *mut c_void, u64, c_uint, u64) -> HipStatus,
+    pub hipStreamBeginCapture: unsafe extern "C" fn(HipStream, c_int) -> HipStatus,
+    pub hipStreamEndCapture: unsafe extern "C" fn(HipStream, *mut HipGraph) -> HipStatus,
+    pub hipGraphInstantiate: unsafe extern "C" fn(
+        *mut HipGraphExec,
+        HipGraph,
+        *mut c_void,
+        *mut c_char,
+        usize,
+    ) -> HipStatus,
+    pub hipGraphLaunch: unsafe extern "C" fn(HipGraphExec, HipStream) -> HipStatus,
+    pub hipGraphExecDestroy: unsafe extern "C" fn(HipGraphExec) -> HipStatus,
+    pub hipGraphDestroy: unsafe extern "C" fn(HipGraph) -> HipStatus,
     /// Kept loaded as long as the pointers above are used (the table lives in a static).
     _lib: libloading::Library,
 }
@@ -323,6 +388,28 @@ fn load_hip(path: PathBuf, lib: libloading::Library) -> Result<Hip> {
         hipStreamIsCapturing: s!(hipStreamIsCapturing),
         hipThreadExchangeStreamCaptureMode: s!(hipThreadExchangeStreamCaptureMode),
         hipMemset: s!(hipMemset),
+        hipDriverGetVersion: s!(hipDriverGetVersion),
+        hipExtMallocWithFlags: s!(hipExtMallocWithFlags),
+        hipDeviceGetAttribute: s!(hipDeviceGetAttribute),
+        hipDeviceGetName: s!(hipDeviceGetName),
+        hipDeviceGetPCIBusId: s!(hipDeviceGetPCIBusId),
+        hipDeviceGetByPCIBusId: s!(hipDeviceGetByPCIBusId),
+        hipDeviceCanAccessPeer: s!(hipDeviceCanAccessPeer),
+        hipDeviceEnablePeerAccess: s!(hipDeviceEnablePeerAccess),
+        hipMemGetInfo: s!(hipMemGetInfo),
+        hipMemGetAddressRange: s!(hipMemGetAddressRange),
+        hipPointerGetAttribute: s!(hipPointerGetAttribute),
+        hipHostMalloc: s!(hipHostMalloc),
+        hipHostFree: s!(hipHostFree),
+        hipHostGetDevicePointer: s!(hipHostGetDevicePointer),
+        hipMemcpyPeerAsync: s!(hipMemcpyPeerAsync),
+        hipStreamWaitValue64: s!(hipStreamWaitValue64),
+        hipStreamBeginCapture: s!(hipStreamBeginCapture),
+        hipStreamEndCapture: s!(hipStreamEndCapture),
+        hipGraphInstantiate: s!(hipGraphInstantiate),
+        hipGraphLaunch: s!(hipGraphLaunch),
+        hipGraphExecDestroy: s!(hipGraphExecDestroy),
+        hipGraphDestroy: s!(hipGraphDestroy),
         path,
         _lib: lib,
     })

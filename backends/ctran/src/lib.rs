@@ -138,8 +138,13 @@ impl CtranBackend {
             let why = match ctran::cuda::unavailable_reason() {
                 Some(why) => Some(why),
                 None => ctran::cuda::driver().ok().and_then(|d| {
-                    (ordinal >= d.device_count)
-                        .then(|| format!("this process sees {} CUDA device(s)", d.device_count))
+                    (ordinal >= d.device_count).then(|| {
+                        format!(
+                            "this process sees {} {} device(s)",
+                            d.device_count,
+                            d.platform.name()
+                        )
+                    })
                 }),
             };
             if let Some(why) = why {

@@ -103,5 +103,5 @@ pub(crate) fn reconfigure(
 /// after reconfigurations.
 #[pyfunction]
 pub(crate) fn _cuda_bytes_held() -> (u64, u64) {
-    torchcomms_cuda::driver::live_bytes()
+    torchcomms_cuda::live_bytes()
 }

@@ -122,7 +122,7 @@ impl Nvl {
                     // SAFETY: the schedule copies within this op's buffer (kept alive until
                     // its event) into peers' buffers or scratch, mapped over IPC and writable
                     // between the barriers.
-                    unsafe { crate::cuda::driver::copy_async(*dst, *src, *len, lane(*l))? }
+                    unsafe { crate::cuda::copy_async(*dst, *src, *len, lane(*l))? }
                 }
                 Step::Reduce { dst, srcs, len } => {
                     let mut p = *reduction;
