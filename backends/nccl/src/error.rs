@@ -112,11 +112,12 @@ impl NcclError {
             | NcclError::RcclLoad(_)
             | NcclError::Symbol { .. }
             | NcclError::NotSupported(_) => ErrorKind::NotSupported,
-            // No ROCm, or no AMD GPU: the rccl backend cannot run here.
+            // No ROCm, or no AMD GPU (the rccl backend cannot run here), or the other runtime.
             NcclError::Gpu { source, .. }
                 if matches!(
                     **source,
                     GpuError::Hip(HipError::LibraryNotFound { .. } | HipError::NoDevice { .. })
+                        | GpuError::Platform { .. }
                 ) =>
             {
                 ErrorKind::NotSupported
@@ -132,7 +133,14 @@ impl From<NcclError> for torchcomms::Error {
     fn from(e: NcclError) -> Self {
         let backend = match &e {
             NcclError::RcclLoad(_) => "rccl",
-            NcclError::Gpu { source, .. } if matches!(**source, GpuError::Hip(_)) => "rccl",
+            NcclError::Gpu { source, .. }
+                if matches!(
+                    **source,
+                    GpuError::Hip(_) | GpuError::Platform { vendor: "rccl", .. }
+                ) =>
+            {
+                "rccl"
+            }
             _ => "nccl",
         };
         torchcomms::Error::Backend {
