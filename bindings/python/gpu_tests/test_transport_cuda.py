@@ -121,7 +121,11 @@ class TransportCudaOverIbTest(TransportCudaTest):
 
     def check_paths(self, s1: dict, s2: dict) -> None:
         self.assertEqual((s1["ib"], s2["ib"]), (3, 1), (s1, s2))
-        self.assertEqual((s1["ib_in_place"], s2["ib_in_place"]), (3, 1), (s1, s2))
+        # HIP exports no dma-buf (docs/amd.md): a GPU side cannot register, so the connection
+        # stages every transfer from its first one on.
+        hip = os.environ.get("TORCHCOMMS_GPU_PLATFORM") == "hip"
+        expected = (0, 0) if hip else (3, 1)
+        self.assertEqual((s1["ib_in_place"], s2["ib_in_place"]), expected, (s1, s2))
 
 
 class TransportCudaOverIbStagedTest(TransportCudaOverIbTest):
