@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use half::{bf16, f16};
+use sha2::{Digest, Sha256};
 
 use super::driver::{driver, Context};
 use super::error::{CudaError, Result};
@@ -96,15 +97,43 @@ pub fn load_once<T>(
 }
 
 /// `source` compiled by hiprtc for the AMD architecture of this machine
-/// (`TORCHCOMMS_HIP_ARCH`, else the kernel driver's topology). Not cached on disk: hiprtc
-/// compiles each source once per process.
-fn hiprtc_image(name: &str, source: &str) -> Result<nvrtc::Image> {
+/// (`TORCHCOMMS_HIP_ARCH`, else the kernel driver's topology), or read from the kernel cache
+/// (`TORCHCOMMS_KERNEL_CACHE`, as NVRTC's): hiprtc takes tens of seconds for the engine's
+/// sources, which every process would otherwise pay at its first communicator. The file is
+/// keyed by the source, hiprtc's version and the architecture.
+pub fn hiprtc_image(name: &str, source: &str) -> Result<nvrtc::Image> {
     let arch = torchcomms_hip::target_arch()?;
+    let (major, minor) = torchcomms_hip::rtc::version()?;
+    let mut h = Sha256::new();
+    h.update(source.as_bytes());
+    h.update(format!("hiprtc {major}.{minor} -O3").as_bytes());
+    let digest = nvrtc::hex8(&h.finalize());
+    let file = format!("{}-{digest}-{arch}.hsaco", nvrtc::stem(name));
+    let cache_path = nvrtc::cache_dir().map(|d| d.join(file));
+    if let Some(bytes) = cache_path
+        .as_ref()
+        .and_then(|p| std::fs::read(p).ok())
+        .filter(|b| !b.is_empty())
+    {
+        return Ok(nvrtc::Image {
+            bytes,
+            target: arch,
+            cache_path,
+            from_cache: true,
+            prebuilt: false,
+        });
+    }
     let bytes = torchcomms_hip::rtc::compile(name, source, &arch)?;
+    if let Some(p) = &cache_path {
+        if let Err(e) = nvrtc::store(p, &bytes) {
+            // A read-only home must not stop the job: the next run compiles again.
+            tracing::warn!("{e}");
+        }
+    }
     Ok(nvrtc::Image {
         bytes,
         target: arch,
-        cache_path: None,
+        cache_path,
         from_cache: false,
         prebuilt: false,
     })

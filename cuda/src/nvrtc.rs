@@ -151,11 +151,11 @@ pub fn prebuilt_name(name: &str, source: &str, target: &str) -> String {
     format!("{}-{}-{target}.cubin", stem(name), hex8(&h.finalize()))
 }
 
-fn stem(name: &str) -> String {
+pub(crate) fn stem(name: &str) -> String {
     name.rsplit('/').next().unwrap_or(name).replace('.', "_")
 }
 
-fn hex8(digest: &[u8]) -> String {
+pub(crate) fn hex8(digest: &[u8]) -> String {
     digest[..8].iter().map(|b| format!("{b:02x}")).collect()
 }
 
@@ -284,7 +284,7 @@ pub fn compile_with(
     })
 }
 
-fn store(path: &PathBuf, bytes: &[u8]) -> Result<()> {
+pub(crate) fn store(path: &PathBuf, bytes: &[u8]) -> Result<()> {
     let fail = |reason: String| CudaError::Cache {
         path: path.clone(),
         reason,
