@@ -242,7 +242,7 @@ impl Team {
     fn stop_all(&self) {
         self.shared.abort.store(true, Ordering::Release);
         for bell in &self.bells {
-            bell.ring(bell.me);
+            bell.wake(bell.me);
         }
         for t in &self.threads {
             t.thread().unpark();
