@@ -105,6 +105,16 @@ impl ShmCtx<'_> {
         self.lane.node.me
     }
 
+    /// The other local ranks, from the next one up and around: the order in which this rank
+    /// reads them, so that at each step every rank reads a different peer's memory (in rank
+    /// order all would read the same peer's, whose core then serves every reader at once).
+    /// A reduction that combines in this order is still reduced in one fixed order per slice,
+    /// by the one rank that owns it.
+    pub(super) fn peers(&self) -> impl Iterator<Item = usize> {
+        let (n, me) = (self.n(), self.me());
+        (1..n).map(move |k| (me + k) % n)
+    }
+
     /// The buffer of rank `i` for the current round.
     pub(super) fn buf(&self, i: usize) -> Span {
         self.lane.node.coll(i, (self.lane.coll_rounds % 2) as usize)

@@ -21,8 +21,8 @@ pub fn all_gather(cx: &mut ShmCtx<'_>, input: Span, outputs: &[Span]) -> Result<
         cx.barrier()?;
         cx.check(d, expect)?;
         outputs[me].copy_from(&input);
-        for (j, out) in outputs.iter().enumerate().filter(|&(j, _)| j != me) {
-            cx.read(j, 0, 0, *out)?;
+        for j in cx.peers().collect::<Vec<_>>() {
+            cx.read(j, 0, 0, outputs[j])?;
         }
         return cx.barrier();
     }
@@ -39,8 +39,10 @@ pub fn all_gather(cx: &mut ShmCtx<'_>, input: Span, outputs: &[Span]) -> Result<
         if off == 0 {
             cx.check(d, expect)?;
         }
-        for (j, out) in outputs.iter().enumerate() {
-            let dst = piece(out);
+        // Own block first, then peers in `peers` order (every rank reading the same peer's
+        // buffer at once would make its core serve them all).
+        for j in std::iter::once(me).chain(cx.peers()) {
+            let dst = piece(&outputs[j]);
             dst.copy_from(&cx.buf(j).sub(0, dst.len()));
         }
         cx.next_round();
@@ -129,7 +131,10 @@ pub(super) fn all_to_all_read(
 ) -> Result<(), ShmFail> {
     let me = cx.me();
     parts[me].copy_from(&inputs[me].sub(0, parts[me].len()));
-    for (j, out) in outputs.iter().enumerate().filter(|&(j, _)| j != me) {
+    // Peers in `peers` order: each process is read by one rank at a time (all reading the same
+    // one contend in its page tables).
+    for j in cx.peers().collect::<Vec<_>>() {
+        let out = &outputs[j];
         let (_, len) = cx.peer_block(j, me);
         if len != out.len() {
             return Err(ShmFail::Mismatch {

@@ -193,8 +193,9 @@ pub(super) fn all_reduce_cma(
 /// reduced slice out.
 ///
 /// No barrier waits for every rank: each rank announces "copied in" and "reduced" (two arrivals
-/// per round), combines each peer's copy as soon as that peer announced it (in rank order, so
-/// the result stays bitwise the same everywhere) and copies each reduced slice out as soon as
+/// per round), combines each peer's copy as soon as that peer announced it (own first, then
+/// from the next rank up and around: one fixed order per slice, and one rank reduces each
+/// slice, so the result is bitwise the same everywhere) and copies each reduced slice out as soon as
 /// its owner announced it, so one late rank delays only the steps that need its data. Having
 /// waited for every peer's "reduced" in round `r` is what lets a rank overwrite its other
 /// buffer in round `r + 1`: each peer had finished round `r - 1`, the last to read it.
@@ -225,7 +226,7 @@ pub(super) fn all_reduce_slots(
         let acc = cx.buf(me).sub(so, sl);
         // (The fused three-operand kernel measured slower here than load + combine.)
         load_input(red, acc, buf.sub(off + so, sl));
-        combine_in_rank_order(cx, red, acc, so, copied, |cx, j| {
+        combine_from_peers(cx, red, acc, so, copied, |cx, j| {
             if off == 0 {
                 cx.check_peer(d, j, buf.len())?;
             }
@@ -240,10 +241,10 @@ pub(super) fn all_reduce_slots(
     Ok(())
 }
 
-/// `acc ⊕=` every peer's copy at `at` in its buffer, peers in rank order, each once it arrived
-/// at `copied` and passed `check`: the peers found ready one after the other are combined in
-/// one pass.
-fn combine_in_rank_order(
+/// `acc ⊕=` every peer's copy at `at` in its buffer, in [`ShmCtx::peers`] order, each once it
+/// arrived at `copied` and passed `check`: the peers found ready one after the other are
+/// combined in one pass.
+fn combine_from_peers(
     cx: &mut ShmCtx<'_>,
     red: &Reducer,
     acc: Span,
@@ -251,9 +252,8 @@ fn combine_in_rank_order(
     copied: u64,
     mut check: impl FnMut(&ShmCtx<'_>, usize) -> Result<(), ShmFail>,
 ) -> Result<(), ShmFail> {
-    let (n, me) = (cx.n(), cx.me());
-    let mut ready: Vec<Span> = Vec::with_capacity(n);
-    for j in (0..n).filter(|&j| j != me) {
+    let mut ready: Vec<Span> = Vec::with_capacity(cx.n());
+    for j in cx.peers() {
         if !cx.arrived(j, copied) {
             fold_onto(red, acc, &ready);
             ready.clear();
@@ -267,16 +267,14 @@ fn combine_in_rank_order(
 }
 
 /// Copies every peer's reduced slice of this round into `out`, each as soon as its owner
-/// arrived at `reduced`, starting with the next rank's (so that ranks spread their first
-/// reads over different owners).
+/// arrived at `reduced`, in [`ShmCtx::peers`] order when all are there.
 fn copy_out_as_reduced(
     cx: &mut ShmCtx<'_>,
     out: Span,
     slices: &[(usize, usize)],
     reduced: u64,
 ) -> Result<(), ShmFail> {
-    let (n, me) = (cx.n(), cx.me());
-    let mut left: Vec<usize> = (1..n).map(|k| (me + k) % n).collect();
+    let mut left: Vec<usize> = cx.peers().collect();
     while !left.is_empty() {
         let before = left.len();
         left.retain(|&j| {
@@ -342,12 +340,12 @@ pub fn reduce_scatter(
         let dst = piece(&output);
         let len = dst.len();
         let at = me * piece_cap;
-        // Reduce in rank order into a scratch slot of our own buffer's block, then copy out:
-        // `output` may alias our own input block, which was already copied in.
+        // Reduce into our own copy of the block, peers in `peers` order (one fixed order for
+        // this block, which only this rank reduces), then copy out: `output` may alias our
+        // own input block, which was already copied in.
         let acc = cx.buf(me).sub(at, len);
-        for j in (0..n).filter(|&j| j != me) {
-            combine(red, acc, cx.buf(j).sub(at, len));
-        }
+        let peers: Vec<Span> = cx.peers().map(|j| cx.buf(j).sub(at, len)).collect();
+        fold_onto(red, acc, &peers);
         finish(red, acc);
         dst.copy_from(&acc);
         cx.next_round();
