@@ -37,6 +37,16 @@ pub(crate) fn fault(victim: usize, kind: &str) -> Result<()> {
             comm.all_reduce(&big, ReduceOp::Sum, &OpOptions::sync())
                 .map(drop)
         }
+        "kill-alltoall" => {
+            let out = Tensor::zeros(DataType::F32, 32 << 20 >> 2);
+            if me == victim {
+                let _w = comm.all_to_all_single(&out, &big, &OpOptions::async_op())?;
+                std::thread::sleep(Duration::from_millis(30));
+                die_now();
+            }
+            comm.all_to_all_single(&out, &big, &OpOptions::sync())
+                .map(drop)
+        }
         "kill-sendrecv" => {
             // The victim posts receives for a stream of large sends and dies part-way.
             let sender = (victim + 1) % n;
