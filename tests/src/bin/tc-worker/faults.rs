@@ -38,13 +38,18 @@ pub(crate) fn fault(victim: usize, kind: &str) -> Result<()> {
                 .map(drop)
         }
         "kill-alltoall" => {
-            let out = Tensor::zeros(DataType::F32, 32 << 20 >> 2);
+            // 32 MiB in n equal blocks.
+            let count = (32 << 20 >> 2) / n * n;
+            let (inp, out) = (
+                Tensor::zeros(DataType::F32, count),
+                Tensor::zeros(DataType::F32, count),
+            );
             if me == victim {
-                let _w = comm.all_to_all_single(&out, &big, &OpOptions::async_op())?;
+                let _w = comm.all_to_all_single(&out, &inp, &OpOptions::async_op())?;
                 std::thread::sleep(Duration::from_millis(30));
                 die_now();
             }
-            comm.all_to_all_single(&out, &big, &OpOptions::sync())
+            comm.all_to_all_single(&out, &inp, &OpOptions::sync())
                 .map(drop)
         }
         "kill-sendrecv" => {
