@@ -41,9 +41,9 @@ impl Lane {
     /// ranks share a host with cores to spare (lanes): there every rank reads every other's
     /// pages at once, and `process_vm_readv` (which pins each page it copies) moved under 2
     /// GB/s per thread against 8-10 for a plain copy, so two plain copies through the shared
-    /// buffers took half the time (8 ranks on 16 cores: 4 MiB in 480-630 us against
-    /// 1060-1280; 4 ranks: 16 MiB in 930 us against 1250). On a 2-core host the one copy
-    /// stays faster (2 and 4 ranks: copies took 1.2-2.3 times as long).
+    /// buffers took 0.4-0.8 of the time (8 ranks on 16 cores: 4 MiB in 480-760 us against
+    /// 864-1282 over two runs; 4 ranks: 16 MiB in 930 us against 1250). On a 2-core host the
+    /// one copy stays faster (2 and 4 ranks: copies took up to 2.3 times as long from 256 KiB).
     pub(crate) fn new(
         node: Node,
         lanes: usize,
