@@ -281,6 +281,17 @@ fn killed_rank_during_shm_all_reduce_without_cma_fails_every_survivor() {
     assert_survivors_failed(&outs, 1, "all_reduce", Some(4), "peer 1");
 }
 
+/// A rank killed in the middle of an all_to_all through the shared buffers (no cross-memory
+/// attach): every survivor fails within the timeout, naming the operation and the peer.
+#[test]
+fn killed_rank_during_shm_all_to_all_without_cma_fails_every_survivor() {
+    let outs = faults::job(3, "kill-alltoall", 1)
+        .env("CTRAN_BACKENDS", "socket,shm")
+        .env("CTRAN_SHM_CMA", "0")
+        .run(&worker());
+    assert_survivors_failed(&outs, 1, "all_to_all", Some(4), "peer 1");
+}
+
 /// Ranks that disagree about a collective's size over shared memory all fail at once with an
 /// error naming the mismatch (never a hang, a timeout or corrupt memory): under the
 /// cross-memory-attach threshold, over it, and straddling it (ranks would take different

@@ -71,6 +71,19 @@ fn killed_rank_during_laned_all_reduce_fails_every_survivor() {
     assert_survivors_failed(&outs, 1, "all_reduce", Some(4), "peer 1");
 }
 
+/// A rank killed in the middle of an all_to_all cut into lanes (with more than two ranks on
+/// lanes, all_to_all copies through the shared buffers): every survivor fails within the
+/// timeout, naming the operation and the peer.
+#[test]
+fn killed_rank_during_laned_all_to_all_fails_every_survivor() {
+    let outs = faults::job(3, "kill-alltoall", 1)
+        .env("CTRAN_BACKENDS", "socket,shm")
+        .env("CTRAN_SHM_LANES", "2")
+        .env("CTRAN_SHM_LANES_MIN_BYTES", "1M")
+        .run(&worker());
+    assert_survivors_failed(&outs, 1, "all_to_all", Some(4), "peer 1");
+}
+
 /// Ranks that disagree about a collective's size all fail at once naming the mismatch, also
 /// when rank 0's smaller size falls under the lanes threshold and the others' over it (rank 0
 /// runs the operation on one lane, the others cut it).

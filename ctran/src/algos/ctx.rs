@@ -196,6 +196,13 @@ pub fn fold(red: &Reducer, dst: Span, srcs: &[Span]) {
     unsafe { dst.with_mut_slice(|d| Span::with_slices(srcs, |s| red.fold(d, s))) }
 }
 
+/// `dst ⊕= srcs[0] ⊕ srcs[1] ⊕ …` for partials, in that order, in one pass per few sources.
+pub fn fold_onto(red: &Reducer, dst: Span, srcs: &[Span]) {
+    debug_assert!(srcs.iter().all(|s| !dst.overlaps(s)));
+    // SAFETY: as in `fold`.
+    unsafe { dst.with_mut_slice(|d| Span::with_slices(srcs, |s| red.fold_onto(d, s))) }
+}
+
 /// `dst = prescale(src)`.
 pub fn load_input(red: &Reducer, dst: Span, src: Span) {
     debug_assert!(!dst.overlaps(&src));

@@ -440,6 +440,14 @@ impl Executor {
                 task.op.name()
             )));
         };
+        // Cut into lanes, it needs every core: its caller sleeps rather than spin.
+        if shm
+            .team
+            .as_ref()
+            .is_some_and(|t| t.likely_cuts(&task.op, size))
+        {
+            task.request.expect_long();
+        }
         // It starts now. Trace records are written where this rank waits for its peers: the
         // oldest unwritten one when a wait begins, all of them and this one's start when a
         // wait lasts; else after the caller was told ([`Task::complete_deferred`]).

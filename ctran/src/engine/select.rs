@@ -65,17 +65,13 @@ pub fn has_link_form(op: &Op) -> bool {
 }
 
 /// What the progress thread knows of shared memory when it picks a host path: whether every
-/// rank of the communicator is on this host with a shared segment, and whether ranks may read
-/// each other's memory (cross-memory attach).
+/// rank of the communicator is on this host with a shared segment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ShmReach {
     /// Some rank is on another host (or shared memory is off).
     Partial,
     /// Every rank shares this host's segment.
-    WholeComm {
-        /// Cross-memory attach works between every pair of local ranks.
-        cma: bool,
-    },
+    WholeComm,
 }
 
 /// The host path of `op` with the algorithm choice `pick`. An explicit algorithm runs as
@@ -85,8 +81,8 @@ pub fn host_path(op: &Op, pick: Pick, shm: ShmReach, algos: &Selector) -> Path {
     if op.is_p2p() {
         return Path::P2p;
     }
-    if let (Choice::Auto, ShmReach::WholeComm { cma }) = (pick.choice, shm) {
-        if crate::shm_collectives::runs(op, cma) {
+    if let (Choice::Auto, ShmReach::WholeComm) = (pick.choice, shm) {
+        if crate::shm_collectives::runs(op) {
             return Path::ShmCollective;
         }
     }
@@ -122,7 +118,7 @@ mod tests {
             dtype: DataType::F32,
             op: ReduceOp::Sum,
         };
-        let whole = ShmReach::WholeComm { cma: false };
+        let whole = ShmReach::WholeComm;
         let auto = Pick::default();
         assert_eq!(
             host_path(&all_reduce, auto, whole, &algos),
@@ -145,18 +141,11 @@ mod tests {
             peer: 1,
         };
         assert_eq!(host_path(&send, auto, whole, &algos), Path::P2p);
-        // all_to_all has a shared-memory form only through cross-memory attach.
+        // all_to_all has a shared-memory form, with or without cross-memory attach.
         let a2a = Op::AllToAll {
             inputs: vec![Span::EMPTY; 4],
             outputs: vec![Span::EMPTY; 4],
         };
-        assert!(matches!(
-            host_path(&a2a, auto, whole, &algos),
-            Path::Algorithm(_)
-        ));
-        assert_eq!(
-            host_path(&a2a, auto, ShmReach::WholeComm { cma: true }, &algos),
-            Path::ShmCollective
-        );
+        assert_eq!(host_path(&a2a, auto, whole, &algos), Path::ShmCollective);
     }
 }

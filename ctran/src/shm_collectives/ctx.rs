@@ -105,6 +105,16 @@ impl ShmCtx<'_> {
         self.lane.node.me
     }
 
+    /// The other local ranks, from the next one up and around: the order in which this rank
+    /// reads them, so that at each step every rank reads a different peer's memory (in rank
+    /// order all would read the same peer's, whose core then serves every reader at once).
+    /// A reduction that combines in this order is still reduced in one fixed order per slice,
+    /// by the one rank that owns it.
+    pub(super) fn peers(&self) -> impl Iterator<Item = usize> {
+        let (n, me) = (self.n(), self.me());
+        (1..n).map(move |k| (me + k) % n)
+    }
+
     /// The buffer of rank `i` for the current round.
     pub(super) fn buf(&self, i: usize) -> Span {
         self.lane.node.coll(i, (self.lane.coll_rounds % 2) as usize)
@@ -175,43 +185,45 @@ impl ShmCtx<'_> {
     /// the same operation, sequence number and arguments as this one, and that rank `j`'s size
     /// is `expect(j)`.
     pub(super) fn check(&self, d: Desc, expect: impl Fn(usize) -> usize) -> Result<(), ShmFail> {
-        let node = &self.lane.node;
-        let b = self.lane.published;
         for j in (0..self.n()).filter(|&j| j != self.me()) {
-            let p = node.desc(j, b);
-            let (seq, kind) = (
-                p.seq.load(Ordering::Relaxed),
-                p.kind.load(Ordering::Relaxed),
-            );
-            let bytes = p.bytes.load(Ordering::Relaxed) as usize;
-            let what = Kind::name(d.kind as u64);
-            let detail = if seq != self.seq || kind != d.kind as u64 {
-                format!(
-                    "this rank runs {what} (seq {}) while the peer runs {} (seq {seq}) \
-                     over shared memory",
-                    self.seq,
-                    Kind::name(kind)
-                )
-            } else if bytes != expect(j) {
-                format!(
-                    "{what} sizes disagree: this rank expects {} bytes from the peer, \
-                     the peer has {bytes}",
-                    expect(j)
-                )
-            } else if p.args.load(Ordering::Relaxed) != self.args(d) {
-                format!(
-                    "{what} arguments disagree (element type, reduce op, root, block sizes, or \
-                     the whole operation's size when it is cut into lanes)"
-                )
-            } else {
-                continue;
-            };
-            return Err(ShmFail::Mismatch {
-                peer: self.global(j),
-                detail,
-            });
+            self.check_peer(d, j, expect(j))?;
         }
         Ok(())
+    }
+
+    /// [`ShmCtx::check`] for rank `j` alone, once it arrived where it published its descriptor.
+    pub(super) fn check_peer(&self, d: Desc, j: usize, expect: usize) -> Result<(), ShmFail> {
+        let p = self.lane.node.desc(j, self.lane.published);
+        let (seq, kind) = (
+            p.seq.load(Ordering::Relaxed),
+            p.kind.load(Ordering::Relaxed),
+        );
+        let bytes = p.bytes.load(Ordering::Relaxed) as usize;
+        let what = Kind::name(d.kind as u64);
+        let detail = if seq != self.seq || kind != d.kind as u64 {
+            format!(
+                "this rank runs {what} (seq {}) while the peer runs {} (seq {seq}) \
+                 over shared memory",
+                self.seq,
+                Kind::name(kind)
+            )
+        } else if bytes != expect {
+            format!(
+                "{what} sizes disagree: this rank expects {expect} bytes from the peer, \
+                 the peer has {bytes}"
+            )
+        } else if p.args.load(Ordering::Relaxed) != self.args(d) {
+            format!(
+                "{what} arguments disagree (element type, reduce op, root, block sizes, or \
+                 the whole operation's size when it is cut into lanes)"
+            )
+        } else {
+            return Ok(());
+        };
+        Err(ShmFail::Mismatch {
+            peer: self.global(j),
+            detail,
+        })
     }
 
     /// The size local rank `j` published with the last barrier.
@@ -264,6 +276,19 @@ impl ShmCtx<'_> {
 
     /// Announces this rank's arrival and waits for everyone's.
     pub(super) fn barrier(&mut self) -> Result<(), ShmFail> {
+        let target = self.arrive();
+        let all_in = |n: &Node| {
+            (0..n.nlocal()).all(|i| n.control(i).arrived.load(Ordering::Acquire) >= target)
+        };
+        self.wait_until(all_in, |n| {
+            (0..n.nlocal()).find(|&i| n.control(i).arrived.load(Ordering::Acquire) < target)
+        })
+    }
+
+    /// Announces this rank's arrival at its next barrier without waiting for the others, and
+    /// returns the barrier's number: peers then wait for this rank alone
+    /// ([`ShmCtx::arrived`], [`ShmCtx::wait_arrived`]).
+    pub(super) fn arrive(&mut self) -> u64 {
         self.lane.arrivals += 1;
         let target = self.lane.arrivals;
         let node = &self.lane.node;
@@ -271,19 +296,33 @@ impl ShmCtx<'_> {
             .arrived
             .store(target, Ordering::Release);
         node.ring_others();
-        let all_in = |n: &Node| {
-            (0..n.nlocal()).all(|i| n.control(i).arrived.load(Ordering::Acquire) >= target)
-        };
-        match wait_telling(node, self.waiting, all_in, self.deadline, self.alive) {
+        target
+    }
+
+    /// Whether local rank `j` arrived at barrier `target`.
+    pub(super) fn arrived(&self, j: usize, target: u64) -> bool {
+        self.lane.node.control(j).arrived.load(Ordering::Acquire) >= target
+    }
+
+    /// Waits until local rank `j` arrived at barrier `target`.
+    pub(super) fn wait_arrived(&mut self, j: usize, target: u64) -> Result<(), ShmFail> {
+        let done = move |n: &Node| n.control(j).arrived.load(Ordering::Acquire) >= target;
+        self.wait_until(done, |_| Some(j))
+    }
+
+    /// Waits until `done` holds; past the deadline, `late` names the (local) rank waited for.
+    pub(super) fn wait_until(
+        &mut self,
+        done: impl FnMut(&Node) -> bool,
+        late: impl Fn(&Node) -> Option<usize>,
+    ) -> Result<(), ShmFail> {
+        let node = &self.lane.node;
+        match wait_telling(node, self.waiting, done, self.deadline, self.alive) {
             Ok(()) => Ok(()),
             Err(WaitEnd::Failed(e)) => Err(ShmFail::Peer(e)),
-            Err(WaitEnd::Deadline) => {
-                let late = (0..node.nlocal())
-                    .find(|&i| node.control(i).arrived.load(Ordering::Acquire) < target);
-                Err(ShmFail::Deadline {
-                    waiting_for: late.map(|l| self.global(l)),
-                })
-            }
+            Err(WaitEnd::Deadline) => Err(ShmFail::Deadline {
+                waiting_for: late(node).map(|l| self.global(l)),
+            }),
         }
     }
 }

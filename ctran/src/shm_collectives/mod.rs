@@ -38,18 +38,18 @@ pub use moves::{all_gather, all_to_all, broadcast};
 pub use reduce::{all_reduce, reduce, reduce_scatter};
 pub use team::{laned_operations, Team};
 
-/// Whether `op` has a shared-memory form; all_to_all has one only through cross-memory attach
-/// (`cma`), the other collectives always.
-pub fn runs(op: &Op, cma: bool) -> bool {
-    match op {
+/// Whether `op` has a shared-memory form (all_to_all copies through the shared buffers where
+/// ranks cannot read each other's memory).
+pub fn runs(op: &Op) -> bool {
+    matches!(
+        op,
         Op::AllReduce { .. }
-        | Op::Reduce { .. }
-        | Op::ReduceScatter { .. }
-        | Op::AllGather { .. }
-        | Op::Broadcast { .. } => true,
-        Op::AllToAll { .. } => cma,
-        _ => false,
-    }
+            | Op::Reduce { .. }
+            | Op::ReduceScatter { .. }
+            | Op::AllGather { .. }
+            | Op::Broadcast { .. }
+            | Op::AllToAll { .. }
+    )
 }
 
 /// Runs `op` (one [`runs`] accepts) over shared memory among `nranks` ranks, cut into lanes
@@ -89,13 +89,24 @@ fn all_to_all_on(
         Ok(total) => total,
         Err(fail) => return Ok(Err(fail)),
     };
+    let slots = cx.lane.all_to_all_copies;
     if !team.cuts_all_to_all(total, nranks) {
+        if slots {
+            return Ok(moves::all_to_all_slots(cx, inputs, outputs));
+        }
         return Ok(moves::all_to_all_read(cx, inputs, outputs, outputs));
     }
     let first = |cx: &mut ShmCtx<'_>, part: &Op| {
-        let Op::AllToAll { outputs: parts, .. } = part else {
+        let Op::AllToAll {
+            inputs: ins,
+            outputs: parts,
+        } = part
+        else {
             unreachable!("a part of an all_to_all is an all_to_all")
         };
+        if slots {
+            return Ok(moves::all_to_all_slots(cx, ins, parts));
+        }
         Ok(moves::all_to_all_read(cx, inputs, outputs, parts))
     };
     team.run(cx, op, total, nranks, first)
@@ -120,7 +131,10 @@ fn run_one(cx: &mut ShmCtx<'_>, op: &Op, nranks: usize) -> Result<Result<(), Shm
         } => reduce_scatter(cx, inputs, *output, &reducer(*dtype, *op)?),
         Op::AllGather { input, outputs } => all_gather(cx, *input, outputs),
         Op::Broadcast { buf, root } => broadcast(cx, *buf, *root),
-        Op::AllToAll { inputs, outputs } => all_to_all(cx, inputs, outputs),
+        Op::AllToAll { inputs, outputs } if !cx.lane.all_to_all_copies => {
+            all_to_all(cx, inputs, outputs)
+        }
+        Op::AllToAll { inputs, outputs } => moves::all_to_all_slots(cx, inputs, outputs),
         other => {
             return Err(Error::NotSupported(format!(
                 "{} as a shared-memory collective",

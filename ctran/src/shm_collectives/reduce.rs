@@ -3,7 +3,9 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::algos::ctx::{chunks, combine, combine_input, finish, load_input, partition, prescale};
+use crate::algos::ctx::{
+    chunks, combine, combine_input, finish, fold_onto, load_input, partition, prescale,
+};
 use crate::kernels::Reducer;
 use crate::span::Span;
 use crate::transport::shm::node::{Node, WaitEnd};
@@ -189,6 +191,16 @@ pub(super) fn all_reduce_cma(
 /// all_reduce through the shared buffers. Per round: copy in only the slices peers reduce,
 /// reduce this rank's slice from its own buffer and the peers' shared copies, then copy every
 /// reduced slice out.
+///
+/// No barrier waits for every rank: each rank announces "copied in" and "reduced" (two arrivals
+/// per round), combines each peer's copy as soon as that peer announced it (own first, then
+/// from the next rank up and around: one fixed order per slice, and one rank reduces each
+/// slice, so the result is bitwise the same everywhere) and copies each reduced slice out as
+/// soon as its owner announced it, so one late rank delays only the steps that need its data.
+/// Having waited for every peer's "reduced" in round `r` is what lets a rank overwrite its
+/// other buffer in round `r + 1`: each peer had finished round `r - 1`, the last to read it.
+/// At 8 ranks on 16 cores the two all-rank barriers this replaces, and the doorbells they
+/// rang, took 8 of the 32 us of a 64 KiB all_reduce (`docs/perf/cpu.md`).
 pub(super) fn all_reduce_slots(
     cx: &mut ShmCtx<'_>,
     buf: Span,
@@ -211,24 +223,77 @@ pub(super) fn all_reduce_slots(
         if off == 0 {
             cx.publish(d, &[]);
         }
-        cx.barrier()?;
-        if off == 0 {
-            cx.check(d, |_| buf.len())?;
-        }
+        let copied = cx.arrive();
         let (so, sl) = slices[me];
         let acc = cx.buf(me).sub(so, sl);
-        let own = buf.sub(off + so, sl);
         // (The fused three-operand kernel measured slower here than load + combine.)
-        load_input(red, acc, own);
-        for j in (0..n).filter(|&j| j != me) {
-            combine(red, acc, cx.buf(j).sub(so, sl));
-        }
+        load_input(red, acc, buf.sub(off + so, sl));
+        combine_from_peers(cx, red, acc, so, copied, |cx, j| {
+            if off == 0 {
+                cx.check_peer(d, j, buf.len())?;
+            }
+            Ok(())
+        })?;
         finish(red, acc);
-        cx.barrier()?;
-        for (j, &(so, sl)) in slices.iter().enumerate() {
-            buf.sub(off + so, sl).copy_from(&cx.buf(j).sub(so, sl));
-        }
+        let reduced = cx.arrive();
+        buf.sub(off + so, sl).copy_from(&acc);
+        copy_out_as_reduced(cx, buf.sub(off, len), &slices, reduced)?;
         cx.next_round();
+    }
+    Ok(())
+}
+
+/// `acc ⊕=` every peer's copy at `at` in its buffer, in [`ShmCtx::peers`] order, each once it
+/// arrived at `copied` and passed `check`: the peers found ready one after the other are
+/// combined in one pass.
+fn combine_from_peers(
+    cx: &mut ShmCtx<'_>,
+    red: &Reducer,
+    acc: Span,
+    at: usize,
+    copied: u64,
+    mut check: impl FnMut(&ShmCtx<'_>, usize) -> Result<(), ShmFail>,
+) -> Result<(), ShmFail> {
+    let mut ready: Vec<Span> = Vec::with_capacity(cx.n());
+    for j in cx.peers() {
+        if !cx.arrived(j, copied) {
+            fold_onto(red, acc, &ready);
+            ready.clear();
+            cx.wait_arrived(j, copied)?;
+        }
+        check(cx, j)?;
+        ready.push(cx.buf(j).sub(at, acc.len()));
+    }
+    fold_onto(red, acc, &ready);
+    Ok(())
+}
+
+/// Copies every peer's reduced slice of this round into `out`, each as soon as its owner
+/// arrived at `reduced`, in [`ShmCtx::peers`] order when all are there.
+fn copy_out_as_reduced(
+    cx: &mut ShmCtx<'_>,
+    out: Span,
+    slices: &[(usize, usize)],
+    reduced: u64,
+) -> Result<(), ShmFail> {
+    let mut left: Vec<usize> = cx.peers().collect();
+    while !left.is_empty() {
+        let before = left.len();
+        left.retain(|&j| {
+            if !cx.arrived(j, reduced) {
+                return true;
+            }
+            let (so, sl) = slices[j];
+            out.sub(so, sl).copy_from(&cx.buf(j).sub(so, sl));
+            false
+        });
+        if left.len() == before {
+            let has =
+                |nd: &Node, j: usize| nd.control(j).arrived.load(Ordering::Acquire) >= reduced;
+            let any = |nd: &Node| left.iter().any(|&j| has(nd, j));
+            let late = |nd: &Node| left.iter().copied().find(|&j| !has(nd, j));
+            cx.wait_until(any, late)?;
+        }
     }
     Ok(())
 }
@@ -277,12 +342,12 @@ pub fn reduce_scatter(
         let dst = piece(&output);
         let len = dst.len();
         let at = me * piece_cap;
-        // Reduce in rank order into a scratch slot of our own buffer's block, then copy out:
-        // `output` may alias our own input block, which was already copied in.
+        // Reduce into our own copy of the block, peers in `peers` order (one fixed order for
+        // this block, which only this rank reduces), then copy out: `output` may alias our
+        // own input block, which was already copied in.
         let acc = cx.buf(me).sub(at, len);
-        for j in (0..n).filter(|&j| j != me) {
-            combine(red, acc, cx.buf(j).sub(at, len));
-        }
+        let peers: Vec<Span> = cx.peers().map(|j| cx.buf(j).sub(at, len)).collect();
+        fold_onto(red, acc, &peers);
         finish(red, acc);
         dst.copy_from(&acc);
         cx.next_round();

@@ -131,6 +131,19 @@ impl Team {
         total >= self.min_bytes.saturating_mul(nranks)
     }
 
+    /// Whether `op` is likely cut into lanes, for hints only (see
+    /// [`crate::comm::Request::expect_long`]): an all_to_all is cut on its ranks' totals,
+    /// known after its first barrier, and guessed here from this rank's.
+    pub fn likely_cuts(&self, op: &Op, nranks: usize) -> bool {
+        match op {
+            Op::AllToAll { inputs, .. } => {
+                let mine: usize = inputs.iter().map(|s| s.len()).sum();
+                self.cuts_all_to_all(mine.saturating_mul(nranks), nranks)
+            }
+            _ => self.cuts(op).is_some(),
+        }
+    }
+
     /// Runs `op` (of agreed size `whole`) cut into lanes: the helpers run parts 1.. as whole
     /// operations on their lanes, and `first` runs part 0 here with `cx`.
     pub(super) fn run(
@@ -242,7 +255,7 @@ impl Team {
     fn stop_all(&self) {
         self.shared.abort.store(true, Ordering::Release);
         for bell in &self.bells {
-            bell.ring(bell.me);
+            bell.wake(bell.me);
         }
         for t in &self.threads {
             t.thread().unpark();

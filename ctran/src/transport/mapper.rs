@@ -70,11 +70,10 @@ impl Mapper {
         Some((shm, move || socket.probe_idle(peers.iter().copied())))
     }
 
-    /// How far shared memory reaches: every rank of the communicator (and whether cross-memory
-    /// attach works among them), or not.
+    /// How far shared memory reaches: every rank of the communicator, or not.
     pub fn shm_reach(&self) -> ShmReach {
         match &self.shm {
-            Some(s) if s.is_whole_comm() => ShmReach::WholeComm { cma: s.uses_cma() },
+            Some(s) if s.is_whole_comm() => ShmReach::WholeComm,
             _ => ShmReach::Partial,
         }
     }

@@ -278,6 +278,17 @@ impl Reducer {
         }
     }
 
+    /// `dst = dst ⊕ srcs[0] ⊕ … ⊕ srcs[k-1]` for partials, in that order; fused, bit-for-bit
+    /// `combine(dst, srcs[i])` for each source in turn, in one pass per [`FOLD_WIDTH`] sources.
+    pub fn fold_onto(&self, dst: &mut [u8], srcs: &[&[u8]]) {
+        for s in srcs {
+            self.check_len(dst.len(), s.len());
+        }
+        for group in srcs.chunks(FOLD_WIDTH) {
+            with_kind!(self.dtype, K => fold::<K>(self.pairwise, dst, group, true));
+        }
+    }
+
     /// Post-processes the final result once; a no-op unless [`Reducer::needs_finish`].
     pub fn finish(&self, buf: &mut [u8]) {
         self.check_len(buf.len(), buf.len());

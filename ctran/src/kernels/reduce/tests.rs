@@ -364,6 +364,42 @@ fn fold_is_bit_for_bit_the_pairwise_sequence() {
     assert_eq!(checked, paths.len() * 75 * SOURCES.len() * LENS.len());
 }
 
+#[test]
+fn fold_onto_is_bit_for_bit_combining_each_source_in_turn() {
+    // Source counts from none to past two passes of FOLD_WIDTH; lengths around a block.
+    const SOURCES: [usize; 6] = [0, 1, 3, 4, 5, 9];
+    const LENS: [usize; 3] = [0, 7, 1000];
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let mut checked = 0usize;
+    let paths = paths();
+    for (portable, (t, op)) in paths
+        .iter()
+        .flat_map(|&p| valid_pairs().into_iter().map(move |x| (p, x)))
+    {
+        PORTABLE_ONLY.with(|c| c.set(portable));
+        let r = Reducer::new(t, op, 3).unwrap();
+        for (k, n) in SOURCES
+            .into_iter()
+            .flat_map(|k| LENS.into_iter().map(move |n| (k, n)))
+        {
+            // Every other source and the destination start at an odd address.
+            let start = rng.elems(t, n);
+            let srcs: Vec<Buf> = (0..k).map(|i| Buf::new(&rng.elems(t, n), i % 2)).collect();
+            let views: Vec<&[u8]> = srcs.iter().map(Buf::get).collect();
+            let mut want = Buf::new(&start, 0);
+            for s in &views {
+                r.combine(want.get_mut(), s);
+            }
+            let mut got = Buf::new(&start, 1);
+            r.fold_onto(got.get_mut(), &views);
+            let ctx = format!("{op} {t} sources={k} n={n} portable={portable}");
+            assert_same(t, got.get(), want.get(), &ctx);
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, paths.len() * 75 * SOURCES.len() * LENS.len());
+}
+
 fn bytes<T: Pod>(v: &[T]) -> Vec<u8> {
     bytemuck::cast_slice(v).to_vec()
 }

@@ -286,8 +286,15 @@ impl ShmTransport {
             lanes,
             "shared memory attached"
         );
-        let mut lanes_of_rank = (0..lanes)
-            .map(|l| Lane::new(node.lane(l), cma, cfg.cma_min_bytes, cfg.cma_chunk_bytes));
+        let mut lanes_of_rank = (0..lanes).map(|l| {
+            Lane::new(
+                node.lane(l),
+                lanes,
+                cma,
+                cfg.cma_min_bytes,
+                cfg.cma_chunk_bytes,
+            )
+        });
         let first = lanes_of_rank.next().expect("at least one lane");
         let helpers: Vec<Lane> = lanes_of_rank.collect();
         let team = if helpers.is_empty() {

@@ -1,7 +1,7 @@
 //! The ranks of one host and the segment they share: typed views of the layout, doorbells, and
 //! the wait loop (spin briefly, then sleep on a futex, checking the deadline and peer liveness).
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -239,8 +239,40 @@ impl Node {
         self.span_at(self.layout.coll(i, b), self.layout.sizes.coll_bytes)
     }
 
-    /// Tells local rank `i` that something it may wait for happened.
+    /// Tells local rank `i` that something it may wait for happened, for an event that the
+    /// condition of its wait ([`Node::wait_for`]) observes, made visible before this call.
+    ///
+    /// Only a sleeping rank's doorbell is bumped: a spinning one sees the event in its next
+    /// poll. The doorbell shares the line of the rank's control words that every peer polls,
+    /// so bumping it on every event (an atomic read-modify-write from each of the other ranks
+    /// at every barrier) moved that line through every core's cache several times per barrier.
     pub(crate) fn ring(&self, i: usize) {
+        // Pairs with the fence in `wait_for` between announcing the sleep and re-checking the
+        // condition: either the waiter's check sees the event, or this load sees it sleeping.
+        fence(Ordering::SeqCst);
+        self.wake_if_sleeping(i);
+    }
+
+    /// Rings every other local rank (one fence for all).
+    pub(crate) fn ring_others(&self) {
+        fence(Ordering::SeqCst);
+        for i in (0..self.nlocal()).filter(|&i| i != self.me) {
+            self.wake_if_sleeping(i);
+        }
+    }
+
+    fn wake_if_sleeping(&self, i: usize) {
+        let c = self.control(i);
+        if c.sleeping.load(Ordering::Relaxed) != 0 {
+            c.doorbell.fetch_add(1, Ordering::SeqCst);
+            futex::wake_all(&c.doorbell);
+        }
+    }
+
+    /// Wakes local rank `i` for an event its wait's condition does not observe (a flag that
+    /// only its liveness check reads): bumps its doorbell whether it sleeps or not, so that a
+    /// sleep about to start returns at once.
+    pub(crate) fn wake(&self, i: usize) {
         let c = self.control(i);
         c.doorbell.fetch_add(1, Ordering::SeqCst);
         if c.sleeping.load(Ordering::SeqCst) != 0 {
@@ -248,19 +280,10 @@ impl Node {
         }
     }
 
-    /// Rings every other local rank.
-    pub(crate) fn ring_others(&self) {
-        for i in (0..self.nlocal()).filter(|&i| i != self.me) {
-            self.ring(i);
-        }
-    }
-
     fn my_bell(&self) -> &AtomicU32 {
         &self.control(self.me).doorbell
     }
 
-    /// Waits until `done` holds, spinning first, then sleeping on this rank's doorbell; calls
-    /// `alive` every few milliseconds while sleeping so a dead peer ends the wait.
     /// Publishes the collective this rank starts, for the agreement check of waiting peers.
     pub(crate) fn publish_op(&self, tag: OpTag) {
         let me = self.control(self.me);
@@ -301,6 +324,8 @@ impl Node {
         Ok(())
     }
 
+    /// Waits until `done` holds, spinning first, then sleeping on this rank's doorbell; calls
+    /// `alive` every few milliseconds while sleeping so a dead peer ends the wait.
     pub(crate) fn wait_for(
         &self,
         mut done: impl FnMut(&Node) -> bool,
@@ -335,6 +360,9 @@ impl Node {
             let bell = self.my_bell().load(Ordering::SeqCst);
             let me = self.control(self.me);
             me.sleeping.store(1, Ordering::SeqCst);
+            // Pairs with the fence in `ring`: a peer that made `done` true either is seen
+            // below or sees this rank sleeping and bumps the doorbell.
+            fence(Ordering::SeqCst);
             if !done(self) {
                 let nap = (deadline - now).min(Duration::from_millis(5));
                 futex::wait(self.my_bell(), bell, nap);

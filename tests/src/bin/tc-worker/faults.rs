@@ -37,6 +37,21 @@ pub(crate) fn fault(victim: usize, kind: &str) -> Result<()> {
             comm.all_reduce(&big, ReduceOp::Sum, &OpOptions::sync())
                 .map(drop)
         }
+        "kill-alltoall" => {
+            // 32 MiB in n equal blocks.
+            let count = (32 << 20 >> 2) / n * n;
+            let (inp, out) = (
+                Tensor::zeros(DataType::F32, count),
+                Tensor::zeros(DataType::F32, count),
+            );
+            if me == victim {
+                let _w = comm.all_to_all_single(&out, &inp, &OpOptions::async_op())?;
+                std::thread::sleep(Duration::from_millis(30));
+                die_now();
+            }
+            comm.all_to_all_single(&out, &inp, &OpOptions::sync())
+                .map(drop)
+        }
         "kill-sendrecv" => {
             // The victim posts receives for a stream of large sends and dies part-way.
             let sender = (victim + 1) % n;

@@ -37,6 +37,8 @@ enum Scenario {
     },
     /// The victim dies during a large all_reduce; the survivors report their error.
     KillAllreduce(Victim),
+    /// The victim dies during a large all_to_all; the survivors report their error.
+    KillAlltoall(Victim),
     /// The victim dies while receiving a stream of sends; its sender reports its error.
     KillSendrecv(Victim),
     /// The victim sleeps through an all_reduce; the others time out.
@@ -170,6 +172,7 @@ fn main() {
     let (name, result) = match cli.scenario {
         Scenario::Suite { large, algo_set } => ("suite", suite::suite(large, algo_set)),
         Scenario::KillAllreduce(v) => ("kill-allreduce", faults::fault(v.victim, "kill-allreduce")),
+        Scenario::KillAlltoall(v) => ("kill-alltoall", faults::fault(v.victim, "kill-alltoall")),
         Scenario::KillSendrecv(v) => ("kill-sendrecv", faults::fault(v.victim, "kill-sendrecv")),
         Scenario::Stall(v) => ("stall", faults::fault(v.victim, "stall")),
         Scenario::BackToBack { count } => ("back-to-back", back_to_back(count)),
