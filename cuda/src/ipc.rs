@@ -169,16 +169,17 @@ pub fn pci_bus_id(ctx: &Arc<Context>) -> Result<String> {
 }
 
 /// Whether `ctx`'s device can map memory of the device with PCI bus id `peer` (which this
-/// process must see). `false` when it cannot see that device.
+/// process must see). `false` when it cannot see that device, or it is `ctx`'s own.
 pub fn can_access(ctx: &Arc<Context>, peer: &str) -> Result<bool> {
-    if ctx.platform() == Platform::Hip {
-        return Ok(torchcomms_hip::device::can_access(
-            ctx.ordinal() as i32,
-            peer,
-        )?);
-    }
     if pci_bus_id(ctx)?.eq_ignore_ascii_case(peer) {
         return Ok(false);
+    }
+    if ctx.platform() == Platform::Hip {
+        let me = ctx.ordinal() as i32;
+        return Ok(match torchcomms_hip::device::device_by_pci_bus_id(peer)? {
+            Some(other) => torchcomms_hip::device::can_access_peer(me, other)?,
+            None => false,
+        });
     }
     let Ok(cpeer) = std::ffi::CString::new(peer) else {
         return Ok(false);

@@ -68,25 +68,27 @@ pub fn pci_bus_id(ordinal: i32) -> Result<String> {
     Ok(text(&buf))
 }
 
-/// Whether device `ordinal` can map memory of the device with PCI bus id `peer`; `false` when
-/// this process does not see that device or it is `ordinal` itself.
-pub fn can_access(ordinal: i32, peer: &str) -> Result<bool> {
-    if pci_bus_id(ordinal)?.eq_ignore_ascii_case(peer) {
-        return Ok(false);
-    }
-    let Ok(cpeer) = CString::new(peer) else {
-        return Ok(false);
+/// The ordinal of the device with PCI bus id `id`, or `None` when this process does not see it.
+pub fn device_by_pci_bus_id(id: &str) -> Result<Option<i32>> {
+    let Ok(cid) = CString::new(id) else {
+        return Ok(None);
     };
+    availability()?;
     let hip = sys::hip()?;
-    let mut other = -1;
-    // SAFETY: `other` is a valid out-pointer; the id is NUL-terminated.
-    if unsafe { (hip.hipDeviceGetByPCIBusId)(&mut other, cpeer.as_ptr()) } != sys::HIP_SUCCESS {
-        return Ok(false);
-    }
+    let mut dev = -1;
+    // SAFETY: `dev` is a valid out-pointer; the id is NUL-terminated.
+    let found = unsafe { (hip.hipDeviceGetByPCIBusId)(&mut dev, cid.as_ptr()) } == sys::HIP_SUCCESS;
+    Ok(found.then_some(dev))
+}
+
+/// Whether device `ordinal` can map memory of device `peer`.
+pub fn can_access_peer(ordinal: i32, peer: i32) -> Result<bool> {
+    availability()?;
+    let hip = sys::hip()?;
     let mut ok = 0;
-    // SAFETY: `ok` is a valid out-pointer; both ordinals come from HIP.
+    // SAFETY: `ok` is a valid out-pointer; HIP checks both ordinals.
     check(hip, "hipDeviceCanAccessPeer", unsafe {
-        (hip.hipDeviceCanAccessPeer)(&mut ok, ordinal, other)
+        (hip.hipDeviceCanAccessPeer)(&mut ok, ordinal, peer)
     })?;
     Ok(ok != 0)
 }

@@ -349,12 +349,7 @@ pub unsafe fn stream_is_capturing(stream: *mut c_void) -> Result<bool> {
 /// Lets this thread make HIP calls that a capture in global mode elsewhere would refuse (event
 /// queries of a watchdog): the mode of PyTorch's own background threads.
 pub fn relax_capture_mode_for_this_thread() -> Result<()> {
-    let hip = sys::hip()?;
-    let mut mode = sys::HIP_STREAM_CAPTURE_MODE_RELAXED;
-    // SAFETY: `mode` is a valid in/out pointer.
-    check(hip, "hipThreadExchangeStreamCaptureMode", unsafe {
-        (hip.hipThreadExchangeStreamCaptureMode)(&mut mode)
-    })
+    crate::graph::exchange_capture_mode(sys::HIP_STREAM_CAPTURE_MODE_RELAXED).map(drop)
 }
 
 /// Copies `bytes` from `src` to `dst` (device or host addresses, unified) in order on `stream`.
