@@ -110,31 +110,14 @@ pub fn hiprtc_image(name: &str, source: &str) -> Result<nvrtc::Image> {
     let digest = nvrtc::hex8(&h.finalize());
     let file = format!("{}-{digest}-{arch}.hsaco", nvrtc::stem(name));
     let cache_path = nvrtc::cache_dir().map(|d| d.join(file));
-    if let Some(bytes) = cache_path
-        .as_ref()
-        .and_then(|p| std::fs::read(p).ok())
-        .filter(|b| !b.is_empty())
-    {
-        return Ok(nvrtc::Image {
-            bytes,
-            target: arch,
-            cache_path,
-            from_cache: true,
-            prebuilt: false,
-        });
-    }
-    let bytes = torchcomms_hip::rtc::compile(name, source, &arch)?;
-    if let Some(p) = &cache_path {
-        if let Err(e) = nvrtc::store(p, &bytes) {
-            // A read-only home must not stop the job: the next run compiles again.
-            tracing::warn!("{e}");
-        }
-    }
+    let (bytes, from_cache) = nvrtc::through_cache(cache_path.as_ref(), || {
+        Ok(torchcomms_hip::rtc::compile(name, source, &arch)?)
+    })?;
     Ok(nvrtc::Image {
         bytes,
         target: arch,
         cache_path,
-        from_cache: false,
+        from_cache,
         prebuilt: false,
     })
 }

@@ -254,37 +254,43 @@ pub fn compile_with(
         if cubin { "cubin" } else { "ptx" }
     );
     let cache_path = cache_dir().map(|d| d.join(file));
-    if let Some(p) = &cache_path {
+    let (bytes, from_cache) = through_cache(cache_path.as_ref(), || {
+        compile_now(name, source, &target, cubin)
+    })?;
+    Ok(Image {
+        bytes,
+        target,
+        cache_path,
+        from_cache,
+        prebuilt: false,
+    })
+}
+
+/// The image in the cache file `path` when there is one, else `compile`'s, stored there for the
+/// next process; `true` when it came from the file. Shared by NVRTC's and hiprtc's output.
+pub(crate) fn through_cache(
+    path: Option<&PathBuf>,
+    compile: impl FnOnce() -> Result<Vec<u8>>,
+) -> Result<(Vec<u8>, bool)> {
+    if let Some(p) = path {
         if let Ok(bytes) = std::fs::read(p) {
             if !bytes.is_empty() {
                 tracing::debug!(path = %p.display(), "kernel from cache");
-                return Ok(Image {
-                    bytes,
-                    target,
-                    cache_path,
-                    from_cache: true,
-                    prebuilt: false,
-                });
+                return Ok((bytes, true));
             }
         }
     }
-    let bytes = compile_now(name, source, &target, cubin)?;
-    if let Some(p) = &cache_path {
+    let bytes = compile()?;
+    if let Some(p) = path {
         if let Err(e) = store(p, &bytes) {
             // A read-only home must not stop the job: the next run compiles again.
             tracing::warn!("{e}");
         }
     }
-    Ok(Image {
-        bytes,
-        target,
-        cache_path,
-        from_cache: false,
-        prebuilt: false,
-    })
+    Ok((bytes, false))
 }
 
-pub(crate) fn store(path: &PathBuf, bytes: &[u8]) -> Result<()> {
+fn store(path: &PathBuf, bytes: &[u8]) -> Result<()> {
     let fail = |reason: String| CudaError::Cache {
         path: path.clone(),
         reason,
