@@ -328,12 +328,13 @@ fn every_dtype_and_op_matches_reference() {
     assert_eq!(checked, paths.len() * 75 * 5 * 5);
 }
 
-#[test]
-fn fold_is_bit_for_bit_the_pairwise_sequence() {
-    // Source counts from a copy to past two passes of FOLD_WIDTH; lengths around a block.
-    const SOURCES: [usize; 6] = [1, 2, 3, 4, 5, 9];
-    const LENS: [usize; 3] = [0, 7, 1000];
-    let mut rng = Rng(0x2545_F491_4F6C_DD1D);
+/// Runs `case(reducer, dtype, sources, len)` for every path x (dtype, op) pair x source count
+/// x length, and checks every case ran.
+fn each_fold_case(
+    sources: &[usize],
+    lens: &[usize],
+    mut case: impl FnMut(&Reducer, DataType, usize, usize, bool),
+) {
     let mut checked = 0usize;
     let paths = paths();
     for (portable, (t, op)) in paths
@@ -342,10 +343,24 @@ fn fold_is_bit_for_bit_the_pairwise_sequence() {
     {
         PORTABLE_ONLY.with(|c| c.set(portable));
         let r = Reducer::new(t, op, 3).unwrap();
-        for (k, n) in SOURCES
-            .into_iter()
-            .flat_map(|k| LENS.into_iter().map(move |n| (k, n)))
-        {
+        for &k in sources {
+            for &n in lens {
+                case(&r, t, k, n, portable);
+                checked += 1;
+            }
+        }
+    }
+    assert_eq!(checked, paths.len() * 75 * sources.len() * lens.len());
+}
+
+#[test]
+fn fold_is_bit_for_bit_the_pairwise_sequence() {
+    // Source counts from a copy to past two passes of FOLD_WIDTH; lengths around a block.
+    let mut rng = Rng(0x2545_F491_4F6C_DD1D);
+    each_fold_case(
+        &[1, 2, 3, 4, 5, 9],
+        &[0, 7, 1000],
+        |r, t, k, n, portable| {
             // Every other source and the destination start at an odd address.
             let srcs: Vec<Buf> = (0..k).map(|i| Buf::new(&rng.elems(t, n), i % 2)).collect();
             let views: Vec<&[u8]> = srcs.iter().map(Buf::get).collect();
@@ -355,33 +370,21 @@ fn fold_is_bit_for_bit_the_pairwise_sequence() {
             }
             let mut got = Buf::new(&vec![0x5A; views[0].len()], 1);
             r.fold(got.get_mut(), &views);
-            let ctx = format!("{op} {t} sources={k} n={n} portable={portable}");
+            let ctx = format!("{} {t} sources={k} n={n} portable={portable}", r.op());
             // A NaN's payload depends on which operand the compiler puts first.
             assert_same(t, got.get(), want.get(), &ctx);
-            checked += 1;
-        }
-    }
-    assert_eq!(checked, paths.len() * 75 * SOURCES.len() * LENS.len());
+        },
+    );
 }
 
 #[test]
 fn fold_onto_is_bit_for_bit_combining_each_source_in_turn() {
     // Source counts from none to past two passes of FOLD_WIDTH; lengths around a block.
-    const SOURCES: [usize; 6] = [0, 1, 3, 4, 5, 9];
-    const LENS: [usize; 3] = [0, 7, 1000];
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
-    let mut checked = 0usize;
-    let paths = paths();
-    for (portable, (t, op)) in paths
-        .iter()
-        .flat_map(|&p| valid_pairs().into_iter().map(move |x| (p, x)))
-    {
-        PORTABLE_ONLY.with(|c| c.set(portable));
-        let r = Reducer::new(t, op, 3).unwrap();
-        for (k, n) in SOURCES
-            .into_iter()
-            .flat_map(|k| LENS.into_iter().map(move |n| (k, n)))
-        {
+    each_fold_case(
+        &[0, 1, 3, 4, 5, 9],
+        &[0, 7, 1000],
+        |r, t, k, n, portable| {
             // Every other source and the destination start at an odd address.
             let start = rng.elems(t, n);
             let srcs: Vec<Buf> = (0..k).map(|i| Buf::new(&rng.elems(t, n), i % 2)).collect();
@@ -392,12 +395,10 @@ fn fold_onto_is_bit_for_bit_combining_each_source_in_turn() {
             }
             let mut got = Buf::new(&start, 1);
             r.fold_onto(got.get_mut(), &views);
-            let ctx = format!("{op} {t} sources={k} n={n} portable={portable}");
+            let ctx = format!("{} {t} sources={k} n={n} portable={portable}", r.op());
             assert_same(t, got.get(), want.get(), &ctx);
-            checked += 1;
-        }
-    }
-    assert_eq!(checked, paths.len() * 75 * SOURCES.len() * LENS.len());
+        },
+    );
 }
 
 fn bytes<T: Pod>(v: &[T]) -> Vec<u8> {
