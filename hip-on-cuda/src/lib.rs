@@ -14,6 +14,11 @@
 //! here as CUDA through NVRTC, so their HIP branch of `gpu_compat.cuh` never runs; coherence of
 //! coarse- and fine-grained memory; Infinity Fabric). docs/amd.md says so.
 //!
+//! It calls cudarc's driver functions itself rather than `torchcomms-cuda`'s types: those
+//! dispatch on the process's platform, which is HIP in every process that loads this library,
+//! and would call back into it. Only `torchcomms-cuda`'s NVRTC compilation (no platform) is
+//! shared.
+//!
 //! Every function returns the CUDA status as the `hipError_t` (the codes the engine checks
 //! have the same values in both: 0, 1, 100, 101, 600, 704).
 
